@@ -23,12 +23,36 @@ SPECS = Path(__file__).resolve().parents[2] / "protocol_specs"
 SPEC_FILES = sorted(SPECS.glob("*.json"))
 
 PRIMITIVES = frozenset(
-    {"bool", "int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "string", "bytes", "records", "uuid"}
+    {
+        "bool",
+        "int8",
+        "int16",
+        "uint16",
+        "int32",
+        "uint32",
+        "int64",
+        "float64",
+        "string",
+        "bytes",
+        "records",
+        "uuid",
+    }
 )
 TOP_KEYS = {"apiKey", "type", "name", "about", "validVersions", "flexibleVersions", "fields", "commonStructs"}
 FIELD_KEYS = {
-    "name", "type", "versions", "nullableVersions", "default", "taggedVersions", "tag", "flexibleVersions",
-    "ignorable", "mapKey", "entityType", "zeroCopy", "fields",
+    "name",
+    "type",
+    "versions",
+    "nullableVersions",
+    "default",
+    "taggedVersions",
+    "tag",
+    "flexibleVersions",
+    "ignorable",
+    "mapKey",
+    "entityType",
+    "zeroCopy",
+    "fields",
 }
 VERSION_RE = re.compile(r"^(none|\d+|\d+-\d+|\d+\+)$")
 INF = 1 << 30
@@ -108,7 +132,9 @@ def layout(fields: list[dict], version: int, structs: dict[str, list[dict]], see
             "default": norm_default(f.get("default")),
         }
         if elem not in PRIMITIVES and elem not in seen:
-            entry["fields"] = layout(f.get("fields") or structs.get(elem, []), version, structs, seen + (elem,))
+            entry["fields"] = layout(
+                f.get("fields") or structs.get(elem, []), version, structs, seen + (elem,)
+            )
         out.append(entry)
     return out
 
@@ -195,7 +221,9 @@ def test_spec_shape(path: Path) -> None:
                 if key in f:
                     assert VERSION_RE.match(f[key]), f"{at}: {key} {f[key]!r}"
             if "taggedVersions" in f or "tag" in f:
-                assert "taggedVersions" in f and isinstance(f.get("tag"), int), f"{at}: tag and taggedVersions go together"
+                assert "taggedVersions" in f and isinstance(f.get("tag"), int), (
+                    f"{at}: tag and taggedVersions go together"
+                )
                 t_lo, _ = parse_versions(f["taggedVersions"])
                 f_lo, _ = parse_versions(doc["flexibleVersions"])
                 assert t_lo >= f_lo, f"{at}: tagged before the message is flexible"
@@ -238,10 +266,14 @@ def test_requests_and_responses_pair_up() -> None:
     for path in SPEC_FILES:
         doc = load_ours(path)
         if doc["type"] in ("request", "response"):
-            assert doc["type"] not in by_key.get(doc["apiKey"], {}), f"two {doc['type']}s for key {doc['apiKey']}"
+            assert doc["type"] not in by_key.get(doc["apiKey"], {}), (
+                f"two {doc['type']}s for key {doc['apiKey']}"
+            )
             by_key.setdefault(doc["apiKey"], {})[doc["type"]] = doc
     for key, pair in sorted(by_key.items()):
-        assert set(pair) == {"request", "response"}, f"api key {key} lacks a {({'request', 'response'} - set(pair))}"
+        assert set(pair) == {"request", "response"}, (
+            f"api key {key} lacks a { ({'request', 'response'} - set(pair)) }"
+        )
         req, resp = pair["request"], pair["response"]
         assert req["name"].removesuffix("Request") == resp["name"].removesuffix("Response")
         assert req["validVersions"] == resp["validVersions"], f"api key {key}: validVersions differ"
@@ -276,7 +308,9 @@ def test_matches_reference(path: Path) -> None:
     problems: list[str] = []
     for v in range(lo, hi + 1):
         if within(v, ours["flexibleVersions"]) != within(v, ref["flexibleVersions"]):
-            problems.append(f"v{v}: flexible differs ({ours['flexibleVersions']} vs {ref['flexibleVersions']})")
+            problems.append(
+                f"v{v}: flexible differs ({ours['flexibleVersions']} vs {ref['flexibleVersions']})"
+            )
         diff_layouts(
             layout(ours["fields"], v, our_structs),
             layout(ref["fields"], v, ref_structs),
@@ -291,9 +325,14 @@ def test_layout_comparison_catches_a_typo() -> None:
     base = {
         "fields": [
             {"name": "A", "type": "int32", "versions": "0+"},
-            {"name": "B", "type": "[]S", "versions": "1+", "fields": [
-                {"name": "C", "type": "string", "versions": "1+", "nullableVersions": "2+"},
-            ]},
+            {
+                "name": "B",
+                "type": "[]S",
+                "versions": "1+",
+                "fields": [
+                    {"name": "C", "type": "string", "versions": "1+", "nullableVersions": "2+"},
+                ],
+            },
             {"name": "T", "type": "int64", "versions": "3+", "taggedVersions": "3+", "tag": 0},
         ]
     }
