@@ -1,0 +1,31 @@
+"""Kafka error codes used by the share-group code paths.
+
+The engine returns plain ints (these members compare equal to ints) so the
+protocol layer can put them on the wire without translation.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    """Kafka protocol error codes met on the share-group paths (see reference.md section 1)."""
+
+    NONE = 0
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    NOT_COORDINATOR = 16
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    UNKNOWN_MEMBER_ID = 25
+    UNSUPPORTED_VERSION = 35
+    INVALID_REQUEST = 42
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+    GROUP_MAX_SIZE_REACHED = 81
+    UNKNOWN_TOPIC_ID = 100
+    FENCED_MEMBER_EPOCH = 110
+    INVALID_RECORD_STATE = 121
+    SHARE_SESSION_NOT_FOUND = 122
+    INVALID_SHARE_SESSION_EPOCH = 123
+    FENCED_STATE_EPOCH = 124
+    SHARE_SESSION_LIMIT_REACHED = 133

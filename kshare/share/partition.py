@@ -1,0 +1,786 @@
+"""The share-partition engine: KIP-932 in-flight record state, sans I/O.
+
+One ``SharePartition`` per (share group, topic partition). It never sees record
+bodies: the caller fetches from the upstream cluster, describes the record batches it
+got (``FetchedBatch``) and the engine decides which offsets the member acquires. Every
+mutating call returns the durable change it made (a ``ShareUpdate``) for the caller to
+persist; time comes from an injected millisecond clock and the caller schedules a timer
+for ``next_deadline()``.
+
+State transitions are looked up in ``kshare.share.states.TRANSITIONS``; this module
+only walks offset ranges (``kshare.share.ranges``) and applies them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+
+from kshare.share.errors import ErrorCode
+from kshare.share.ranges import StateRange, index_of, isolate, merge_between
+from kshare.share.states import (
+    ACK_TYPE_EVENTS,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    AcknowledgeType,
+    AcquireMode,
+    Event,
+    RecordState,
+    ShareSnapshot,
+    ShareUpdate,
+    StateBatch,
+    Transition,
+    durable_view,
+    merge_batches,
+    overlay,
+    replay,
+)
+
+__all__ = [
+    "AcknowledgeResult",
+    "AcquireResult",
+    "AcquiredRange",
+    "FetchedBatch",
+    "InFlightRange",
+    "ResetResult",
+    "SharePartition",
+]
+
+DEFAULT_DELIVERY_COUNT_LIMIT = 5
+DEFAULT_MAX_RECORD_LOCKS = 2000
+DEFAULT_RECORD_LOCK_DURATION_MS = 30_000
+
+_AVAILABLE = RecordState.AVAILABLE
+_ACQUIRED = RecordState.ACQUIRED
+_ARCHIVED = RecordState.ARCHIVED
+
+_T_ACQUIRE = TRANSITIONS[(_AVAILABLE, Event.ACQUIRE)]
+_T_SKIP = TRANSITIONS[(_AVAILABLE, Event.SKIP)]
+_T_LOCK_TIMEOUT = TRANSITIONS[(_ACQUIRED, Event.LOCK_TIMEOUT)]
+_T_MEMBER_GONE = TRANSITIONS[(_ACQUIRED, Event.MEMBER_GONE)]
+_ACK_TRANSITIONS: dict[int, Transition] = {
+    ack_type: TRANSITIONS[(_ACQUIRED, event)] for ack_type, event in ACK_TYPE_EVENTS.items()
+}
+_VALID_ACK_TYPES = bytes(sorted(ACK_TYPE_EVENTS))
+_RUNS = re.compile(rb"(.)\1*", re.DOTALL)  # runs of one acknowledge type, found in C
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class FetchedBatch(NamedTuple):
+    """What the engine needs to know about one upstream record batch (never its records)."""
+
+    base_offset: int
+    last_offset: int
+    is_control: bool = False
+    is_transactional: bool = False
+    producer_id: int = -1
+
+
+class AcquiredRange(NamedTuple):
+    """Offsets handed to a member, as in ShareFetch's AcquiredRecords."""
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+
+
+class AcquireResult(NamedTuple):
+    records: list[AcquiredRange]  # in offset order, adjacent ranges with equal counts merged
+    count: int  # offsets acquired (intra-batch compaction gaps included, as Kafka counts)
+    update: ShareUpdate | None  # durable change to write before answering, if any
+
+
+class AcknowledgeResult(NamedTuple):
+    error_code: int  # ErrorCode.NONE, INVALID_REQUEST or INVALID_RECORD_STATE
+    update: ShareUpdate | None
+
+
+class ResetResult(NamedTuple):
+    error_code: int  # ErrorCode.NONE or NON_EMPTY_GROUP
+    snapshot: ShareSnapshot | None  # on success: write as a new snapshot (replaces all state)
+    update: ShareUpdate | None  # on refusal: lock expiries processed on the way, if any
+
+
+class InFlightRange(NamedTuple):
+    """Introspection view of one state range (for tests, metrics and describe calls)."""
+
+    first_offset: int
+    last_offset: int
+    state: RecordState
+    delivery_count: int
+    member_id: str | None
+    deadline_ms: int | None
+
+
+class SharePartition:
+    """In-flight state of one share-partition: SPSO, SPEO and offset ranges between them.
+
+    Invariants: ``ranges`` tiles [SPSO, SPEO) exactly; the first range (if any) is not
+    Acknowledged/Archived (the SPSO has moved past those); adjacent ranges differ.
+    Available ranges with delivery count 0 are offsets never delivered (holes left by a
+    restart); they are fetched and acquired like new records.
+    """
+
+    def __init__(
+        self,
+        start_offset: int,
+        *,
+        clock: Callable[[], int] = _monotonic_ms,
+        delivery_count_limit: int = DEFAULT_DELIVERY_COUNT_LIMIT,
+        max_record_locks: int = DEFAULT_MAX_RECORD_LOCKS,
+        record_lock_duration_ms: int = DEFAULT_RECORD_LOCK_DURATION_MS,
+        renew_enabled: bool = False,
+    ) -> None:
+        if start_offset < 0:
+            raise ValueError("start offset must be resolved (auto.offset.reset) before building the engine")
+        self._clock = clock
+        self._spso = start_offset
+        self._speo = start_offset
+        self._ranges: list[StateRange] = []
+        # Lock deadlines: (deadline, first, last) entries, stale ones dropped lazily.
+        self._locks: list[tuple[int, int, int]] = []
+        # No Available record exists below this offset (cheap next_fetch_offset).
+        self._available_from = start_offset
+        # Per-operation scratch: offsets touched (for merging) and durable changes.
+        self._touch_lo = 0
+        self._touch_hi = -1
+        self._changes: list[StateBatch] = []
+        self.delivery_count_limit = delivery_count_limit
+        self.max_record_locks = max_record_locks
+        self.record_lock_duration_ms = record_lock_duration_ms
+        self.renew_enabled = renew_enabled
+
+    # ------------------------------------------------------------------ configuration
+
+    @property
+    def delivery_count_limit(self) -> int:
+        """``share.delivery.count.limit``; a change applies to every later decision (KIP-1240)."""
+        return self._limit
+
+    @delivery_count_limit.setter
+    def delivery_count_limit(self, value: int) -> None:
+        if value < 1:
+            raise ValueError("delivery count limit must be at least 1")
+        self._limit = value
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def start_offset(self) -> int:
+        """SPSO: every offset below it is finished."""
+        return self._spso
+
+    @property
+    def end_offset(self) -> int:
+        """SPEO (exclusive): the first offset not yet in flight."""
+        return self._speo
+
+    @property
+    def in_flight_count(self) -> int:
+        """Size of the in-flight window (what ``share.partition.max.record.locks`` bounds)."""
+        return self._speo - self._spso
+
+    def next_fetch_offset(self) -> int:
+        """Where the next upstream fetch should start.
+
+        The first Available offset in the window (a record to redeliver, or a hole never
+        delivered); its upstream batch is re-read and only the Available offsets are
+        acquired. With nothing Available it is the SPEO.
+        """
+        ranges = self._ranges
+        start = max(self._available_from, self._spso)
+        if start >= self._speo:
+            self._available_from = self._speo
+            return self._speo
+        i = index_of(ranges, start)
+        n = len(ranges)
+        while i < n:
+            r = ranges[i]
+            if r.state == _AVAILABLE:
+                self._available_from = r.first
+                return max(r.first, start)
+            i += 1
+        self._available_from = self._speo
+        return self._speo
+
+    def has_available(self) -> bool:
+        """True when the window holds records to deliver again (wake long-polling fetches)."""
+        return self.next_fetch_offset() < self._speo
+
+    def can_acquire(self) -> bool:
+        """True when an acquire could hand out something: redeliveries or window room."""
+        return self.has_available() or self._speo - self._spso < self.max_record_locks
+
+    def next_deadline(self) -> int | None:
+        """Earliest lock deadline (clock ms) of an acquired record, None when nothing is acquired."""
+        heap = self._locks
+        while heap:
+            deadline, first, last = heap[0]
+            if last >= self._spso and self._holds_lock(deadline, first, last):
+                return deadline
+            heapq.heappop(heap)
+        return None
+
+    def in_flight(self) -> list[InFlightRange]:
+        """The state ranges of the window, in offset order."""
+        return [
+            InFlightRange(
+                r.first,
+                r.last,
+                RecordState(r.state),
+                r.count,
+                r.member,
+                r.deadline if r.state == _ACQUIRED else None,
+            )
+            for r in self._ranges
+        ]
+
+    def acquired_count(self, member_id: str | None = None) -> int:
+        """Offsets currently acquired (by one member, or by anyone)."""
+        return sum(
+            r.last - r.first + 1
+            for r in self._ranges
+            if r.state == _ACQUIRED and (member_id is None or r.member == member_id)
+        )
+
+    def snapshot(self) -> ShareSnapshot:
+        """ShareSnapshot content of the current durable state (Acquired never appears)."""
+        batches: list[StateBatch] = []
+        for r in self._ranges:
+            view = durable_view(r.state, r.count)
+            if view is not None:
+                batches.append(StateBatch(r.first, r.last, view[0], view[1]))
+        return ShareSnapshot(self._spso, tuple(merge_batches(batches)))
+
+    @classmethod
+    def from_snapshot(
+        cls,
+        snapshot: ShareSnapshot,
+        updates: Iterable[ShareUpdate] = (),
+        **config: object,
+    ) -> SharePartition:
+        """Rebuild an engine from the durable state: a snapshot plus the updates after it.
+
+        Keyword arguments are those of the constructor (clock, limits, ...). Offsets the
+        durable state says nothing about are holes to be fetched again.
+        """
+        state = replay(snapshot, updates)
+        if state.start_offset < 0:
+            raise ValueError("durable start offset is -1: resolve share.auto.offset.reset first")
+        engine = cls(state.start_offset, **config)  # type: ignore[arg-type]
+        ranges = engine._ranges
+        cursor = state.start_offset
+        for b in state.state_batches:
+            if b.first_offset > cursor:
+                ranges.append(StateRange(cursor, b.first_offset - 1, _AVAILABLE, 0))
+            # A persisted Acquired state (not written by this engine) cannot hold a lock any more.
+            st = _AVAILABLE if b.delivery_state == _ACQUIRED else RecordState(b.delivery_state)
+            ranges.append(StateRange(b.first_offset, b.last_offset, st, b.delivery_count))
+            cursor = b.last_offset + 1
+        engine._speo = cursor
+        merge_between(ranges, 0, len(ranges))
+        engine._advance_start()
+        return engine
+
+    # ------------------------------------------------------------------ acquire
+
+    def acquire(
+        self,
+        member_id: str,
+        fetched_batches: Sequence[FetchedBatch],
+        max_records: int,
+        mode: int = AcquireMode.BATCH_OPTIMIZED,
+        *,
+        fetch_offset: int | None = None,
+        lso: int | None = None,
+        aborted_transactions: Iterable[tuple[int, int]] | None = None,
+        lock_duration_ms: int | None = None,
+    ) -> AcquireResult:
+        """Acquire records of ``fetched_batches`` (sorted by offset) for ``member_id``.
+
+        Batch-optimized mode takes every Available offset of a batch once it starts one,
+        so ``max_records`` may be overshot by the last batch, as Kafka does; record-limit
+        mode (ShareFetch v2) never acquires more than ``max_records``. New offsets enter
+        the window only while it is smaller than ``max_record_locks`` (the batch that
+        crosses the limit is still taken whole in batch-optimized mode).
+
+        ``fetch_offset`` is where the upstream fetch started: offsets from there up to
+        the first batch, and between batches, are missing upstream (compacted, deleted)
+        and are archived. Without it nothing is inferred before the first batch.
+        Control batches and, when ``aborted_transactions`` ((producer id, first offset)
+        pairs of the Fetch response) is given, records of aborted transactions are
+        archived, never delivered. With ``lso`` (read_committed) nothing at or past the
+        last stable offset is touched.
+        """
+        now = self._clock()
+        old_start = self._begin()
+        self._expire(now)
+        pieces: list[list[int]] = []  # [first, last, delivery count], merged as they come
+        total = 0
+        if max_records > 0 and fetched_batches:
+            deadline = now + (self.record_lock_duration_ms if lock_duration_ms is None else lock_duration_ms)
+            total = self._acquire_batches(
+                member_id,
+                fetched_batches,
+                max_records,
+                mode == AcquireMode.RECORD_LIMIT,
+                fetch_offset,
+                lso,
+                aborted_transactions,
+                deadline,
+                pieces,
+            )
+            if pieces:
+                heapq.heappush(self._locks, (deadline, pieces[0][0], pieces[-1][1]))
+        update = self._finish(old_start)
+        return AcquireResult([AcquiredRange(a, b, c) for a, b, c in pieces], total, update)
+
+    def _acquire_batches(
+        self,
+        member_id: str,
+        fetched_batches: Sequence[FetchedBatch],
+        max_records: int,
+        record_limit: bool,
+        fetch_offset: int | None,
+        lso: int | None,
+        aborted_transactions: Iterable[tuple[int, int]] | None,
+        deadline: int,
+        pieces: list[list[int]],
+    ) -> int:
+        """Walk the fetched batches in order; returns the number of offsets acquired."""
+        budget = max_records
+        acquired = 0
+        aborted = sorted(aborted_transactions or (), key=lambda t: t[1])
+        next_aborted = 0
+        aborted_producers: set[int] = set()
+        expected = fetch_offset  # next offset the fetched data should hold, None = unknown
+        for base, last, is_control, is_transactional, producer_id in fetched_batches:
+            if lso is not None and base >= lso:
+                break
+            # Transaction bookkeeping as a read_committed consumer does it, minus record bodies:
+            # an aborted transaction's producer is tracked from its first offset until its
+            # next control batch (the abort marker, as a producer has one transaction at a time).
+            while next_aborted < len(aborted) and aborted[next_aborted][1] <= last:
+                aborted_producers.add(aborted[next_aborted][0])
+                next_aborted += 1
+            skip = is_control or (is_transactional and producer_id in aborted_producers)
+            if is_control:
+                aborted_producers.discard(producer_id)
+            if expected is not None and base > expected:
+                self._skip_span(max(expected, self._spso), base - 1)
+            lo = base if expected is None else max(base, expected)
+            lo = max(lo, self._spso)
+            hi = last if lso is None or last < lso else lso - 1
+            if expected is None or last + 1 > expected:
+                expected = last + 1
+            if lo > hi:
+                continue
+            if skip:
+                self._skip_span(lo, hi)
+                continue
+            if budget <= 0:
+                break  # only skipped batches may follow the last acquired one
+            speo = self._speo
+            # 1. Offsets already in the window: take the Available ones.
+            if lo < speo:
+                got, cut = self._acquire_span(
+                    lo, min(hi, speo - 1), member_id, deadline, budget if record_limit else None, pieces
+                )
+                acquired += got
+                budget -= got
+                if cut:
+                    break
+            # 2. Offsets past the window: new records.
+            if hi >= self._speo:
+                start = max(lo, self._speo)
+                window = self._speo - self._spso
+                room = self.max_record_locks - window
+                if room <= 0 or (record_limit and budget <= 0):
+                    break
+                if start > self._speo:
+                    # Unknown offsets before this batch (no fetch_offset given): fetch again later.
+                    self._append(StateRange(self._speo, start - 1, _AVAILABLE, 0))
+                end = hi
+                if record_limit:
+                    end = min(hi, start + min(budget, room) - 1)
+                self._append(StateRange(start, end, _ACQUIRED, 1, member_id, deadline))
+                _add_piece(pieces, start, end, 1)
+                got = end - start + 1
+                acquired += got
+                budget -= got
+                if end < hi:
+                    break
+            if lso is not None and last >= lso:
+                break
+        return acquired
+
+    def _acquire_span(
+        self,
+        lo: int,
+        hi: int,
+        member_id: str,
+        deadline: int,
+        cap: int | None,
+        pieces: list[list[int]],
+    ) -> tuple[int, bool]:
+        """Acquire the Available offsets of lo..hi (inside the window), at most ``cap``.
+
+        Returns (offsets acquired, whether the cap stopped it before the end).
+        """
+        ranges = self._ranges
+        i = index_of(ranges, lo)
+        got = 0
+        limit = self._limit
+        while i < len(ranges):
+            r = ranges[i]
+            if r.first > hi:
+                break
+            if r.state != _AVAILABLE:
+                i += 1
+                continue
+            a = r.first if r.first > lo else lo
+            b = r.last if r.last < hi else hi
+            if cap is not None and r.count < limit:
+                left = cap - got
+                if left <= 0:
+                    return got, True
+                if b - a + 1 > left:
+                    b = a + left - 1
+            i = isolate(ranges, i, a, b)
+            r = ranges[i]
+            self._apply(r, _T_ACQUIRE, member_id, deadline)
+            if r.state == _ACQUIRED:
+                got += b - a + 1
+                _add_piece(pieces, a, b, r.count)
+            i += 1
+        return got, False
+
+    def _skip_span(self, lo: int, hi: int) -> None:
+        """Archive lo..hi without delivering it (control, aborted or missing offsets)."""
+        if lo > hi:
+            return
+        speo = self._speo
+        if lo < speo:
+            ranges = self._ranges
+            i = index_of(ranges, lo)
+            top = min(hi, speo - 1)
+            while i < len(ranges):
+                r = ranges[i]
+                if r.first > top:
+                    break
+                if r.state == _AVAILABLE:
+                    i = isolate(ranges, i, max(r.first, lo), min(r.last, top))
+                    self._apply(ranges[i], _T_SKIP, None, 0)
+                i += 1
+        if hi >= self._speo:
+            start = max(lo, self._speo)
+            if start > self._speo:
+                self._append(StateRange(self._speo, start - 1, _AVAILABLE, 0))
+            self._append(StateRange(start, hi, _ARCHIVED, 0))
+
+    def _append(self, r: StateRange) -> None:
+        """Add a range at the SPEO (new offsets entering the window)."""
+        ranges = self._ranges
+        if ranges:
+            p = ranges[-1]
+            if p.same_state(r):
+                p.last = r.last
+            else:
+                ranges.append(r)
+        else:
+            ranges.append(r)
+        self._speo = r.last + 1
+        if r.state == _AVAILABLE and r.first < self._available_from:
+            self._available_from = r.first
+        if r.first < self._touch_lo:
+            self._touch_lo = r.first
+        self._touch_hi = r.last
+
+    # ------------------------------------------------------------------ acknowledge
+
+    def acknowledge(
+        self,
+        member_id: str,
+        batches: Iterable[tuple[int, int, int | Sequence[int]]],
+    ) -> AcknowledgeResult:
+        """Apply acknowledgement batches (first, last, types) of one member, atomically.
+
+        ``types`` is one type for the whole range or one per offset. Every offset must be
+        acquired by ``member_id`` with its lock still valid, else INVALID_RECORD_STATE and
+        nothing changes; malformed batches give INVALID_REQUEST. Renew (4) is accepted only
+        when ``renew_enabled``. Lock expiries due by now are processed first and their
+        durable change is part of the returned update even when the acknowledgement fails.
+        """
+        now = self._clock()
+        old_start = self._begin()
+        self._expire(now)
+        plan, error = self._plan_acknowledgements(member_id, batches)
+        if error == ErrorCode.NONE:
+            deadline = now + self.record_lock_duration_ms
+            for first, last, ack_type in plan:
+                transition = _ACK_TRANSITIONS[ack_type]
+                self._transition_span(first, last, transition, member_id, deadline)
+                if ack_type == AcknowledgeType.RENEW:
+                    heapq.heappush(self._locks, (deadline, first, last))
+        return AcknowledgeResult(int(error), self._finish(old_start))
+
+    def _plan_acknowledgements(
+        self,
+        member_id: str,
+        batches: Iterable[tuple[int, int, int | Sequence[int]]],
+    ) -> tuple[list[tuple[int, int, int]], ErrorCode]:
+        """Validate everything first (atomicity); returns (first, last, type) runs to apply."""
+        plan: list[tuple[int, int, int]] = []
+        spans: list[tuple[int, int]] = []
+        for first, last, types in batches:
+            if first < 0 or first > last:
+                return [], ErrorCode.INVALID_REQUEST
+            if isinstance(types, int):
+                codes = bytes((types,)) if 0 <= types < 256 else b"\xff"
+            else:
+                try:
+                    codes = bytes(types)
+                except (TypeError, ValueError):
+                    return [], ErrorCode.INVALID_REQUEST
+            if len(codes) != 1 and len(codes) != last - first + 1:
+                return [], ErrorCode.INVALID_REQUEST
+            if codes.translate(None, _VALID_ACK_TYPES):
+                return [], ErrorCode.INVALID_REQUEST
+            if not self.renew_enabled and AcknowledgeType.RENEW in codes:
+                return [], ErrorCode.INVALID_RECORD_STATE
+            if len(codes) == 1:
+                plan.append((first, last, codes[0]))
+            else:
+                for m in _RUNS.finditer(codes):
+                    plan.append((first + m.start(), first + m.end() - 1, codes[m.start()]))
+            spans.append((first, last))
+        spans.sort()
+        for k in range(1, len(spans)):
+            if spans[k][0] <= spans[k - 1][1]:
+                return [], ErrorCode.INVALID_REQUEST
+        for first, last in spans:
+            if not self._held_by(member_id, first, last):
+                return [], ErrorCode.INVALID_RECORD_STATE
+        plan.sort()
+        return plan, ErrorCode.NONE
+
+    def _held_by(self, member_id: str, first: int, last: int) -> bool:
+        """True when every offset of first..last is acquired by the member (lock valid)."""
+        if first < self._spso or last >= self._speo:
+            return False
+        ranges = self._ranges
+        i = index_of(ranges, first)
+        while i < len(ranges):
+            r = ranges[i]
+            if r.first > last:
+                return True
+            if r.state != _ACQUIRED or r.member != member_id:
+                return False
+            i += 1
+        return True
+
+    def _transition_span(self, first: int, last: int, t: Transition, member: str | None, deadline: int) -> None:
+        """Apply one transition to every range piece of first..last (validated beforehand)."""
+        ranges = self._ranges
+        i = index_of(ranges, first)
+        while i < len(ranges):
+            r = ranges[i]
+            if r.first > last:
+                break
+            i = isolate(ranges, i, max(r.first, first), min(r.last, last))
+            self._apply(ranges[i], t, member, deadline)
+            i += 1
+
+    # ------------------------------------------------------------------ locks and members
+
+    def expire_locks(self, now: int | None = None) -> ShareUpdate | None:
+        """Release every record whose lock deadline is <= now (Available, or Archived at the limit)."""
+        old_start = self._begin()
+        self._expire(self._clock() if now is None else now)
+        return self._finish(old_start)
+
+    def _expire(self, now: int) -> None:
+        heap = self._locks
+        ranges = self._ranges
+        while heap and heap[0][0] <= now:
+            _, first, last = heapq.heappop(heap)
+            if last < self._spso:
+                continue
+            i = index_of(ranges, max(first, self._spso))
+            while i < len(ranges):
+                r = ranges[i]
+                if r.first > last:
+                    break
+                if r.state == _ACQUIRED and r.deadline <= now:
+                    self._apply(r, _T_LOCK_TIMEOUT, None, 0)
+                i += 1
+
+    def _holds_lock(self, deadline: int, first: int, last: int) -> bool:
+        ranges = self._ranges
+        if not ranges:
+            return False
+        i = index_of(ranges, max(first, self._spso))
+        while i < len(ranges):
+            r = ranges[i]
+            if r.first > last:
+                break
+            if r.state == _ACQUIRED and r.deadline == deadline:
+                return True
+            i += 1
+        return False
+
+    def release_member(self, member_id: str) -> ShareUpdate | None:
+        """Release everything the member holds (it left, was fenced or closed its session).
+
+        Counts as a delivery attempt, as Kafka does since KAFKA-19972: at the limit the
+        records are archived.
+        """
+        old_start = self._begin()
+        self._expire(self._clock())
+        for r in self._ranges:
+            if r.state == _ACQUIRED and r.member == member_id:
+                self._apply(r, _T_MEMBER_GONE, None, 0)
+        return self._finish(old_start)
+
+    # ------------------------------------------------------------------ SPSO reset
+
+    def reset_start_offset(self, offset: int) -> ResetResult:
+        """Move the SPSO to ``offset`` (resolved by the caller), discarding in-flight state.
+
+        Refused with NON_EMPTY_GROUP while any record is acquired (after processing the
+        expired locks). On success the returned snapshot replaces the durable state.
+        """
+        if offset < 0:
+            raise ValueError("offset must be >= 0")
+        old_start = self._begin()
+        self._expire(self._clock())
+        if any(r.state == _ACQUIRED for r in self._ranges):
+            return ResetResult(int(ErrorCode.NON_EMPTY_GROUP), None, self._finish(old_start))
+        self._changes = []
+        self._ranges.clear()
+        self._locks.clear()
+        self._spso = self._speo = self._available_from = offset
+        return ResetResult(int(ErrorCode.NONE), ShareSnapshot(offset, ()), None)
+
+    # ------------------------------------------------------------------ internals
+
+    def _begin(self) -> int:
+        self._touch_lo = self._speo
+        self._touch_hi = -1
+        self._changes = []
+        return self._spso
+
+    def _apply(self, r: StateRange, t: Transition, member: str | None, deadline: int) -> None:
+        """Move range ``r`` through transition ``t``, recording any durable change."""
+        before = durable_view(r.state, r.count)
+        if r.count >= self._limit:
+            target = t.at_limit
+        else:
+            target = t.target
+            r.count += t.delivery_increment
+        r.state = target
+        if target == _ACQUIRED:
+            if t.new_lock:
+                r.deadline = deadline
+                if member is not None:
+                    r.member = member
+        else:
+            r.member = None
+            r.deadline = 0
+            if target == _AVAILABLE and r.first < self._available_from:
+                self._available_from = r.first
+        after = durable_view(target, r.count)
+        if after != before:
+            assert after is not None, "a durable entry never disappears without an SPSO move"
+            self._changes.append(StateBatch(r.first, r.last, after[0], after[1]))
+        if r.first < self._touch_lo:
+            self._touch_lo = r.first
+        if r.last > self._touch_hi:
+            self._touch_hi = r.last
+
+    def _finish(self, old_start: int) -> ShareUpdate | None:
+        """Merge touched ranges, move the SPSO, and build the durable update of the operation."""
+        ranges = self._ranges
+        if self._touch_hi >= self._touch_lo and ranges:
+            lo = index_of(ranges, max(self._touch_lo, ranges[0].first))
+            hi = index_of(ranges, min(self._touch_hi, ranges[-1].last))
+            merge_between(ranges, lo - 1, hi + 2)
+        self._advance_start()
+        changes = self._changes
+        self._changes = []
+        new_start = self._spso
+        if not changes:
+            return None if new_start == old_start else ShareUpdate(new_start, ())
+        batches = merge_batches(changes if len(changes) == 1 else overlay((), changes))
+        if new_start == old_start:
+            return ShareUpdate(-1, tuple(batches))
+        # The SPSO moved. When the records it moved past are exactly the ones this update
+        # settles and other durable state stays in flight, the update stays a pure delta:
+        # replaying it moves the start past the settled records (seed 001, "Acknowledge 110").
+        # Otherwise the new start offset is written and settles everything below it.
+        if _covers(batches, old_start, new_start) and self._durable_state_remains():
+            return ShareUpdate(-1, tuple(batches))
+        return ShareUpdate(new_start, tuple(_clip(batches, new_start)))
+
+    def _advance_start(self) -> None:
+        """Move the SPSO past Acknowledged/Archived records and forget their state."""
+        ranges = self._ranges
+        k = 0
+        n = len(ranges)
+        while k < n and ranges[k].state in TERMINAL_STATES:
+            k += 1
+        if k:
+            self._spso = ranges[k].first if k < n else self._speo
+            del ranges[:k]
+            heap = self._locks
+            while heap and heap[0][2] < self._spso:
+                heapq.heappop(heap)
+
+    def _durable_state_remains(self) -> bool:
+        for r in self._ranges:
+            if durable_view(r.state, r.count) is not None:
+                return True
+        return False
+
+    def __repr__(self) -> str:
+        return f"SharePartition(spso={self._spso}, speo={self._speo}, ranges={self._ranges!r})"
+
+
+def _add_piece(pieces: list[list[int]], first: int, last: int, count: int) -> None:
+    if pieces:
+        p = pieces[-1]
+        if p[1] + 1 == first and p[2] == count:
+            p[1] = last
+            return
+    pieces.append([first, last, count])
+
+
+def _covers(batches: Sequence[StateBatch], first: int, end: int) -> bool:
+    """True when ``batches`` (sorted) cover every offset of first..end-1."""
+    cursor = first
+    for b in batches:
+        if b.last_offset < cursor:
+            continue
+        if b.first_offset > cursor:
+            return False
+        cursor = b.last_offset + 1
+        if cursor >= end:
+            return True
+    return cursor >= end
+
+
+def _clip(batches: Sequence[StateBatch], start: int) -> list[StateBatch]:
+    out = []
+    for b in batches:
+        if b.last_offset < start:
+            continue
+        if b.first_offset < start:
+            b = b._replace(first_offset=start)
+        out.append(b)
+    return out
