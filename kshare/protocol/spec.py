@@ -8,6 +8,7 @@ versions. This module only parses the JSON into small immutable descriptions; ``
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -198,6 +199,9 @@ def parse_spec(doc: dict) -> MessageSpec:
 
 def specs_dir() -> Path:
     """``protocol_specs/`` ships inside the wheel as ``kshare/protocol_specs``; in a checkout it is top-level."""
+    override = os.environ.get("KSHARE_PROTOCOL_SPECS")
+    if override:
+        return Path(override)
     here = Path(__file__).resolve().parent.parent
     for candidate in (here / "protocol_specs", here.parent / "protocol_specs"):
         if candidate.is_dir():

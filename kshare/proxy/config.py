@@ -1,0 +1,59 @@
+"""Settings of one proxy instance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def parse_hostports(text: str) -> list[tuple[str, int]]:
+    """``"a:9092,b:9093"`` -> ``[("a", 9092), ("b", 9093)]``; IPv6 as ``[::1]:9092``."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item.startswith("["):
+            host, _, port = item[1:].partition("]:")
+        else:
+            host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"not a host:port: {item!r}")
+        out.append((host, int(port)))
+    if not out:
+        raise ValueError("no host:port given")
+    return out
+
+
+@dataclass
+class ProxyConfig:
+    upstream: list[tuple[str, int]]
+    listen_host: str = "127.0.0.1"
+    bootstrap_port: int = 9192
+    # Broker N listens on broker_port_base + N, so a restarted proxy hands out the same addresses.
+    # None: bootstrap_port + 1. 0: the OS picks a port per broker (tests).
+    broker_port_base: int | None = None
+    advertised_host: str | None = None
+    max_frame_bytes: int = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
+    upstream_connect_timeout: float = 10.0
+    served_apis: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def advertised(self) -> str:
+        if self.advertised_host:
+            return self.advertised_host
+        if self.listen_host in ("0.0.0.0", "::", ""):
+            import socket
+
+            return socket.getfqdn()
+        return self.listen_host
+
+    def broker_port(self, node_id: int) -> int:
+        if self.broker_port_base == 0:
+            return 0
+        base = self.bootstrap_port + 1 if self.broker_port_base is None else self.broker_port_base
+        port = base + node_id
+        if not 0 < port < 65536:
+            raise ValueError(
+                f"broker {node_id} maps to port {port}; choose --broker-port-base so base + node id is a valid port"
+            )
+        return port

@@ -1,0 +1,435 @@
+"""One client connection and the upstream broker connection that serves it.
+
+The hot path is a relay: a request's header (12 bytes; a little more for Produce, whose ``acks``
+says whether a response will come) is read, then the rest of the frame streams to the broker as
+it arrives. Responses stream back the same way when nothing is queued ahead of them and nothing
+needs rewriting. Only responses named in ``filters`` and requests the proxy serves itself are
+buffered and decoded.
+
+Response order: every request that expects a response takes a ``Slot`` in ``ClientConnection.order``
+when its header is read; responses are written to the client strictly in slot order, so locally
+served answers and forwarded ones interleave correctly under pipelining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import struct
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from ..protocol import messages
+from ..protocol.codegen import DecodeError
+from . import filters
+
+if TYPE_CHECKING:
+    from .server import Proxy
+
+log = logging.getLogger("kshare.proxy")
+
+_SIZE = struct.Struct(">i")
+_HEAD = struct.Struct(">ihhi")  # size, api key, api version, correlation id
+_I16 = struct.Struct(">h")
+_ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id never needs more
+
+
+class Slot:
+    """A response owed to the client, in request order."""
+
+    __slots__ = ("api_key", "version", "corr", "data", "streaming")
+
+    def __init__(self, api_key: int, version: int, corr: int) -> None:
+        self.api_key = api_key
+        self.version = version
+        self.corr = corr
+        self.data: bytes | bytearray | None = None
+        self.streaming = False
+
+
+def produce_acks(frame: memoryview, version: int) -> int | None:
+    """``acks`` of a Produce request from a prefix of its frame (size prefix excluded).
+
+    Returns None when the prefix is too short to tell.
+    """
+    try:
+        header = messages.parse_request_header(frame)
+        pos = header.body_offset
+        if version >= 3:  # transactional_id comes first
+            if version >= 9:
+                from ..protocol.codegen import _uvarint
+
+                n, pos = _uvarint(frame, pos)
+                pos += max(n - 1, 0)
+            else:
+                (n,) = _I16.unpack_from(frame, pos)
+                pos += 2 + max(n, 0)
+        (acks,) = _I16.unpack_from(frame, pos)
+        return acks
+    except (DecodeError, struct.error, IndexError):
+        return None
+
+
+class ClientConnection(asyncio.Protocol):
+    """A client's connection to one proxy listener (the bootstrap listener or broker ``node_id``)."""
+
+    def __init__(self, proxy: Proxy, node_id: int | None) -> None:
+        self.proxy = proxy
+        self.node_id = node_id
+        self.transport: asyncio.Transport | None = None
+        self.upstream: UpstreamConnection | None = None
+        self.peer = "?"
+        # request parsing
+        self._buf = bytearray()  # bytes of a frame not yet complete/decided
+        self._forward_left = 0  # bytes of the current request still to stream to the broker
+        self._local_left = 0  # bytes of a locally served request still to collect
+        self._local_slot: Slot | None = None
+        self._local_chunks: list[bytes] = []
+        # response ordering
+        self.order: deque[Slot] = deque()
+        self.awaiting_upstream: deque[Slot] = deque()
+        self.closed = False
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.proxy.connections.add(self)
+        transport.pause_reading()  # nothing is read until the broker connection is up
+        self._spawn(self._connect_upstream())
+
+    async def _connect_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        candidates = self.proxy.brokers.upstream_candidates(self.node_id)
+        last: Exception | None = None
+        for host, port in candidates:
+            try:
+                _, upstream = await asyncio.wait_for(
+                    loop.create_connection(lambda: UpstreamConnection(self), host, port),
+                    self.proxy.config.upstream_connect_timeout,
+                )
+            except (TimeoutError, OSError) as exc:
+                last = exc
+                continue
+            self.upstream = upstream
+            if not self.closed and self.transport is not None:
+                self.transport.resume_reading()
+                if self._buf:
+                    self._start_frames()
+            return
+        where = "bootstrap" if self.node_id is None else f"broker {self.node_id}"
+        log.warning("client %s: cannot reach %s upstream %s: %r; closing", self.peer, where, candidates, last)
+        self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.proxy.connections.discard(self)
+        if self.upstream is not None:
+            self.upstream.close()
+        for task in self._tasks:
+            task.cancel()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+            if self.upstream is not None:
+                self.upstream.close()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _reject(self, reason: str) -> None:
+        """Close the connection the way Kafka does for a request it cannot parse: one log line."""
+        log.warning("client %s: %s; closing connection", self.peer, reason)
+        self.proxy.stats.rejected += 1
+        self.close()
+
+    # -- flow control: a slow reader on one side pauses the other ------------------------------
+    def pause_writing(self) -> None:
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.resume_reading()
+
+    # -- requests -------------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.upstream is None:  # still connecting: hold everything until the broker is there
+            self._buf += data
+            return
+        view = memoryview(data)
+        i, n = 0, len(view)
+        while i < n and not self.closed:
+            if self._forward_left:
+                take = min(self._forward_left, n - i)
+                self.upstream.transport.write(view[i : i + take] if take < n else data)  # type: ignore[union-attr]
+                self._forward_left -= take
+                i += take
+                continue
+            if self._local_left:
+                take = min(self._local_left, n - i)
+                self._local_chunks.append(bytes(view[i : i + take]))
+                self._local_left -= take
+                i += take
+                if not self._local_left:
+                    self._serve_collected()
+                continue
+            # at a frame boundary: gather enough to read the header
+            self._buf += view[i:]
+            i = n
+            self._start_frames()
+
+    def _start_frames(self) -> None:
+        """Decide what to do with each frame whose header is in ``_buf``."""
+        buf = self._buf
+        while not self.closed and len(buf) >= 4:
+            (size,) = _SIZE.unpack_from(buf, 0)
+            if size < 0 or size > self.proxy.config.max_frame_bytes:
+                self._reject(f"frame of {size} bytes exceeds the limit of {self.proxy.config.max_frame_bytes}")
+                return
+            if size < 10:
+                if len(buf) >= 4 + size:
+                    self._reject(f"frame of {size} bytes is too short for a request header")
+                return
+            if len(buf) < 12:
+                return
+            _, api_key, version, corr = _HEAD.unpack_from(buf, 0)
+            served = self.proxy.handler_for(api_key, version)
+            if served is not None:
+                self._begin_local(buf, size, api_key, version, corr)
+                continue
+            bad = self.proxy.check_forwardable(api_key, version)
+            if bad is not None:
+                self._reject(bad)
+                return
+            expects_response = True
+            if api_key == filters.PRODUCE:
+                acks = produce_acks(memoryview(buf)[4 : 4 + size], version)
+                if acks is None:
+                    if len(buf) >= min(4 + size, _ACKS_ZERO_PREFIX_LIMIT):
+                        self._reject("malformed Produce request header")
+                    return  # wait for more of the header
+                expects_response = acks != 0
+            if expects_response:
+                slot = Slot(api_key, version, corr)
+                self.order.append(slot)
+                self.awaiting_upstream.append(slot)
+            self.proxy.stats.count(api_key)
+            have = len(buf)
+            if have >= 4 + size:
+                self.upstream.transport.write(bytes(buf[: 4 + size]))  # type: ignore[union-attr]
+                del buf[: 4 + size]
+            else:
+                self.upstream.transport.write(bytes(buf))  # type: ignore[union-attr]
+                self._forward_left = 4 + size - have
+                buf.clear()
+                return
+
+    def _begin_local(self, buf: bytearray, size: int, api_key: int, version: int, corr: int) -> None:
+        slot = Slot(api_key, version, corr)
+        self.order.append(slot)
+        self.proxy.stats.count(api_key)
+        if len(buf) >= 4 + size:
+            frame = bytes(buf[4 : 4 + size])
+            del buf[: 4 + size]
+            self._serve(slot, frame)
+        else:
+            self._local_slot = slot
+            self._local_chunks = [bytes(buf[4:])]
+            self._local_left = 4 + size - len(buf)
+            buf.clear()
+
+    def _serve_collected(self) -> None:
+        slot, frame = self._local_slot, b"".join(self._local_chunks)
+        self._local_slot, self._local_chunks = None, []
+        assert slot is not None
+        self._serve(slot, frame)
+
+    def _serve(self, slot: Slot, frame: bytes) -> None:
+        try:
+            if slot.version in messages.api(slot.api_key).request.valid:
+                header, body = messages.decode_request(memoryview(frame))
+            else:  # the ApiVersions fallback answers without reading a body it cannot know
+                header, body = messages.parse_request_header(memoryview(frame)), None
+        except DecodeError as exc:
+            self._reject(f"malformed {_api_name(slot.api_key)} v{slot.version} request: {exc}")
+            return
+        handler = self.proxy.handler_for(slot.api_key, slot.version)
+        assert handler is not None
+        self._spawn(self._run_handler(handler, slot, header, body))
+
+    async def _run_handler(self, handler: Any, slot: Slot, header: Any, body: Any) -> None:
+        try:
+            result = handler(self, header, body)
+            if inspect.isawaitable(result):
+                result = await result
+            response_version, response = result
+            slot.data = messages.encode_response(slot.api_key, response_version, slot.corr, response)
+        except Exception:
+            log.exception("client %s: handler for %s failed; closing", self.peer, _api_name(slot.api_key))
+            self.close()
+            return
+        self.flush()
+
+    # -- responses ------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write every response at the head of the order that is ready."""
+        order = self.order
+        transport = self.transport
+        while order and order[0].data is not None:
+            slot = order.popleft()
+            if not self.closed and transport is not None:
+                transport.write(slot.data)  # type: ignore[arg-type]
+            slot.data = None
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """The proxy's connection to one broker on behalf of one client connection."""
+
+    def __init__(self, client: ClientConnection) -> None:
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+        self._head = bytearray()  # the first 8 bytes (size, correlation id) of a response
+        self._slot: Slot | None = None
+        self._left = 0  # bytes of the current response body still to come
+        self._chunks: list[bytes] | None = None  # set when buffering the current response
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.client.closed:
+            # The client sees what a broker failure looks like: its connection drops.
+            log.info("client %s: upstream broker connection lost (%s); closing client", self.client.peer, exc)
+            self.client.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+    def pause_writing(self) -> None:
+        if self.client.transport is not None:
+            self.client.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.client.transport is not None and not self.client.closed:
+            self.client.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        client = self.client
+        view = memoryview(data)
+        i, n = 0, len(view)
+        while i < n:
+            if self._left:
+                take = min(self._left, n - i)
+                chunk = view[i : i + take] if take < n else data
+                if self._chunks is None:
+                    client.transport.write(chunk)  # type: ignore[union-attr]
+                else:
+                    self._chunks.append(bytes(chunk))
+                self._left -= take
+                i += take
+                if not self._left:
+                    self._finish_response()
+                continue
+            need = 8 - len(self._head)
+            take = min(need, n - i)
+            self._head += view[i : i + take]
+            i += take
+            if len(self._head) == 8:
+                self._start_response()
+
+    def _start_response(self) -> None:
+        client = self.client
+        size, corr = struct.unpack(">ii", self._head)
+        self._head.clear()
+        if not client.awaiting_upstream:
+            log.error("client %s: broker sent a response nobody asked for (correlation id %d)", client.peer, corr)
+            client.close()
+            return
+        slot = client.awaiting_upstream.popleft()
+        if slot.corr != corr:
+            log.error("client %s: broker answered correlation id %d, expected %d", client.peer, corr, slot.corr)
+            client.close()
+            return
+        self._slot = slot
+        self._left = size - 4
+        if filters.response_filter(slot.api_key, slot.version) is None and client.order and client.order[0] is slot:
+            slot.streaming = True
+            self._chunks = None
+            client.transport.write(_SIZE.pack(size) + _SIZE.pack(corr))  # type: ignore[union-attr]
+        else:
+            self._chunks = [_SIZE.pack(size), _SIZE.pack(corr)]
+        if not self._left:
+            self._finish_response()
+
+    def _finish_response(self) -> None:
+        client = self.client
+        slot = self._slot
+        assert slot is not None
+        self._slot = None
+        if self._chunks is None:  # streamed
+            client.order.popleft()
+            client.flush()
+            return
+        frame = b"".join(self._chunks)
+        self._chunks = None
+        f = filters.response_filter(slot.api_key, slot.version)
+        if f is None:
+            slot.data = frame
+            client.flush()
+            return
+        try:
+            body = messages.decode_response(slot.api_key, slot.version, memoryview(frame)[4:])
+        except DecodeError as exc:
+            # e.g. an ApiVersions UNSUPPORTED_VERSION answer in v0 form: pass it on untouched
+            log.debug("client %s: cannot decode %s v%d response (%s); passing through",
+                      client.peer, _api_name(slot.api_key), slot.version, exc)
+            slot.data = frame
+            client.flush()
+            return
+        if f.applies is not None and not f.applies(body):
+            slot.data = frame
+            client.flush()
+            return
+        result = f.rewrite(client.proxy, body, slot.version)
+        if inspect.isawaitable(result):
+            client._spawn(self._finish_rewrite(slot, result, body, frame))
+        else:
+            self._store_rewritten(slot, body, frame)
+
+    async def _finish_rewrite(self, slot: Slot, pending: Any, body: Any, frame: bytes) -> None:
+        try:
+            await pending
+        except Exception:
+            log.exception("client %s: rewriting %s response failed; closing", self.client.peer, _api_name(slot.api_key))
+            self.client.close()
+            return
+        self._store_rewritten(slot, body, frame)
+
+    def _store_rewritten(self, slot: Slot, body: Any, frame: bytes) -> None:
+        header_end = 4 + messages.response_body_offset(slot.api_key, slot.version, memoryview(frame)[4:])
+        out = bytearray(frame[:header_end])
+        messages.codec_for(messages.api(slot.api_key).response, slot.version).encode(body, out)
+        struct.pack_into(">i", out, 0, len(out) - 4)
+        slot.data = out
+        self.client.flush()
+
+
+def _api_name(key: int) -> str:
+    a = messages.apis().get(key)
+    return a.name if a else f"api {key}"

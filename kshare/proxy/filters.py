@@ -1,0 +1,52 @@
+"""The one list of what the proxy does to each API besides forwarding it untouched.
+
+Every request is forwarded to the broker behind the listener it arrived on, as opaque bytes with
+only its header read, unless it appears here:
+
+* ``RESPONSE_FILTERS``: forwarded, but the response is decoded and rewritten (broker addresses,
+  topic ids, advertised versions). ``from_version`` skips versions that carry nothing to rewrite.
+* served APIs: answered by the proxy itself; handlers register through ``Proxy.serve`` (the
+  share-group APIs), and ApiVersions requests newer than the proxy knows get the
+  UNSUPPORTED_VERSION fallback locally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import rewrite
+
+PRODUCE = 0
+FETCH = 1
+METADATA = 3
+FIND_COORDINATOR = 10
+API_VERSIONS = 18
+DESCRIBE_CLUSTER = 60
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFilter:
+    rewrite: Callable[..., Any]
+    from_version: int = 0
+    # Decode-and-check before paying for a re-encode (Fetch responses are large and rarely carry
+    # anything to rewrite).
+    applies: Callable[[Any], bool] | None = None
+
+
+RESPONSE_FILTERS: dict[int, ResponseFilter] = {
+    METADATA: ResponseFilter(rewrite.rewrite_metadata),
+    FIND_COORDINATOR: ResponseFilter(rewrite.rewrite_find_coordinator),
+    DESCRIBE_CLUSTER: ResponseFilter(rewrite.rewrite_describe_cluster),
+    PRODUCE: ResponseFilter(rewrite.rewrite_node_endpoints, 10, rewrite.needs_node_endpoint_rewrite),
+    FETCH: ResponseFilter(rewrite.rewrite_node_endpoints, 16, rewrite.needs_node_endpoint_rewrite),
+    API_VERSIONS: ResponseFilter(rewrite.rewrite_api_versions),
+}
+
+
+def response_filter(api_key: int, version: int) -> ResponseFilter | None:
+    f = RESPONSE_FILTERS.get(api_key)
+    if f is None or version < f.from_version:
+        return None
+    return f

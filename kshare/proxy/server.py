@@ -1,0 +1,226 @@
+"""The proxy: listeners, the broker map, and the table of locally served APIs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from ..client import KafkaConnection
+from ..protocol import messages
+from . import filters
+from .config import ProxyConfig
+from .connection import ClientConnection
+
+log = logging.getLogger("kshare.proxy")
+
+# ApiVersions v0 is the lingua franca for the UNSUPPORTED_VERSION answer.
+UNSUPPORTED_VERSION = 35
+
+
+class ProxyStats:
+    def __init__(self) -> None:
+        self.requests: Counter[int] = Counter()
+        self.rejected = 0
+
+    def count(self, api_key: int) -> None:
+        self.requests[api_key] += 1
+
+
+class TopicRegistry:
+    """Topic name <-> topic id, as learned from Metadata (ids synthesized for pre-2.8 clusters)."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, bytes] = {}
+        self.by_id: dict[bytes, str] = {}
+
+    def learn(self, name: str, topic_id: bytes) -> None:
+        old = self.by_name.get(name)
+        if old != topic_id:
+            if old is not None:
+                self.by_id.pop(old, None)
+            self.by_name[name] = topic_id
+            self.by_id[topic_id] = name
+
+
+class BrokerMap:
+    """Which upstream broker each proxy listener stands for.
+
+    Broker ``node_id`` is served on ``config.broker_port(node_id)``; listeners are opened the first
+    time a broker is seen in a response (before the client can learn its address) and closed when
+    it disappears from the cluster's metadata, so the proxy follows brokers coming and going.
+    """
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.upstream: dict[int, tuple[str, int]] = {}
+        self.listeners: dict[int, asyncio.Server] = {}
+        self.ports: dict[int, int] = {}
+        self._lock = asyncio.Lock()
+
+    def upstream_candidates(self, node_id: int | None) -> list[tuple[str, int]]:
+        if node_id is not None and node_id in self.upstream:
+            return [self.upstream[node_id]]
+        if node_id is not None:
+            return []
+        return list(self.proxy.config.upstream) + [a for a in self.upstream.values() if a not in self.proxy.config.upstream]
+
+    async def expose(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+        """Record broker ``node_id`` at ``host:port`` upstream; return the address clients should use."""
+        if self.upstream.get(node_id) != (host, port):
+            if node_id in self.upstream:
+                log.info("broker %d moved from %s:%d to %s:%d", node_id, *self.upstream[node_id], host, port)
+            self.upstream[node_id] = (host, port)
+        if node_id not in self.listeners:
+            async with self._lock:
+                if node_id not in self.listeners:
+                    await self._listen(node_id)
+        return self.proxy.config.advertised, self.ports[node_id]
+
+    async def _listen(self, node_id: int) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.proxy.config
+        server = await loop.create_server(
+            lambda: ClientConnection(self.proxy, node_id), cfg.listen_host, cfg.broker_port(node_id), reuse_address=True
+        )
+        self.listeners[node_id] = server
+        self.ports[node_id] = server.sockets[0].getsockname()[1]
+        up = self.upstream[node_id]
+        log.info("broker %d: listening on %s:%d for upstream %s:%d", node_id, cfg.listen_host, self.ports[node_id], *up)
+
+    async def forget_missing(self, live: set[int]) -> None:
+        for node_id in [n for n in self.listeners if n not in live]:
+            log.info("broker %d left the cluster metadata: closing its listener", node_id)
+            self.listeners.pop(node_id).close()
+            self.upstream.pop(node_id, None)
+
+    async def close(self) -> None:
+        for server in self.listeners.values():
+            server.close()
+        self.listeners.clear()
+
+
+Handler = Callable[[ClientConnection, Any, Any], Any]
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.brokers = BrokerMap(self)
+        self.topics = TopicRegistry()
+        self.stats = ProxyStats()
+        self.connections: set[ClientConnection] = set()
+        self.bootstrap_server: asyncio.Server | None = None
+        self.bootstrap_port: int | None = None
+        # APIs served by the proxy itself: key -> (min, max, handler)
+        self._served: dict[int, tuple[int, int, Handler]] = {}
+        # What the cluster speaks, learned at start-up; None until known (then nothing is refused).
+        self.upstream_versions: dict[int, tuple[int, int]] | None = None
+        # Versions of rewritten APIs are capped at what the codec knows.
+        self.version_caps: dict[int, tuple[int, int]] = {
+            key: (messages.api(key).min_version, messages.api(key).max_version) for key in filters.RESPONSE_FILTERS
+        }
+        self._probe_task: asyncio.Task | None = None
+
+    # -- served APIs -----------------------------------------------------------------------------
+    def serve(self, api_key: int, min_version: int, max_version: int, handler: Handler) -> None:
+        """Answer ``api_key`` in the proxy (and advertise these versions in ApiVersions)."""
+        self._served[api_key] = (min_version, max_version, handler)
+
+    def served_versions(self) -> dict[int, tuple[int, int]]:
+        return {k: (lo, hi) for k, (lo, hi, _) in self._served.items()}
+
+    def handler_for(self, api_key: int, version: int) -> Handler | None:
+        entry = self._served.get(api_key)
+        if entry is not None:
+            return entry[2]
+        if api_key == filters.API_VERSIONS and version > messages.api(api_key).max_version:
+            return self._api_versions_fallback
+        return None
+
+    def _api_versions_fallback(self, conn: ClientConnection, header: Any, body: Any) -> tuple[int, Any]:
+        """A client newer than us: answer in v0 with UNSUPPORTED_VERSION and our range, as Kafka does."""
+        a = messages.api(filters.API_VERSIONS)
+        cls = messages.message_class("ApiVersionsResponse")
+        entry = cls.ApiVersion(api_key=a.key, min_version=a.min_version, max_version=a.max_version)
+        return 0, cls(error_code=UNSUPPORTED_VERSION, api_keys=[entry])
+
+    def check_forwardable(self, api_key: int, version: int) -> str | None:
+        """None if a request may be forwarded, else why not (the connection is then closed)."""
+        known = self.upstream_versions
+        cap = self.version_caps.get(api_key)
+        if cap is not None and not cap[0] <= version <= cap[1] and api_key != filters.API_VERSIONS:
+            return f"{_name(api_key)} v{version} is outside the supported range {cap[0]}-{cap[1]}"
+        if known is None or api_key == filters.API_VERSIONS:
+            return None
+        rng = known.get(api_key)
+        if rng is None:
+            return f"unknown API key {api_key}"
+        if not rng[0] <= version <= rng[1]:
+            return f"{_name(api_key)} v{version} is outside the supported range {rng[0]}-{rng[1]}"
+        return None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        self.bootstrap_server = await loop.create_server(
+            lambda: ClientConnection(self, None), cfg.listen_host, cfg.bootstrap_port, reuse_address=True
+        )
+        self.bootstrap_port = self.bootstrap_server.sockets[0].getsockname()[1]
+        log.info(
+            "bootstrap listener on %s:%d (advertised as %s) for upstream %s",
+            cfg.listen_host,
+            self.bootstrap_port,
+            cfg.advertised,
+            ",".join(f"{h}:{p}" for h, p in cfg.upstream),
+        )
+        self._probe_task = loop.create_task(self._probe_upstream())
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until the cluster's brokers and versions are known."""
+        assert self._probe_task is not None
+        await asyncio.wait_for(asyncio.shield(self._probe_task), timeout)
+
+    async def _probe_upstream(self) -> None:
+        """Learn the cluster's API versions and brokers; retry until the cluster answers."""
+        delay = 0.2
+        while True:
+            for host, port in self.config.upstream:
+                conn = None
+                try:
+                    conn = await KafkaConnection.open(host, port, timeout=self.config.upstream_connect_timeout)
+                    self.upstream_versions = dict(conn.versions)
+                    version = conn.best_version(filters.METADATA)
+                    # no topics: only the brokers are wanted (v0 reads an empty list as "all")
+                    req = messages.message_class("MetadataRequest")(topics=[])
+                    meta = await conn.request(filters.METADATA, version, req)
+                    for b in meta.brokers:
+                        await self.brokers.expose(b.node_id, b.host, b.port)
+                    log.info("upstream cluster has %d broker(s): %s", len(meta.brokers),
+                             ", ".join(f"{b.node_id}={b.host}:{b.port}" for b in meta.brokers))
+                    return
+                except (TimeoutError, OSError, ConnectionError) as exc:
+                    log.warning("upstream %s:%d not reachable yet: %r", host, port, exc)
+                finally:
+                    if conn is not None:
+                        await conn.close()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def stop(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+        if self.bootstrap_server is not None:
+            self.bootstrap_server.close()
+        await self.brokers.close()
+        for conn in list(self.connections):
+            conn.close()
+        log.info("proxy stopped")
+
+
+def _name(key: int) -> str:
+    a = messages.apis().get(key)
+    return a.name if a else f"API {key}"
