@@ -585,7 +585,9 @@ class SharePartition:
             i += 1
         return True
 
-    def _transition_span(self, first: int, last: int, t: Transition, member: str | None, deadline: int) -> None:
+    def _transition_span(
+        self, first: int, last: int, t: Transition, member: str | None, deadline: int
+    ) -> None:
         """Apply one transition to every range piece of first..last (validated beforehand)."""
         ranges = self._ranges
         i = index_of(ranges, first)
