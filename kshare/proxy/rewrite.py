@@ -55,8 +55,8 @@ async def rewrite_find_coordinator(proxy: Proxy, body: Any, version: int) -> Non
 
 
 async def rewrite_describe_cluster(proxy: Proxy, body: Any, version: int) -> None:
-    for broker in body.brokers:
-        broker.host, broker.port = await proxy.brokers.expose(broker.node_id, broker.host, broker.port)
+    for broker in body.brokers:  # DescribeClusterBroker names its id BrokerId, not NodeId
+        broker.host, broker.port = await proxy.brokers.expose(broker.broker_id, broker.host, broker.port)
 
 
 async def rewrite_node_endpoints(proxy: Proxy, body: Any, version: int) -> None:
