@@ -165,17 +165,19 @@ def _fetch_locked(version: str, version_dir: Path, *, timeout: float, quiet: boo
     partial = version_dir / f"libs.partial-{os.getpid()}"
     for stale in version_dir.glob("libs.partial-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    cmd = [
-        mvn,
-        "-B",
-        *(["-q"] if quiet else []),
-        "-f",
-        str(_POM),
-        *_maven_args(version),
-        "dependency:copy-dependencies",
-        "-DincludeScope=runtime",
-        f"-DoutputDirectory={partial}",
-    ]
+    cmd = _die_with_parent(
+        [
+            mvn,
+            "-B",
+            *(["-q"] if quiet else []),
+            "-f",
+            str(_POM),
+            *_maven_args(version),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={partial}",
+        ]
+    )
     log.info("fetching Apache Kafka %s: %s", version, " ".join(cmd))
     t0 = time.monotonic()
     try:
@@ -219,6 +221,17 @@ def _kill_all() -> None:
     for broker in list(_live):
         with contextlib.suppress(Exception):
             broker.kill()
+
+
+def _die_with_parent(cmd: list[str]) -> list[str]:
+    """Prefix ``cmd`` so that it gets SIGKILL when this process dies (Linux ``setpriv --pdeathsig``).
+
+    Only from the main thread: the parent-death signal fires when the *thread* that forked exits.
+    """
+    if threading.current_thread() is not threading.main_thread() or not sys.platform.startswith("linux"):
+        return cmd
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "SIGKILL", "--", *cmd] if setpriv else cmd
 
 
 def _tail(path: Path | None, lines: int = 60) -> str:
@@ -276,11 +289,8 @@ class _Process:
     def _spawn(
         self, cmd: list[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None
     ) -> None:
-        if self.die_with_parent and threading.current_thread() is threading.main_thread():
-            setpriv = shutil.which("setpriv")
-            if setpriv and sys.platform.startswith("linux"):
-                # SIGKILL the broker if this (main) thread's process dies without cleaning up.
-                cmd = [setpriv, "--pdeathsig", "SIGKILL", "--", *cmd]
+        if self.die_with_parent:
+            cmd = _die_with_parent(cmd)
         out = open(self._stdout_path, "ab")
         try:
             self.proc = subprocess.Popen(
@@ -414,7 +424,11 @@ class _Process:
     # -- context manager
     def __enter__(self):
         if not self.running:
-            self.start()
+            try:
+                self.start()
+            except BaseException:
+                self.close()
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:
