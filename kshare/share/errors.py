@@ -12,12 +12,20 @@ from enum import IntEnum
 class ErrorCode(IntEnum):
     """Kafka protocol error codes met on the share-group paths (see reference.md section 1)."""
 
+    UNKNOWN_SERVER_ERROR = -1
     NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    NETWORK_EXCEPTION = 13
     COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
     NOT_COORDINATOR = 16
     INCONSISTENT_GROUP_PROTOCOL = 23
     UNKNOWN_MEMBER_ID = 25
     UNSUPPORTED_VERSION = 35
+    INVALID_CONFIG = 40
     INVALID_REQUEST = 42
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69

@@ -1,0 +1,90 @@
+"""What ShareFetch and ShareAcknowledge share: session keys and applying acknowledgements."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ErrorCode
+from ..partition import AcquiredRange
+
+if TYPE_CHECKING:
+    from ...proxy.connection import ClientConnection
+    from ..service import ShareGroupService
+
+MAX_MEMBER_ID_LENGTH = 36
+
+
+def session_key(group_id: str, member_id: str, conn: ClientConnection) -> tuple[str, str, int]:
+    """Sessions are per broker; through the proxy a broker is the listener the client used."""
+    return (group_id, member_id, -1 if conn.node_id is None else conn.node_id)
+
+
+@dataclass(slots=True)
+class AckOutcome:
+    topic_id: bytes
+    partition: int
+    error_code: int
+    write: asyncio.Future | None = None
+
+
+async def apply_acknowledgements(
+    service: ShareGroupService,
+    group_id: str,
+    member_id: str,
+    acks: Iterable[tuple[bytes, int, Sequence[Any]]],
+    *,
+    renew_allowed: bool,
+) -> list[AckOutcome]:
+    """Apply each partition's acknowledgement batches atomically; durable writes are queued, not awaited."""
+    outcomes = []
+    for topic_id, partition, batches in acks:
+        topic = service.upstream.by_id.get(topic_id)
+        if topic is None:
+            outcomes.append(AckOutcome(topic_id, partition, ErrorCode.UNKNOWN_TOPIC_ID))
+            continue
+        if not renew_allowed and any(4 in b.acknowledge_types for b in batches):
+            outcomes.append(AckOutcome(topic_id, partition, ErrorCode.INVALID_REQUEST))
+            continue
+        sp = service.partition_state(group_id, topic, partition)
+        err, engine = await service.engine(sp)
+        if err or engine is None:
+            outcomes.append(AckOutcome(topic_id, partition, err or ErrorCode.COORDINATOR_NOT_AVAILABLE))
+            continue
+        result = engine.acknowledge(member_id, [(b.first_offset, b.last_offset, b.acknowledge_types) for b in batches])
+        write = None
+        if result.update is not None:
+            write = service.persist_with_dead_letters(sp, result.update, batches, member_id)
+            sp.wake()  # released records can go to another member now
+        outcomes.append(AckOutcome(topic_id, partition, result.error_code, write))
+    return outcomes
+
+
+async def await_writes(outcomes: list[AckOutcome]) -> list[tuple[AckOutcome, int]]:
+    """Each outcome with its final error code, once its durable write is acknowledged."""
+    done = []
+    for o in outcomes:
+        code = o.error_code
+        if o.write is not None:
+            try:
+                await o.write
+            except Exception:  # noqa: BLE001 - WriteFailed: the acknowledgement did not happen
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        done.append((o, code))
+    return done
+
+
+def split_ranges(ranges: Sequence[AcquiredRange], batch_size: int) -> list[tuple[int, int, int]]:
+    """AcquiredRecords entries of at most ``batch_size`` offsets (ShareFetch BatchSize)."""
+    if batch_size <= 0:
+        return [(r.first_offset, r.last_offset, r.delivery_count) for r in ranges]
+    out = []
+    for r in ranges:
+        first = r.first_offset
+        while first <= r.last_offset:
+            last = min(first + batch_size - 1, r.last_offset)
+            out.append((first, last, r.delivery_count))
+            first = last + 1
+    return out

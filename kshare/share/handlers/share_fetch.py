@@ -1,0 +1,211 @@
+"""ShareFetch (API key 78): acknowledge what came before, then acquire and return records.
+
+Flow per request: validate, update the share session (epochs, partitions added/forgotten),
+apply piggybacked acknowledgements, acquire from the session's partitions in rotated order
+(whole upstream batches, raw bytes) until MaxRecords/MaxBytes, long-poll up to MaxWaitMs when
+nothing could be acquired, and answer only once every state change it made is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from ...protocol import messages
+from ..errors import ErrorCode
+from ..partition import FetchedBatch
+from ..sessions import FINAL_EPOCH
+from ..states import AcquireMode
+from ..upstream import OFFSET_OUT_OF_RANGE
+from .common import (
+    MAX_MEMBER_ID_LENGTH,
+    AckOutcome,
+    apply_acknowledgements,
+    await_writes,
+    session_key,
+    split_ranges,
+)
+
+if TYPE_CHECKING:
+    from ...proxy.connection import ClientConnection
+    from ..service import ShareGroupService, SharePartitionState
+
+API_KEY = 78
+VERSIONS = (1, 2)
+
+Response = messages.message_class("ShareFetchResponse")
+DEFAULT_MAX_RECORDS = 500
+
+
+def _error(version: int, code: int, message: str | None = None, lock_ms: int = 0) -> tuple[int, Any]:
+    return version, Response(error_code=code, error_message=message, acquisition_lock_timeout_ms=lock_ms)
+
+
+async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+    version = header.api_version
+    if not service.loaded:
+        return _error(version, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "The share group state is still loading.")
+    group_id, member_id = req.group_id, req.member_id
+    if not group_id:
+        return _error(version, ErrorCode.INVALID_REQUEST, "GroupId must be set.")
+    if not member_id or len(member_id) > MAX_MEMBER_ID_LENGTH:
+        return _error(version, ErrorCode.INVALID_REQUEST, "MemberId must be a non-empty string of at most 36 characters.")
+    renew_only = version >= 2 and req.is_renew_ack
+    if renew_only and (req.max_bytes or req.min_bytes or req.max_records or req.max_wait_ms):
+        return _error(version, ErrorCode.INVALID_REQUEST, "A renew-only ShareFetch must not ask for records.")
+    group = service.coordinator.ensure_group(group_id)
+    cfg = group.config
+    lock_ms = cfg.record_lock_duration_ms
+
+    added = [(t.topic_id, p.partition_index) for t in req.topics for p in t.partitions]
+    forgotten = [(t.topic_id, p) for t in req.forgotten_topics_data for p in t.partitions]
+    opened = service.sessions.open(session_key(group_id, member_id, conn), req.share_session_epoch, added, forgotten)
+    if opened.error_code:
+        return _error(version, opened.error_code, None, lock_ms)
+    session = opened.session
+    assert session is not None
+
+    out = _ResponseBuilder()
+    acks = [(t.topic_id, p.partition_index, p.acknowledgement_batches)
+            for t in req.topics for p in t.partitions if p.acknowledgement_batches]
+    outcomes = await apply_acknowledgements(service, group_id, member_id, acks, renew_allowed=renew_only)
+    for o in outcomes:
+        out.partition(o.topic_id, o.partition).acknowledge_error_code = o.error_code
+
+    if req.share_session_epoch == FINAL_EPOCH:
+        # the session ends: what the member still holds on its partitions goes back to the queue
+        await service.release_member(group_id, member_id, list(session.partitions))
+        await _settle_acks(outcomes, out)
+        return version, out.build(lock_ms)
+
+    if not renew_only:
+        max_records = req.max_records if req.max_records > 0 else DEFAULT_MAX_RECORDS
+        mode = req.share_acquire_mode if version >= 2 else AcquireMode.BATCH_OPTIMIZED
+        max_bytes = req.max_bytes if req.max_bytes > 0 else 0x7FFFFFFF
+        batch_size = req.batch_size if req.batch_size > 0 and mode == AcquireMode.BATCH_OPTIMIZED else 0
+        deadline = time.monotonic() + max(req.max_wait_ms, 0) / 1000
+        writes: list[tuple[bytes, int, asyncio.Future]] = []
+        while True:
+            states = await _acquire_all(service, group_id, member_id, session, max_records, max_bytes, mode,
+                                        batch_size, out, writes)
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if out.record_count or outcomes or left_ms <= 0:
+                break
+            await service.wait_for_records(states, left_ms)
+            if time.monotonic() >= deadline and not any(sp.engine is not None and sp.engine.has_available()
+                                                        for sp in states):
+                # one last look after the wait, then answer empty
+                await _acquire_all(service, group_id, member_id, session, max_records, max_bytes, mode,
+                                   batch_size, out, writes)
+                break
+        for topic_id, partition, fut in writes:
+            try:
+                await fut
+            except Exception:  # noqa: BLE001 - WriteFailed: the records are not handed out
+                out.drop_records(topic_id, partition, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+    await _settle_acks(outcomes, out)
+    return version, out.build(lock_ms)
+
+
+async def _settle_acks(outcomes: list[AckOutcome], out: _ResponseBuilder) -> None:
+    for o, code in await await_writes(outcomes):
+        out.partition(o.topic_id, o.partition).acknowledge_error_code = code
+
+
+async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str, session: Any, max_records: int,
+                       max_bytes: int, mode: int, batch_size: int, out: _ResponseBuilder,
+                       writes: list) -> list[SharePartitionState]:
+    """One pass over the session's partitions; returns the share-partitions it looked at."""
+    group = service.coordinator.ensure_group(group_id)
+    cfg = group.config
+    rc = cfg.read_committed
+    states: list[SharePartitionState] = []
+    for topic_id, partition in session.rotated():
+        if out.record_count >= max_records or out.record_bytes >= max_bytes:
+            break
+        topic = service.upstream.by_id.get(topic_id)
+        if topic is None:
+            await service.upstream.refresh_metadata(max_age=1.0)
+            topic = service.upstream.by_id.get(topic_id)
+        if topic is None:
+            out.partition(topic_id, partition).error_code = ErrorCode.UNKNOWN_TOPIC_ID
+            continue
+        if not 0 <= partition < topic.partitions:
+            out.partition(topic_id, partition).error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            continue
+        sp = service.partition_state(group_id, topic, partition)
+        err, engine = await service.engine(sp)
+        if err or engine is None:
+            out.partition(topic_id, partition).error_code = err or ErrorCode.COORDINATOR_NOT_AVAILABLE
+            continue
+        states.append(sp)
+        if not engine.can_acquire():
+            continue
+        offset = engine.next_fetch_offset()
+        plog = service.partition_log(topic, partition, rc)
+        read = await plog.read(offset, max(1, min(max_bytes - out.record_bytes, plog.fetch_bytes)))
+        if read.error_code == OFFSET_OUT_OF_RANGE:
+            service.skip_to_log_start(sp, read.log_start_offset)
+            continue
+        if read.error_code:
+            out.partition(topic_id, partition).error_code = read.error_code
+            continue
+        if not read.batches or sp.engine is not engine:
+            continue
+        fetched = [FetchedBatch(b.base_offset, b.last_offset, b.is_control, b.is_transactional, b.producer_id)
+                   for b, _ in read.batches]
+        result = engine.acquire(member_id, fetched, max_records - out.record_count, mode,
+                                fetch_offset=read.fetch_offset, lso=read.lso if rc else None,
+                                aborted_transactions=read.aborted if rc else None,
+                                lock_duration_ms=cfg.record_lock_duration_ms)
+        if result.update is not None:
+            writes.append((topic_id, partition, service.persist(sp, result.update)))
+        if not result.records:
+            continue
+        service.watch_locks(sp)
+        chunks = []
+        ranges = result.records
+        k = 0
+        for b, data in read.batches:
+            while k < len(ranges) and ranges[k].last_offset < b.base_offset:
+                k += 1
+            if k < len(ranges) and ranges[k].first_offset <= b.last_offset:
+                chunks.append(data)
+        records = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        p = out.partition(topic_id, partition)
+        p.records = records
+        p.acquired_records = [Response.AcquiredRecords(first_offset=a, last_offset=z, delivery_count=c)
+                              for a, z, c in split_ranges(ranges, batch_size)]
+        out.record_count += result.count
+        out.record_bytes += len(records)
+    return states
+
+
+class _ResponseBuilder:
+    def __init__(self) -> None:
+        self.topics: dict[bytes, dict[int, Any]] = {}
+        self.record_count = 0
+        self.record_bytes = 0
+
+    def partition(self, topic_id: bytes, partition: int) -> Any:
+        parts = self.topics.setdefault(topic_id, {})
+        p = parts.get(partition)
+        if p is None:
+            p = parts[partition] = Response.PartitionData(
+                partition_index=partition, records=b"",
+                current_leader=Response.LeaderIdAndEpoch(leader_id=-1, leader_epoch=-1))
+        return p
+
+    def drop_records(self, topic_id: bytes, partition: int, code: int) -> None:
+        p = self.partition(topic_id, partition)
+        p.records = b""
+        p.acquired_records = []
+        p.error_code = code
+
+    def build(self, lock_ms: int) -> Any:
+        return Response(
+            acquisition_lock_timeout_ms=lock_ms,
+            responses=[Response.ShareFetchableTopicResponse(topic_id=t, partitions=list(parts.values()))
+                       for t, parts in self.topics.items()],
+        )

@@ -1,0 +1,52 @@
+"""ShareGroupHeartbeat (API key 76): join, stay in, and leave a share group; assignments ride along."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...protocol import messages
+from ..errors import ErrorCode
+
+if TYPE_CHECKING:
+    from ...proxy.connection import ClientConnection
+    from ..service import ShareGroupService
+
+API_KEY = 76
+VERSIONS = (1, 1)
+
+Response = messages.message_class("ShareGroupHeartbeatResponse")
+
+
+async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+    version = header.api_version
+    if not service.loaded:
+        return version, Response(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                 error_message="The share group state is still loading.")
+    group_id = req.group_id
+    if group_id and req.member_epoch == 0 and service.coordinator.group(group_id) is None:
+        if await service.classic_group_exists(group_id):
+            return version, Response(
+                error_code=ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+                error_message=f"Group {group_id} is not a share group: a consumer group uses this id.")
+    result = service.coordinator.heartbeat(
+        group_id, req.member_id, req.member_epoch, req.rack_id, req.subscribed_topic_names,
+        client_id=header.client_id or "", client_host=conn.peer.rsplit(":", 1)[0])
+    for member_id in result.left:
+        await service.member_gone(group_id, member_id)
+    group = service.coordinator.group(group_id)
+    if result.group_changed and group is not None:
+        service.persist_group(group)
+    if result.error_code:
+        return version, Response(error_code=result.error_code, error_message=result.error_message)
+    assignment = None
+    if result.assignment is not None:
+        assignment = Response.Assignment(topic_partitions=[
+            Response.TopicPartitions(topic_id=topic_id, partitions=sorted(parts))
+            for topic_id, parts in sorted(result.assignment.items())
+        ])
+    return version, Response(
+        member_id=result.member_id,
+        member_epoch=result.member_epoch,
+        heartbeat_interval_ms=result.heartbeat_interval_ms,
+        assignment=assignment,
+    )

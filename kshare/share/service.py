@@ -1,0 +1,494 @@
+"""The share-group service: the asyncio shell around the sans-I/O cores.
+
+It owns the group coordinator, the share sessions, one ``SharePartitionState`` per share-partition
+(the engine plus its durable-write queue and its waiting fetches), the cached partition logs and
+the timers (member sessions, acquisition locks, topic changes). The per-API handlers in
+``kshare.share.handlers`` translate requests into calls on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..protocol import messages
+from . import dead_letter
+from .config import BrokerLimits, parse_duration_ms
+from .coordinator import GroupCoordinator, ShareGroup
+from .errors import ErrorCode
+from .ownership import LocalOwnership, Ownership
+from .partition import SharePartition
+from .partition_log import PartitionLog
+from .sessions import ShareSession, ShareSessionCache
+from .states import ShareSnapshot, ShareUpdate
+from .store import GroupRecord, SharePartitionKey, StateStore
+from .upstream import EARLIEST, LATEST, TopicInfo, UpstreamCluster
+
+if TYPE_CHECKING:
+    from ..proxy.server import Proxy
+
+log = logging.getLogger("kshare.share")
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class WriteFailed(Exception):
+    """A durable write was not acknowledged by the cluster; the change it carried is undone."""
+
+
+@dataclass(eq=False)
+class SharePartitionState:
+    """One share-partition: its engine, its ordered durable writes, the fetches waiting on it."""
+
+    key: SharePartitionKey
+    topic: TopicInfo
+    engine: SharePartition | None = None
+    init_task: asyncio.Task | None = None
+    waiters: set[asyncio.Future] = field(default_factory=set)
+    # durable writes: queued updates go out together once the previous write is acknowledged
+    pending: list[ShareUpdate | ShareSnapshot] = field(default_factory=list)
+    pending_done: asyncio.Future | None = None
+    writing: bool = False
+    broken: bool = False  # a write failed: rebuild from durable state before serving again
+
+    def wake(self) -> None:
+        for fut in self.waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self.waiters.clear()
+
+
+class ShareGroupService:
+    def __init__(self, proxy: Proxy | None, store: StateStore, upstream: UpstreamCluster, *,
+                 limits: BrokerLimits | None = None, ownership: Ownership | None = None,
+                 clock=_now_ms) -> None:
+        self.proxy = proxy
+        self.store = store
+        self.upstream = upstream
+        self.limits = limits or BrokerLimits()
+        self.ownership = ownership or LocalOwnership()
+        self.clock = clock
+        self.coordinator = GroupCoordinator(upstream.topic_view, clock=clock, limits=self.limits)
+        self.sessions = ShareSessionCache(self.limits.max_share_sessions)
+        self.partitions: dict[SharePartitionKey, SharePartitionState] = {}
+        self.logs: dict[tuple[bytes, int, bool], PartitionLog] = {}
+        self.loaded = False
+        self._lock_heap: list[tuple[int, SharePartitionKey]] = []
+        self._timer_wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._group_writes: dict[str, asyncio.Task] = {}
+        self._producer = None  # aiokafka producer for dead letters, created on first use
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load durable state, then serve. Until loaded, share RPCs answer COORDINATOR_LOAD_IN_PROGRESS."""
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._load()))
+
+    async def _load(self) -> None:
+        started = time.monotonic()
+        delay = 0.5
+        while True:
+            try:
+                await self.upstream.refresh_metadata()
+                await self.store.start()
+                break
+            except Exception as exc:  # noqa: BLE001 - keep trying until the cluster is reachable
+                log.warning("loading share state failed (%r); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10)
+        for record in self.store.groups().values():
+            self.coordinator.ensure_group(record.group_id, epoch=record.group_epoch, configs=record.configs)
+        for key in self.store.share_partitions():
+            self.coordinator.ensure_group(key.group_id)
+        self.loaded = True
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._timers()))
+        self._tasks.append(loop.create_task(self._refresh_topics()))
+        log.info("share state loaded in %.2fs: %d group(s), %d share-partition(s)", time.monotonic() - started,
+                 len(self.coordinator.groups), len(self.store.share_partitions()))
+
+    async def wait_loaded(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.loaded:
+            if time.monotonic() > deadline:
+                raise TimeoutError("share state not loaded in time")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for plog in self.logs.values():
+            plog.close()
+        # let queued durable writes finish so nothing answered is lost
+        pending = [s.pending_done for s in self.partitions.values() if s.pending_done is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        await self.store.close()
+        if self._producer is not None:
+            await self._producer.stop()
+        await self.upstream.close()
+
+    # -- groups -------------------------------------------------------------------------------------
+    def persist_group(self, group: ShareGroup) -> None:
+        """Write the group's record (epoch, configs) in the background; later writes supersede."""
+        record = GroupRecord(group.group_id, group.epoch, dict(group.config.overrides))
+        prev = self._group_writes.get(group.group_id)
+
+        async def write() -> None:
+            if prev is not None:
+                await asyncio.gather(prev, return_exceptions=True)
+            try:
+                await self.store.write_group(record)
+            except Exception as exc:  # noqa: BLE001
+                log.error("persisting share group %s failed: %r", group.group_id, exc)
+
+        self._group_writes[group.group_id] = asyncio.get_running_loop().create_task(write())
+
+    async def member_gone(self, group_id: str, member_id: str) -> None:
+        """A member left or was removed: close its sessions and release what it holds."""
+        self.sessions.close_member(group_id, member_id)
+        await self.release_member(group_id, member_id, None)
+
+    async def release_member(self, group_id: str, member_id: str, only: Iterable[tuple[bytes, int]] | None) -> None:
+        wanted = None if only is None else set(only)
+        writes = []
+        for key, sp in list(self.partitions.items()):
+            if key.group_id != group_id or sp.engine is None:
+                continue
+            if wanted is not None and (key.topic_id, key.partition) not in wanted:
+                continue
+            update = sp.engine.release_member(member_id)
+            if update is not None:
+                writes.append(self.persist(sp, update))
+                sp.wake()
+        for fut in writes:
+            try:
+                await fut
+            except WriteFailed:
+                pass
+
+    # -- share-partitions -----------------------------------------------------------------------------
+    def partition_state(self, group_id: str, topic: TopicInfo, partition: int) -> SharePartitionState:
+        key = SharePartitionKey(group_id, topic.topic_id, partition)
+        sp = self.partitions.get(key)
+        if sp is None:
+            sp = self.partitions[key] = SharePartitionState(key, topic)
+        return sp
+
+    async def engine(self, sp: SharePartitionState) -> tuple[int, SharePartition | None]:
+        """The loaded engine of a share-partition, initialising it on first use (error code, engine)."""
+        if sp.engine is not None and not sp.broken:
+            return ErrorCode.NONE, sp.engine
+        if sp.init_task is None or sp.init_task.done():
+            sp.init_task = asyncio.get_running_loop().create_task(self._initialise(sp))
+        try:
+            return await asyncio.shield(sp.init_task)
+        except WriteFailed:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+
+    async def _initialise(self, sp: SharePartitionState) -> tuple[int, SharePartition | None]:
+        key = sp.key
+        group = self.coordinator.ensure_group(key.group_id)
+        cfg = group.config
+        durable = self.store.share_partitions().get(key)
+        if durable is None or durable.start_offset < 0:
+            err, start = await self._initial_offset(group, sp.topic, key.partition)
+            if err:
+                return err, None
+            snapshot = ShareSnapshot(start, ())
+            await self.store.write([(key, snapshot)])
+            durable = snapshot
+            log.info("share-partition %s %s-%d initialised at offset %d (%s)", key.group_id, sp.topic.name,
+                     key.partition, start, cfg.auto_offset_reset)
+        sp.engine = SharePartition.from_snapshot(
+            durable, clock=self.clock, delivery_count_limit=cfg.delivery_count_limit,
+            max_record_locks=cfg.max_record_locks, record_lock_duration_ms=cfg.record_lock_duration_ms,
+            renew_enabled=cfg.renew_enabled)
+        sp.broken = False
+        return ErrorCode.NONE, sp.engine
+
+    async def _initial_offset(self, group: ShareGroup, topic: TopicInfo, partition: int) -> tuple[int, int]:
+        """SPSO of a share-partition without state, from ``share.auto.offset.reset``."""
+        reset = group.config.auto_offset_reset
+        # A partition added to a topic the group already reads starts at its beginning, so nothing
+        # produced to it is skipped (Kafka initialises new partitions at offset 0 as well).
+        known = any(k.group_id == group.group_id and k.topic_id == topic.topic_id and k.partition != partition
+                    for k in self.store.share_partitions())
+        if reset == "earliest" or known:
+            return await self.upstream.list_offset(topic, partition, EARLIEST)
+        if reset == "latest":
+            return await self.upstream.list_offset(topic, partition, LATEST)
+        duration = parse_duration_ms(reset.removeprefix("by_duration:"))
+        err, offset = await self.upstream.list_offset(topic, partition, int(time.time() * 1000) - duration)
+        if not err and offset < 0:  # nothing that recent: start at the end
+            return await self.upstream.list_offset(topic, partition, LATEST)
+        return err, offset
+
+    def apply_config(self, group: ShareGroup) -> None:
+        """Group configs changed at run time: push them into the live engines (KIP-1240 for the limit)."""
+        cfg = group.config
+        for key, sp in self.partitions.items():
+            if key.group_id == group.group_id and sp.engine is not None:
+                sp.engine.delivery_count_limit = cfg.delivery_count_limit
+                sp.engine.max_record_locks = cfg.max_record_locks
+                sp.engine.record_lock_duration_ms = cfg.record_lock_duration_ms
+                sp.engine.renew_enabled = cfg.renew_enabled
+
+    def partition_log(self, topic: TopicInfo, partition: int, read_committed: bool) -> PartitionLog:
+        k = (topic.topic_id, partition, read_committed)
+        plog = self.logs.get(k)
+        if plog is None or plog.topic is not topic and plog.topic.topic_id != topic.topic_id:
+            plog = self.logs[k] = PartitionLog(self.upstream, topic, partition, read_committed)
+        return plog
+
+    # -- durable writes -------------------------------------------------------------------------------
+    def persist(self, sp: SharePartitionState, change: ShareUpdate | ShareSnapshot | None) -> asyncio.Future:
+        """Queue a durable write; the future resolves once the cluster acknowledged it (and every
+        earlier write of this share-partition). Raises WriteFailed on failure."""
+        loop = asyncio.get_running_loop()
+        if change is None:
+            if sp.pending_done is not None and not sp.pending_done.done():
+                return sp.pending_done
+            fut = loop.create_future()
+            fut.set_result(None)
+            return fut
+        sp.pending.append(change)
+        if sp.pending_done is None or sp.pending_done.done():
+            sp.pending_done = loop.create_future()
+        done = sp.pending_done
+        if not sp.writing:
+            sp.writing = True
+            loop.create_task(self._write_loop(sp))
+        return done
+
+    async def _write_loop(self, sp: SharePartitionState) -> None:
+        try:
+            while sp.pending:
+                batch, done = sp.pending, sp.pending_done
+                sp.pending, sp.pending_done = [], None
+                assert done is not None
+                try:
+                    await self.store.write([(sp.key, change) for change in batch])
+                except Exception as exc:  # noqa: BLE001
+                    log.error("durable write for %s failed: %r; rebuilding it from the state topic", sp.key, exc)
+                    # The engine moved ahead of what is durable: rebuild before serving it again.
+                    sp.broken = True
+                    sp.engine = None
+                    if not done.done():
+                        done.set_exception(WriteFailed(str(exc)))
+                        done.exception()  # retrieved: waiters may be gone
+                    if sp.pending_done is not None and not sp.pending_done.done():
+                        sp.pending_done.set_exception(WriteFailed(str(exc)))
+                        sp.pending_done.exception()
+                    sp.pending, sp.pending_done = [], None
+                    sp.wake()
+                    return
+                if not done.done():
+                    done.set_result(None)
+        finally:
+            sp.writing = False
+
+    def persist_with_dead_letters(self, sp: SharePartitionState, update: ShareUpdate, ack_batches: Iterable,
+                                  member_id: str | None) -> asyncio.Future:
+        """Like ``persist``, but records this update archives go to the group's DLQ topic first."""
+        group = self.coordinator.group(sp.key.group_id)
+        if group is None or not group.config.dlq_topic or not dead_letter.archived_offsets(update):
+            return self.persist(sp, update)
+        items = dead_letter.letters(update, dead_letter.rejected_ranges(ack_batches))
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        # Queue the write now so its order among this share-partition's writes is kept, but hold
+        # its acknowledgement until the dead letters are on the DLQ topic.
+        write = self.persist(sp, update)
+
+        async def run() -> None:
+            try:
+                await self._produce_dead_letters(group, sp, items)
+                await write
+            except Exception as exc:  # noqa: BLE001
+                if not done.done():
+                    done.set_exception(WriteFailed(str(exc)))
+                return
+            if not done.done():
+                done.set_result(None)
+
+        loop.create_task(run())
+        return done
+
+    async def _produce_dead_letters(self, group: ShareGroup, sp: SharePartitionState, items: list) -> None:
+        cfg = group.config
+        if cfg.dlq_copy_record:
+            plog = self.partition_log(sp.topic, sp.key.partition, cfg.read_committed)
+            raw = []
+            for offset in sorted({d.offset for d in items}):
+                if any(b.base_offset <= offset <= b.last_offset for b, _ in raw):
+                    continue
+                read = await plog.read(offset, 1 << 20)
+                raw.extend(read.batches[:1])
+            dead_letter.fill_from_batches(items, [data for _, data in raw])
+        producer = await self._dlq_producer()
+        sends = []
+        for d in items:
+            headers = dead_letter.context_headers(group.group_id, sp.topic.name, sp.key.partition, d)
+            if cfg.dlq_copy_record and d.headers:
+                headers = d.headers + headers
+            sends.append(await producer.send(cfg.dlq_topic, value=d.value if cfg.dlq_copy_record else None,
+                                             key=d.key if cfg.dlq_copy_record else None, headers=headers))
+        for fut in sends:
+            await fut
+        log.info("share group %s: %d record(s) of %s-%d dead-lettered to %s", group.group_id, len(items),
+                 sp.topic.name, sp.key.partition, cfg.dlq_topic)
+
+    async def _dlq_producer(self):
+        if self._producer is None:
+            from aiokafka import AIOKafkaProducer
+
+            producer = AIOKafkaProducer(
+                bootstrap_servers=[f"{h}:{p}" for h, p in self.upstream.bootstrap],
+                acks="all", enable_idempotence=True, client_id="kshare-dlq")
+            await producer.start()
+            self._producer = producer
+        return self._producer
+
+    def skip_to_log_start(self, sp: SharePartitionState, log_start: int) -> None:
+        """Records below the log start are gone (retention, DeleteRecords): move the SPSO up to it."""
+        engine = sp.engine
+        if engine is None or log_start <= engine.start_offset:
+            return
+        result = engine.reset_start_offset(log_start)
+        if result.snapshot is not None:
+            log.info("share-partition %s %s-%d: records below %d were deleted upstream; SPSO moves there",
+                     sp.key.group_id, sp.topic.name, sp.key.partition, log_start)
+            self.persist(sp, result.snapshot).add_done_callback(_ignore_failure)
+        elif result.update is not None:
+            self.persist(sp, result.update).add_done_callback(_ignore_failure)
+
+    async def classic_group_exists(self, group_id: str) -> bool:
+        """Whether the cluster has a consumer (or classic) group with this id, which a share group
+        may not reuse (INCONSISTENT_GROUP_PROTOCOL)."""
+        try:
+            conn = await self.upstream.any_connection()
+            find = messages.message_class("FindCoordinatorRequest")
+            version = conn.best_version(10, hi=3)
+            resp = await conn.request(10, version, find(key=group_id, key_type=0))
+            if resp.error_code:
+                return False
+            coord = await self.upstream.connection(resp.node_id)
+            describe = messages.message_class("DescribeGroupsRequest")
+            dversion = coord.best_version(15, hi=5)
+            groups = (await coord.request(15, dversion, describe(groups=[group_id]))).groups
+        except Exception as exc:  # noqa: BLE001 - cannot tell: let the share group proceed
+            log.debug("checking group %s upstream failed: %r", group_id, exc)
+            return False
+        return any(g.group_id == group_id and g.error_code == 0 and g.group_state not in ("Dead", "")
+                   for g in groups)
+
+    def register(self, proxy: Proxy) -> None:
+        """Serve the share-group APIs on the proxy (and advertise them in ApiVersions)."""
+        from .handlers import HANDLERS
+
+        for module in HANDLERS:
+            lo, hi = module.VERSIONS
+
+            def bound(conn, header, body, _handle=module.handle):
+                return _handle(self, conn, header, body)
+
+            proxy.serve(module.API_KEY, lo, hi, bound)
+
+    # -- acquisition locks ----------------------------------------------------------------------------
+    def watch_locks(self, sp: SharePartitionState) -> None:
+        if sp.engine is None:
+            return
+        deadline = sp.engine.next_deadline()
+        if deadline is not None:
+            heapq.heappush(self._lock_heap, (deadline, sp.key))
+            if deadline == self._lock_heap[0][0]:
+                self._timer_wakeup.set()
+
+    async def _timers(self) -> None:
+        """Lock expiries and member session timeouts, each handled when due."""
+        while True:
+            now = self.clock()
+            while self._lock_heap and self._lock_heap[0][0] <= now:
+                _, key = heapq.heappop(self._lock_heap)
+                sp = self.partitions.get(key)
+                if sp is None or sp.engine is None:
+                    continue
+                update = sp.engine.expire_locks(now)
+                if update is not None:
+                    self.persist_with_dead_letters(sp, update, (), None).add_done_callback(_ignore_failure)
+                sp.wake()
+                self.watch_locks(sp)
+            for group_id, member_id in self.coordinator.expire(now):
+                log.info("share group %s: member %s missed its session timeout; removed", group_id, member_id)
+                group = self.coordinator.group(group_id)
+                if group is not None:
+                    self.persist_group(group)
+                await self.member_gone(group_id, member_id)
+            deadlines = [d for d in (self._lock_heap[0][0] if self._lock_heap else None,
+                                     self.coordinator.next_deadline()) if d is not None]
+            wait = (min(deadlines) - self.clock()) / 1000 if deadlines else 1.0
+            self._timer_wakeup.clear()
+            try:
+                await asyncio.wait_for(self._timer_wakeup.wait(), timeout=max(0.005, min(wait, 1.0)))
+            except TimeoutError:
+                pass
+
+    async def _refresh_topics(self) -> None:
+        """Follow topic changes (new topics, partitions, deletions) for assignments."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.upstream.refresh_metadata(max_age=5.0)
+            except Exception as exc:  # noqa: BLE001
+                log.debug("metadata refresh failed: %r", exc)
+                continue
+            for group_id in self.coordinator.refresh_topics():
+                group = self.coordinator.group(group_id)
+                if group is not None:
+                    self.persist_group(group)
+
+    # -- waiting --------------------------------------------------------------------------------------
+    async def wait_for_records(self, states: Sequence[SharePartitionState], timeout_ms: int) -> None:
+        """Until any of these share-partitions may have something to hand out, or the timeout."""
+        if timeout_ms <= 0 or not states:
+            return
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        hooks = []
+        for sp in states:
+            sp.waiters.add(fut)
+            if sp.engine is not None and not sp.engine.has_available():
+                group = self.coordinator.group(sp.key.group_id)
+                rc = group.config.read_committed if group else False
+                plog = self.partition_log(sp.topic, sp.key.partition, rc)
+                hook = sp.wake
+                plog.listeners.add(hook)
+                hooks.append((plog, hook))
+                plog.want_data_from(sp.engine.end_offset, min(timeout_ms, 5000))
+        try:
+            await asyncio.wait_for(fut, timeout_ms / 1000)
+        except TimeoutError:
+            pass
+        finally:
+            for sp in states:
+                sp.waiters.discard(fut)
+            for plog, hook in hooks:
+                plog.listeners.discard(hook)
+
+
+def _ignore_failure(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def sessions_partitions(session: ShareSession) -> list[tuple[bytes, int]]:
+    return list(session.partitions)

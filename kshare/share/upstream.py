@@ -1,0 +1,211 @@
+"""The proxy's own view of and connections to the fronted cluster, for serving share groups.
+
+Share fetches are served from ordinary Fetch requests the proxy sends to each partition's
+leader on its own connections (one pipelined connection per broker), and SPSOs are initialised
+with ListOffsets. Topic metadata (ids, partition counts, leaders) is refreshed periodically and
+whenever a request meets a leadership error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ..client import ConnectionClosed, KafkaConnection
+from ..protocol import messages
+from ..proxy.rewrite import ZERO_UUID, synthetic_topic_id
+from .errors import ErrorCode
+
+log = logging.getLogger("kshare.share")
+
+FETCH, LIST_OFFSETS, METADATA = 1, 2, 3
+EARLIEST, LATEST = -2, -1
+
+# Fetch errors after which the leader may have moved
+_STALE_METADATA = {3, 6, 74, 75, 100, 103}  # UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER, FENCED/UNKNOWN_LEADER_EPOCH, ...
+OFFSET_OUT_OF_RANGE = 1
+
+
+@dataclass(slots=True)
+class TopicInfo:
+    name: str
+    topic_id: bytes
+    leaders: list[int]  # partition -> leader node id (-1 unknown)
+
+    @property
+    def partitions(self) -> int:
+        return len(self.leaders)
+
+
+@dataclass(slots=True)
+class FetchResult:
+    error_code: int
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    aborted: list[tuple[int, int]] = field(default_factory=list)  # (producer id, first offset)
+    records: memoryview | None = None
+
+
+class UpstreamCluster:
+    """Metadata and per-broker connections to the real cluster."""
+
+    def __init__(self, bootstrap: list[tuple[str, int]], client_id: str = "kshare-share") -> None:
+        self.bootstrap = bootstrap
+        self.client_id = client_id
+        self.brokers: dict[int, tuple[str, int]] = {}
+        self.topics: dict[str, TopicInfo] = {}
+        self.by_id: dict[bytes, TopicInfo] = {}
+        # (node id, lane) -> connection. Lane "" carries short requests; a long-polling Fetch gets a
+        # lane of its own, since a broker answers one connection's requests strictly in order.
+        self._conns: dict[tuple[int, str], KafkaConnection] = {}
+        self._connecting: dict[tuple[int, str], asyncio.Task] = {}
+        self._meta_lock = asyncio.Lock()
+        self._bootstrap_conn: KafkaConnection | None = None
+        self.metadata_at = 0.0
+
+    # -- connections ----------------------------------------------------------------------------------
+    async def connection(self, node_id: int, lane: str = "") -> KafkaConnection:
+        key = (node_id, lane)
+        conn = self._conns.get(key)
+        if conn is not None and not conn.closed:
+            return conn
+        task = self._connecting.get(key)
+        if task is None:
+            if node_id not in self.brokers:
+                await self.refresh_metadata()
+            if node_id not in self.brokers:
+                raise ConnectionClosed(f"broker {node_id} is not in the cluster metadata")
+            host, port = self.brokers[node_id]
+            task = asyncio.get_running_loop().create_task(KafkaConnection.open(host, port, self.client_id))
+            self._connecting[key] = task
+        try:
+            conn = await asyncio.shield(task)
+        finally:
+            if self._connecting.get(key) is task and task.done():
+                del self._connecting[key]
+        self._conns[key] = conn
+        return conn
+
+    async def any_connection(self) -> KafkaConnection:
+        for node_id in list(self.brokers):
+            try:
+                return await self.connection(node_id)
+            except (OSError, ConnectionError, TimeoutError):
+                continue
+        last: Exception | None = None
+        if self._bootstrap_conn is not None and not self._bootstrap_conn.closed:
+            return self._bootstrap_conn
+        for host, port in self.bootstrap:
+            try:
+                self._bootstrap_conn = await KafkaConnection.open(host, port, self.client_id)
+                return self._bootstrap_conn
+            except (OSError, ConnectionError, TimeoutError) as exc:
+                last = exc
+        raise ConnectionClosed(f"no broker of the cluster is reachable: {last!r}")
+
+    async def close(self) -> None:
+        for conn in self._conns.values():
+            await conn.close()
+        self._conns.clear()
+        if self._bootstrap_conn is not None:
+            await self._bootstrap_conn.close()
+
+    # -- metadata -------------------------------------------------------------------------------------
+    async def refresh_metadata(self, max_age: float = 0.0) -> None:
+        if max_age and time.monotonic() - self.metadata_at < max_age:
+            return
+        async with self._meta_lock:
+            if max_age and time.monotonic() - self.metadata_at < max_age:
+                return
+            conn = await self.any_connection()
+            version = conn.best_version(METADATA)
+            req = messages.message_class("MetadataRequest")(topics=None if version >= 1 else [],
+                                                           allow_auto_topic_creation=False)
+            resp = await conn.request(METADATA, version, req)
+            self.brokers = {b.node_id: (b.host, b.port) for b in resp.brokers}
+            topics: dict[str, TopicInfo] = {}
+            for t in resp.topics:
+                if t.error_code != 0 or not t.name:
+                    continue
+                topic_id = t.topic_id if version >= 10 and t.topic_id != ZERO_UUID else synthetic_topic_id(t.name)
+                leaders = [-1] * len(t.partitions)
+                for p in t.partitions:
+                    if 0 <= p.partition_index < len(leaders):
+                        leaders[p.partition_index] = p.leader_id
+                topics[t.name] = TopicInfo(t.name, topic_id, leaders)
+            self.topics = topics
+            self.by_id = {t.topic_id: t for t in topics.values()}
+            self.metadata_at = time.monotonic()
+            for key in [k for k in self._conns if k[0] not in self.brokers]:
+                await self._conns.pop(key).close()
+
+    def topic_view(self) -> dict[str, tuple[bytes, int]]:
+        return {name: (t.topic_id, t.partitions) for name, t in self.topics.items()}
+
+    async def leader(self, topic: TopicInfo, partition: int) -> int:
+        leader = topic.leaders[partition] if partition < topic.partitions else -1
+        if leader < 0:
+            await self.refresh_metadata(max_age=0.5)
+            fresh = self.topics.get(topic.name)
+            leader = fresh.leaders[partition] if fresh and partition < fresh.partitions else -1
+        return leader
+
+    # -- data -----------------------------------------------------------------------------------------
+    async def fetch(self, topic: TopicInfo, partition: int, offset: int, *, max_bytes: int = 1 << 20,
+                    max_wait_ms: int = 0, read_committed: bool = False, lane: str = "") -> FetchResult:
+        """One partition from its leader (error codes as Kafka returns them)."""
+        try:
+            leader = await self.leader(topic, partition)
+            if leader < 0:
+                return FetchResult(ErrorCode.LEADER_NOT_AVAILABLE)
+            conn = await self.connection(leader, lane)
+            version = min(conn.best_version(FETCH, lo=4), 12)  # v4+: isolation & LSO; <=12: by name
+            cls = messages.message_class("FetchRequest")
+            part = cls.FetchPartition(partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes,
+                                      log_start_offset=-1, current_leader_epoch=-1, last_fetched_epoch=-1)
+            req = cls(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes,
+                      isolation_level=1 if read_committed else 0, session_id=0, session_epoch=-1,
+                      topics=[cls.FetchTopic(topic=topic.name, partitions=[part])], rack_id="")
+            resp = await conn.request(FETCH, version, req)
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            log.info("fetch %s-%d from the cluster failed: %r", topic.name, partition, exc)
+            return FetchResult(ErrorCode.NETWORK_EXCEPTION)
+        if resp.error_code:
+            return FetchResult(resp.error_code)
+        for t in resp.responses:
+            for p in t.partitions:
+                if p.partition_index != partition:
+                    continue
+                if p.error_code in _STALE_METADATA:
+                    self.metadata_at = 0.0
+                aborted = [(a.producer_id, a.first_offset) for a in (p.aborted_transactions or ())]
+                return FetchResult(p.error_code, p.high_watermark, p.last_stable_offset, p.log_start_offset,
+                                   aborted, p.records)
+        return FetchResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+
+    async def list_offset(self, topic: TopicInfo, partition: int, timestamp: int) -> tuple[int, int]:
+        """(error code, offset) for EARLIEST, LATEST or a timestamp (first offset at or after it)."""
+        try:
+            leader = await self.leader(topic, partition)
+            if leader < 0:
+                return ErrorCode.LEADER_NOT_AVAILABLE, -1
+            conn = await self.connection(leader)
+            version = conn.best_version(LIST_OFFSETS, lo=1, hi=7)
+            cls = messages.message_class("ListOffsetsRequest")
+            req = cls(replica_id=-1, isolation_level=0, topics=[cls.ListOffsetsTopic(
+                name=topic.name, partitions=[cls.ListOffsetsPartition(partition_index=partition, timestamp=timestamp,
+                                                                       current_leader_epoch=-1)])])
+            resp = await conn.request(LIST_OFFSETS, version, req)
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            log.info("list offsets %s-%d failed: %r", topic.name, partition, exc)
+            return ErrorCode.NETWORK_EXCEPTION, -1
+        for t in resp.topics:
+            for p in t.partitions:
+                if p.partition_index == partition:
+                    if p.error_code in _STALE_METADATA:
+                        self.metadata_at = 0.0
+                    return p.error_code, p.offset
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
