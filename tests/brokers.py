@@ -450,7 +450,12 @@ class _Process:
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # Kafka's format: URL-safe base64 of a UUID. One starting with "-" would be read as an option
+    # by the storage tool's argument parser, so draw again (Kafka's own tool does the same).
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _java() -> str:
