@@ -1,0 +1,352 @@
+"""Bytes of the records on the share-group state topic (see ``docs/state-format.md``).
+
+Every record's key starts with an int16 *record type* (Kafka calls it the key version, and
+Apache Kafka's ``__share_group_state`` uses the same convention: 0 ShareSnapshot, 1 ShareUpdate),
+followed by the key struct of that type. A value starts with an int16 *value version* followed by
+the value struct. kshare adds record type 2 (share group record). A null value is a tombstone: it
+deletes what its key names.
+
+The structs come from the spec files ``protocol_specs/Share*Key.json`` / ``Share*Value.json`` /
+``ShareGroupRecord*.json`` through the spec-driven codec. Everything here is pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from kshare.protocol.codegen import DecodeError, codec_for
+from kshare.protocol.spec import load_spec
+
+from .states import ShareSnapshot, ShareUpdate, StateBatch
+from .store import GroupRecord, SharePartitionKey
+
+RECORD_SNAPSHOT: Final = 0
+RECORD_UPDATE: Final = 1
+RECORD_GROUP: Final = 2
+RECORD_TYPES: Final = {
+    RECORD_SNAPSHOT: "ShareSnapshot",
+    RECORD_UPDATE: "ShareUpdate",
+    RECORD_GROUP: "ShareGroupRecord",
+}
+
+#: The value version written by this code, per record type (the only one it reads).
+VALUE_VERSION: Final = 0
+
+#: Delivery states a state batch may carry (Acquired is never persisted).
+DURABLE_STATES: Final = frozenset((0, 2, 4))
+
+SNAPSHOT_EPOCH_MODULUS: Final = 1 << 16  # the snapshot epoch is a uint16; it wraps
+
+_I16 = struct.Struct(">h")
+
+_KEY_SPECS = {
+    RECORD_SNAPSHOT: "ShareSnapshotKey",
+    RECORD_UPDATE: "ShareUpdateKey",
+    RECORD_GROUP: "ShareGroupRecordKey",
+}
+_VALUE_SPECS = {
+    RECORD_SNAPSHOT: "ShareSnapshotValue",
+    RECORD_UPDATE: "ShareUpdateValue",
+    RECORD_GROUP: "ShareGroupRecordValue",
+}
+
+
+class StateRecordError(ValueError):
+    """The bytes are not a state record this code understands (damaged, foreign or a newer version)."""
+
+
+def _key_codec(record_type: int):
+    return codec_for(load_spec(_KEY_SPECS[record_type]), record_type)
+
+
+def _value_codec(record_type: int):
+    return codec_for(load_spec(_VALUE_SPECS[record_type]), VALUE_VERSION)
+
+
+# -- decoded records ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    key: SharePartitionKey
+    snapshot_epoch: int
+    state_epoch: int
+    leader_epoch: int
+    snapshot: ShareSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateRecord:
+    key: SharePartitionKey
+    snapshot_epoch: int
+    leader_epoch: int
+    update: ShareUpdate
+
+
+@dataclass(frozen=True, slots=True)
+class GroupValueRecord:
+    record: GroupRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ShareTombstone:
+    """Null value under a ShareSnapshot/ShareUpdate key: forget the share-partition."""
+
+    key: SharePartitionKey
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTombstone:
+    """Null value under a group record key: forget the group record."""
+
+    group_id: str
+
+
+StateRecord = SnapshotRecord | UpdateRecord | GroupValueRecord | ShareTombstone | GroupTombstone
+
+
+# -- keys -----------------------------------------------------------------------------------------
+
+
+def encode_share_key(record_type: int, key: SharePartitionKey) -> bytes:
+    """Key of a ShareSnapshot (type 0) or ShareUpdate (type 1) record for ``key``."""
+    if record_type not in (RECORD_SNAPSHOT, RECORD_UPDATE):
+        raise ValueError(f"not a share-partition record type: {record_type}")
+    if len(key.topic_id) != 16:
+        raise ValueError(f"topic id must be 16 bytes, got {len(key.topic_id)}")
+    codec = _key_codec(record_type)
+    out = bytearray(_I16.pack(record_type))
+    codec.encode(codec.cls(group_id=key.group_id, topic_id=bytes(key.topic_id), partition=key.partition), out)
+    return bytes(out)
+
+
+def encode_group_key(group_id: str) -> bytes:
+    codec = _key_codec(RECORD_GROUP)
+    out = bytearray(_I16.pack(RECORD_GROUP))
+    codec.encode(codec.cls(group_id=group_id), out)
+    return bytes(out)
+
+
+def decode_key(data: bytes | memoryview) -> tuple[int, SharePartitionKey | str]:
+    """(record type, share-partition key or group id); raises StateRecordError."""
+    if data is None:
+        raise StateRecordError("record without a key")
+    buf = memoryview(data)
+    if len(buf) < 2:
+        raise StateRecordError(f"key of {len(buf)} bytes is too short")
+    (record_type,) = _I16.unpack_from(buf, 0)
+    if record_type not in _KEY_SPECS:
+        raise StateRecordError(f"unknown record type (key version) {record_type}")
+    try:
+        msg, end = _key_codec(record_type).decode(buf, 2)
+    except DecodeError as exc:
+        raise StateRecordError(f"bad {RECORD_TYPES[record_type]} key: {exc}") from None
+    if end != len(buf):
+        raise StateRecordError(f"{len(buf) - end} trailing bytes after the {RECORD_TYPES[record_type]} key")
+    if record_type == RECORD_GROUP:
+        return record_type, msg.group_id
+    return record_type, SharePartitionKey(msg.group_id, bytes(msg.topic_id), msg.partition)
+
+
+# -- values ---------------------------------------------------------------------------------------
+
+
+def _batch_structs(cls, batches) -> list:
+    make = cls.StateBatch
+    return [
+        make(first_offset=b[0], last_offset=b[1], delivery_state=b[2], delivery_count=b[3]) for b in batches
+    ]
+
+
+def encode_snapshot_value(
+    snapshot_epoch: int, state_epoch: int, leader_epoch: int, snapshot: ShareSnapshot
+) -> bytes:
+    codec = _value_codec(RECORD_SNAPSHOT)
+    cls = codec.cls
+    msg = cls(
+        snapshot_epoch=snapshot_epoch % SNAPSHOT_EPOCH_MODULUS,
+        state_epoch=state_epoch,
+        leader_epoch=leader_epoch,
+        start_offset=snapshot.start_offset,
+        state_batches=_batch_structs(cls, snapshot.state_batches),
+    )
+    out = bytearray(_I16.pack(VALUE_VERSION))
+    return bytes(codec.encode(msg, out))
+
+
+def encode_update_value(snapshot_epoch: int, leader_epoch: int, update: ShareUpdate) -> bytes:
+    codec = _value_codec(RECORD_UPDATE)
+    cls = codec.cls
+    msg = cls(
+        snapshot_epoch=snapshot_epoch % SNAPSHOT_EPOCH_MODULUS,
+        leader_epoch=leader_epoch,
+        start_offset=update.start_offset,
+        state_batches=_batch_structs(cls, update.state_batches),
+    )
+    out = bytearray(_I16.pack(VALUE_VERSION))
+    return bytes(codec.encode(msg, out))
+
+
+def encode_group_value(record: GroupRecord) -> bytes:
+    codec = _value_codec(RECORD_GROUP)
+    cls = codec.cls
+    msg = cls(
+        group_epoch=record.group_epoch,
+        configs=[cls.GroupConfig(name=k, value=v) for k, v in sorted(record.configs.items())],
+        topics=[cls.GroupTopic(topic_id=bytes(t), topic_name=n) for t, n in sorted(record.topics.items())],
+    )
+    out = bytearray(_I16.pack(VALUE_VERSION))
+    return bytes(codec.encode(msg, out))
+
+
+def _value(record_type: int, data: bytes | memoryview):
+    buf = memoryview(data)
+    name = RECORD_TYPES[record_type]
+    if len(buf) < 2:
+        raise StateRecordError(f"{name} value of {len(buf)} bytes is too short")
+    (version,) = _I16.unpack_from(buf, 0)
+    if version != VALUE_VERSION:
+        raise StateRecordError(f"unknown {name} value version {version}")
+    try:
+        msg, end = _value_codec(record_type).decode(buf, 2)
+    except DecodeError as exc:
+        raise StateRecordError(f"bad {name} value: {exc}") from None
+    if end != len(buf):
+        raise StateRecordError(f"{len(buf) - end} trailing bytes after the {name} value")
+    return msg
+
+
+def _batches(msg, name: str) -> tuple[StateBatch, ...]:
+    out = []
+    for b in msg.state_batches:
+        if b.first_offset > b.last_offset or b.first_offset < 0:
+            raise StateRecordError(f"{name}: bad state batch {b.first_offset}-{b.last_offset}")
+        if b.delivery_state not in DURABLE_STATES or b.delivery_count < 0:
+            raise StateRecordError(
+                f"{name}: bad delivery state {b.delivery_state} / count {b.delivery_count} "
+                f"in state batch {b.first_offset}-{b.last_offset}"
+            )
+        out.append(StateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count))
+    return tuple(out)
+
+
+def decode_record(key: bytes | memoryview | None, value: bytes | memoryview | None) -> StateRecord:
+    """Decode one state-topic record; raises StateRecordError for anything it does not understand."""
+    record_type, k = decode_key(key)  # type: ignore[arg-type]
+    if value is None:
+        if record_type == RECORD_GROUP:
+            return GroupTombstone(k)  # type: ignore[arg-type]
+        return ShareTombstone(k)  # type: ignore[arg-type]
+    msg = _value(record_type, value)
+    if record_type == RECORD_SNAPSHOT:
+        snap = ShareSnapshot(msg.start_offset, _batches(msg, "ShareSnapshot"))
+        return SnapshotRecord(k, msg.snapshot_epoch, msg.state_epoch, msg.leader_epoch, snap)  # type: ignore[arg-type]
+    if record_type == RECORD_UPDATE:
+        upd = ShareUpdate(msg.start_offset, _batches(msg, "ShareUpdate"))
+        return UpdateRecord(k, msg.snapshot_epoch, msg.leader_epoch, upd)  # type: ignore[arg-type]
+    rec = GroupRecord(
+        group_id=k,  # type: ignore[arg-type]
+        group_epoch=msg.group_epoch,
+        configs={c.name: c.value for c in msg.configs},
+        topics={bytes(t.topic_id): t.topic_name for t in msg.topics},
+    )
+    return GroupValueRecord(rec)
+
+
+# -- sizes (to choose between a snapshot and an update without encoding both) --------------------
+
+
+def _uvarint_size(n: int) -> int:
+    size = 1
+    while n >= 0x80:
+        n >>= 7
+        size += 1
+    return size
+
+
+def snapshot_value_size(batches: int) -> int:
+    """Exact size of a ShareSnapshot value (no tagged fields) with ``batches`` state batches."""
+    return 2 + 2 + 4 + 4 + 8 + _uvarint_size(batches + 1) + 20 * batches + 1
+
+
+def update_value_size(batches: int) -> int:
+    """Exact size of a ShareUpdate value (no tagged fields) with ``batches`` state batches."""
+    return 2 + 2 + 4 + 8 + _uvarint_size(batches + 1) + 20 * batches + 1
+
+
+# -- partitioning ---------------------------------------------------------------------------------
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (the Java client's default partitioner hash), as a signed int32."""
+    length = len(data)
+    seed = 0x9747B28C
+    m = 0x5BD1E995
+    r = 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    n4 = length // 4
+    for i in range(n4):
+        k = int.from_bytes(data[i * 4 : i * 4 + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    rest = length & 3
+    tail = n4 * 4
+    if rest == 3:
+        h ^= data[tail + 2] << 16
+    if rest >= 2:
+        h ^= data[tail + 1] << 8
+    if rest >= 1:
+        h ^= data[tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_of_key_bytes(key: bytes, partitions: int) -> int:
+    """State-topic partition of a record: murmur2 of the key after its 2-byte type, positive, mod N.
+
+    ShareSnapshot and ShareUpdate keys of one share-partition differ only in the type, so every
+    record of a share-partition lands in the same partition, in write order.
+    """
+    return (murmur2(key[2:]) & 0x7FFFFFFF) % partitions
+
+
+def partition_for(key: SharePartitionKey, partitions: int) -> int:
+    return partition_of_key_bytes(encode_share_key(RECORD_SNAPSHOT, key), partitions)
+
+
+def partition_for_group(group_id: str, partitions: int) -> int:
+    return partition_of_key_bytes(encode_group_key(group_id), partitions)
+
+
+__all__ = [
+    "RECORD_GROUP",
+    "RECORD_SNAPSHOT",
+    "RECORD_UPDATE",
+    "GroupTombstone",
+    "GroupValueRecord",
+    "ShareTombstone",
+    "SnapshotRecord",
+    "StateRecord",
+    "StateRecordError",
+    "UpdateRecord",
+    "decode_key",
+    "decode_record",
+    "encode_group_key",
+    "encode_group_value",
+    "encode_share_key",
+    "encode_snapshot_value",
+    "encode_update_value",
+    "murmur2",
+    "partition_for",
+    "partition_for_group",
+    "snapshot_value_size",
+    "update_value_size",
+]

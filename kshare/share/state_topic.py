@@ -1,0 +1,966 @@
+"""``TopicStateStore``: durable share-partition state on a topic of the fronted cluster.
+
+The KIP-932 design (seed 001, ``docs/state-format.md``): a ``delete``-policy topic with unlimited
+retention holds ShareSnapshot records (the whole durable state of a share-partition) and
+ShareUpdate records (deltas over the latest snapshot), keyed by (group, topic id, partition) so
+that every record of a share-partition is in one partition, in write order. The store
+
+* **writes** through one idempotent ``acks=all`` producer. Callers append to a queue and await a
+  future; one flusher sends everything pending as one produce round, awaits every send, then
+  resolves the futures, so concurrent writes from many share-partitions and groups cost one round;
+* **compacts**: it applies every write it makes to an in-memory copy of the durable state, counts
+  updates and bytes per share-partition since its last snapshot and, past a threshold, writes a
+  ShareSnapshot (computed with :func:`states.apply_update`) instead of the update. It also writes a
+  snapshot whenever the snapshot is hardly bigger than the update (e.g. the SPSO moved and nothing
+  is in flight), which is the common case and lets pruning follow the head of the log;
+* **prunes** with DeleteRecords every state-topic partition below the oldest record replay still
+  needs: the latest acknowledged snapshot of every live share-partition and the latest group
+  record of every group in that partition. Idle share-partitions whose snapshot lags far behind
+  the end of their partition are re-snapshotted first so they do not pin the log forever;
+* **recovers** in :meth:`TopicStateStore.start` by reading every partition from its log start to
+  the end offsets read at start and replaying: latest snapshot + later updates with the same
+  snapshot epoch, group records, tombstones. Records it cannot decode are skipped, one logged
+  error each.
+
+Failure semantics: :meth:`write` returns only after the cluster acknowledged every record of the
+call (``acks=all``). It raises :class:`StateWriteError` when that did not happen within
+``write_timeout_s`` (the records may still land later, in order). A write the cluster acknowledges
+within the window succeeds even across a broker restart. After a failed write the in-memory state
+(and the caller's engine) is ahead of the topic, so the next write of that share-partition is a
+full snapshot, which makes the topic whole again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .state_codec import (
+    RECORD_SNAPSHOT,
+    GroupTombstone,
+    GroupValueRecord,
+    ShareTombstone,
+    SnapshotRecord,
+    StateRecordError,
+    UpdateRecord,
+    decode_record,
+    encode_group_key,
+    encode_group_value,
+    encode_share_key,
+    encode_snapshot_value,
+    encode_update_value,
+    partition_for,
+    partition_for_group,
+    snapshot_value_size,
+    update_value_size,
+)
+from .states import ShareSnapshot, ShareUpdate, StateBatch, apply_update, normalize
+from .store import GroupRecord, SharePartitionKey, StateWrite
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOPIC = "__share_group_state"
+
+
+class StateStoreError(Exception):
+    """The state store cannot do what was asked (not started, closed, misconfigured topic)."""
+
+
+class StateWriteError(StateStoreError):
+    """A write was not acknowledged by the cluster; it may or may not be on the topic."""
+
+
+@dataclass(slots=True)
+class LoadStats:
+    """What :meth:`TopicStateStore.start` found on the topic."""
+
+    seconds: float = 0.0
+    records: int = 0
+    bytes: int = 0
+    skipped: int = 0
+    snapshots: int = 0
+    updates: int = 0
+    tombstones: int = 0
+    group_records: int = 0
+    share_partitions: int = 0
+    groups: int = 0
+
+
+@dataclass(slots=True)
+class WriteStats:
+    """Counters since start (``rounds`` = produce rounds: one flush of everything pending)."""
+
+    rounds: int = 0
+    writes: int = 0  # write()/write_group()/delete_*() calls completed (ok or not)
+    records: int = 0  # records acknowledged by the cluster
+    bytes: int = 0  # key + value bytes of those records
+    snapshots: int = 0
+    updates: int = 0
+    compactions: int = 0  # snapshots written in place of an update past the thresholds
+    refreshes: int = 0  # snapshots/group records rewritten so idle keys stop pinning the log
+    tombstones: int = 0
+    group_records: int = 0
+    failed_records: int = 0
+    prunes: int = 0  # DeleteRecords rounds
+    pruned_records: int = 0  # by how much log start offsets moved in total
+    max_round_records: int = 0
+
+
+class _Entry:
+    """The store's view of one share-partition (its durable state once every write landed)."""
+
+    __slots__ = (
+        "state",
+        "snapshot_epoch",
+        "state_epoch",
+        "leader_epoch",
+        "partition",
+        "updates",
+        "update_bytes",
+        "snapshot_offset",
+        "resync",
+    )
+
+    def __init__(
+        self,
+        state: ShareSnapshot,
+        partition: int,
+        snapshot_epoch: int = 0,
+        state_epoch: int = 0,
+        leader_epoch: int = 0,
+    ) -> None:
+        self.state = state
+        self.partition = partition
+        self.snapshot_epoch = snapshot_epoch
+        self.state_epoch = state_epoch
+        self.leader_epoch = leader_epoch
+        self.updates = 0  # updates since the latest snapshot
+        self.update_bytes = 0
+        self.snapshot_offset: int | None = None  # offset of the latest acknowledged snapshot
+        self.resync = False  # a write failed: the next write must be a snapshot
+
+
+class _Group:
+    __slots__ = ("record", "partition", "offset", "resync")
+
+    def __init__(self, record: GroupRecord, partition: int) -> None:
+        self.record = record
+        self.partition = partition
+        self.offset: int | None = None  # offset of the latest acknowledged group record
+        self.resync = False
+
+
+# queued operations
+_SP, _GROUP, _DEL_SP, _DEL_GROUP, _REFRESH_SP, _REFRESH_GROUP = range(6)
+
+
+@dataclass(slots=True)
+class _Pending:
+    ops: list[tuple]
+    future: asyncio.Future[None]
+    error: BaseException | None = None
+    records: int = 0
+
+
+@dataclass(slots=True)
+class _Out:
+    """One record of a round and what to update when it is acknowledged."""
+
+    item: _Pending
+    partition: int
+    key: bytes
+    value: bytes | None
+    kind: str  # "snapshot" | "update" | "group" | "tombstone"
+    owner: Any = None  # _Entry / _Group
+    offset: int = -1
+    error: BaseException | None = None
+
+
+def _copy_group(record: GroupRecord) -> GroupRecord:
+    return replace(record, configs=dict(record.configs), topics=dict(record.topics))
+
+
+def _check_batches(batches: Iterable[StateBatch], what: str) -> None:
+    for b in batches:
+        first, last, state, count = b
+        if not (0 <= first <= last):
+            raise ValueError(f"{what}: state batch {first}-{last} is not a valid offset range")
+        if state not in (0, 2, 4):
+            raise ValueError(f"{what}: delivery state {state} is not durable (0, 2 or 4)")
+        if not (0 <= count <= 0x7FFF):
+            raise ValueError(f"{what}: delivery count {count} out of range")
+
+
+def _check_key(key: SharePartitionKey) -> None:
+    if not isinstance(key, SharePartitionKey):
+        raise TypeError(f"expected a SharePartitionKey, got {type(key).__name__}")
+    if not isinstance(key.topic_id, bytes | bytearray) or len(key.topic_id) != 16:
+        raise ValueError(f"{key}: the topic id must be 16 bytes")
+    if not (0 <= key.partition <= 0x7FFFFFFF):
+        raise ValueError(f"{key}: bad partition {key.partition}")
+    if len(key.group_id.encode()) > 0x7FFF:
+        raise ValueError("group id too long")
+
+
+class TopicStateStore:
+    """A :class:`kshare.share.store.StateStore` on a topic of the fronted (real) cluster.
+
+    ``bootstrap_servers``: the real cluster (not the proxy). The topic is created if missing with
+    ``partitions`` partitions, ``replication_factor`` (default min(3, brokers)),
+    ``min.insync.replicas`` (default: 2 from 3 replicas up, else 1), ``cleanup.policy=delete``,
+    ``retention.ms=-1`` and ``retention.bytes=-1``. An existing topic keeps its partition count
+    (it must never change: the partition of a share-partition's records depends on it).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Sequence[str],
+        *,
+        topic: str = DEFAULT_TOPIC,
+        partitions: int = 10,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+        leader_epoch: int = 0,
+        snapshot_after_updates: int = 500,
+        snapshot_after_bytes: int = 64 * 1024,
+        snapshot_slack_bytes: int = 24,
+        write_timeout_s: float = 30.0,
+        linger_ms: float = 0.0,
+        prune_interval_s: float = 60.0,
+        prune_after_records: int = 10_000,
+        prune_min_interval_s: float = 5.0,
+        refresh_after_records: int = 10_000,
+        client_id: str = "kshare-state",
+        producer_config: dict[str, Any] | None = None,
+        admin_config: dict[str, Any] | None = None,
+        consumer_config: dict[str, Any] | None = None,
+    ) -> None:
+        if isinstance(bootstrap_servers, str):
+            bootstrap_servers = [s for s in bootstrap_servers.split(",") if s]
+        self.bootstrap_servers = list(bootstrap_servers)
+        self.topic = topic
+        self.partitions = partitions
+        self.replication_factor = replication_factor
+        self.min_insync_replicas = min_insync_replicas
+        self.leader_epoch = leader_epoch
+        self.snapshot_after_updates = snapshot_after_updates
+        self.snapshot_after_bytes = snapshot_after_bytes
+        self.snapshot_slack_bytes = snapshot_slack_bytes
+        self.write_timeout_s = write_timeout_s
+        self.linger_s = linger_ms / 1000.0
+        self.prune_interval_s = prune_interval_s
+        self.prune_after_records = prune_after_records
+        self.prune_min_interval_s = prune_min_interval_s
+        self.refresh_after_records = refresh_after_records
+        self.client_id = client_id
+        self._producer_config = dict(producer_config or {})
+        self._admin_config = dict(admin_config or {})
+        self._consumer_config = dict(consumer_config or {})
+
+        self.load_stats = LoadStats()
+        self.stats = WriteStats()
+        self._entries: dict[SharePartitionKey, _Entry] = {}
+        self._groups: dict[str, _Group] = {}
+        self._start: dict[int, int] = {}  # log start offset per partition (as last known)
+        self._end: dict[int, int] = {}  # end offset per partition (as last known)
+        self._queue: list[_Pending] = []
+        self._wake = asyncio.Event()
+        self._prune_wake = asyncio.Event()
+        self._since_prune = 0
+        self._last_prune = 0.0
+        self._prune_lock = asyncio.Lock()
+        self._producer: Any = None
+        self._admin: Any = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._maintenance: asyncio.Task[None] | None = None
+        self._started = False
+        self._closing = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, create the topic if missing and replay it (the durable state is then loaded)."""
+        if self._started:
+            return
+        from aiokafka import AIOKafkaProducer
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        self._wake = asyncio.Event()
+        self._prune_wake = asyncio.Event()
+        self._prune_lock = asyncio.Lock()
+        admin_conf = {"request_timeout_ms": int(self.write_timeout_s * 1000), **self._admin_config}
+        self._admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap_servers, client_id=f"{self.client_id}-admin", **admin_conf
+        )
+        try:
+            await self._admin.start()
+            await self._ensure_topic()
+            await self._load()
+            conf: dict[str, Any] = {
+                "acks": "all",
+                "enable_idempotence": True,
+                "linger_ms": 0,
+                "max_batch_size": 512 * 1024,
+                "max_request_size": 1024 * 1024,
+                "request_timeout_ms": int(self.write_timeout_s * 1000),
+            }
+            conf.update(self._producer_config)
+            self._producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap_servers, client_id=self.client_id, **conf
+            )
+            await self._producer.start()
+        except BaseException:
+            await self._close_clients()
+            raise
+        self._started = True
+        self._closing = False
+        self._flusher = asyncio.create_task(self._flush_loop(), name="kshare-state-flusher")
+        self._maintenance = asyncio.create_task(self._maintenance_loop(), name="kshare-state-pruner")
+
+    async def close(self) -> None:
+        """Flush pending writes and disconnect."""
+        if not self._started:
+            await self._close_clients()
+            return
+        self._closing = True
+        self._wake.set()
+        if self._flusher is not None:
+            with contextlib.suppress(Exception):
+                await self._flusher
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            with contextlib.suppress(BaseException):
+                await self._maintenance
+        self._started = False
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        producer, admin = self._producer, self._admin
+        self._producer = self._admin = None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    async def __aenter__(self) -> TopicStateStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def share_partitions(self) -> dict[SharePartitionKey, ShareSnapshot]:
+        """Durable state of every share-partition: replayed at start, then with every write applied."""
+        return {k: e.state for k, e in self._entries.items()}
+
+    def groups(self) -> dict[str, GroupRecord]:
+        return {g: _copy_group(v.record) for g, v in self._groups.items()}
+
+    def state_epoch(self, key: SharePartitionKey) -> int | None:
+        e = self._entries.get(key)
+        return None if e is None else e.state_epoch
+
+    def snapshot_epoch(self, key: SharePartitionKey) -> int | None:
+        e = self._entries.get(key)
+        return None if e is None else e.snapshot_epoch
+
+    def partition_of(self, key: SharePartitionKey) -> int:
+        """The state-topic partition holding ``key``'s records."""
+        e = self._entries.get(key)
+        return e.partition if e is not None else partition_for(key, self.partitions)
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def write(self, writes: Sequence[StateWrite]) -> None:
+        """Make these writes durable (acks=all); batched with concurrent callers into one round.
+
+        A ShareSnapshot replaces the share-partition's state and is a (re)initialisation: the
+        state epoch goes up by one (0 for a share-partition the store has no state for). A
+        ShareUpdate is a delta over the current state.
+        """
+        ops: list[tuple] = []
+        for key, content in writes:
+            _check_key(key)
+            if isinstance(content, ShareSnapshot):
+                if content.start_offset < -1:
+                    raise ValueError(f"{key}: bad start offset {content.start_offset}")
+            elif isinstance(content, ShareUpdate):
+                if content.start_offset < -1:
+                    raise ValueError(f"{key}: bad start offset {content.start_offset}")
+            else:
+                raise TypeError(f"expected a ShareSnapshot or ShareUpdate, got {type(content).__name__}")
+            _check_batches(content.state_batches, str(key))
+            ops.append((_SP, key, content))
+        if ops:
+            await self._submit(ops)
+
+    async def write_group(self, record: GroupRecord) -> None:
+        """Persist a group record (durable on return)."""
+        if not isinstance(record, GroupRecord):
+            raise TypeError(f"expected a GroupRecord, got {type(record).__name__}")
+        for tid in record.topics:
+            if len(tid) != 16:
+                raise ValueError("topic ids must be 16 bytes")
+        await self._submit([(_GROUP, _copy_group(record))])
+
+    async def delete_group(self, group_id: str, keys: Sequence[SharePartitionKey]) -> None:
+        """Forget the group record, the given share-partitions and any other of the group's."""
+        for k in keys:
+            _check_key(k)
+        await self._submit([(_DEL_GROUP, group_id, tuple(keys))])
+
+    async def delete_share_partitions(self, keys: Sequence[SharePartitionKey]) -> None:
+        """Forget these share-partitions: a tombstone (null value) under each key."""
+        for k in keys:
+            _check_key(k)
+        if keys:
+            await self._submit([(_DEL_SP, k) for k in keys])
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far has been through a produce round."""
+        await self._submit([])
+
+    async def _submit(self, ops: list[tuple]) -> None:
+        if not self._started or self._closing:
+            raise StateStoreError("the state store is not running")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(ops, fut))
+        self._wake.set()
+        await fut
+
+    # -- the flusher -----------------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.linger_s and not self._closing:
+                await asyncio.sleep(self.linger_s)
+            while self._queue:
+                items, self._queue = self._queue, []
+                try:
+                    await self._round(items)
+                except Exception as exc:  # noqa: BLE001 - never let the flusher die
+                    log.exception("state store: produce round failed")
+                    for it in items:
+                        if not it.future.done():
+                            it.future.set_exception(StateWriteError(f"state write failed: {exc!r}"))
+            if self._closing and not self._queue:
+                return
+
+    async def _round(self, items: list[_Pending]) -> None:
+        out: list[_Out] = []
+        for item in items:
+            for op in item.ops:
+                self._encode(item, op, out)
+        self.stats.rounds += 1
+        self.stats.max_round_records = max(self.stats.max_round_records, len(out))
+        sends: list[asyncio.Future | None] = []
+        deadline = time.monotonic() + self.write_timeout_s
+        producer = self._producer
+        for rec in out:
+            try:
+                fut = await asyncio.wait_for(
+                    producer.send(self.topic, value=rec.value, key=rec.key, partition=rec.partition),
+                    max(0.001, deadline - time.monotonic()),
+                )
+            except Exception as exc:  # noqa: BLE001 - reported to the caller
+                rec.error = StateWriteError(f"state record not sent: {exc!r}")
+                fut = None
+            sends.append(fut)
+        pending = [f for f in sends if f is not None]
+        if pending:
+            _, not_done = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+            for fut in not_done:  # may still land later; retrieve the outcome so nothing warns
+                fut.add_done_callback(_ignore_result)
+        for rec, fut in zip(out, sends, strict=True):
+            if fut is None:
+                continue
+            if not fut.done():
+                rec.error = StateWriteError(
+                    f"state record not acknowledged within {self.write_timeout_s:.0f} s"
+                )
+            elif fut.cancelled():
+                rec.error = StateWriteError("state record send cancelled")
+            elif fut.exception() is not None:
+                rec.error = StateWriteError(f"state record not written: {fut.exception()!r}")
+            else:
+                rec.offset = fut.result().offset
+        self._settle(out, items)
+
+    def _settle(self, out: list[_Out], items: list[_Pending]) -> None:
+        stats = self.stats
+        wrote_snapshots = False
+        for rec in out:
+            item = rec.item
+            if rec.error is not None:
+                stats.failed_records += 1
+                if item.error is None:
+                    item.error = rec.error
+                if isinstance(rec.owner, _Entry | _Group):
+                    rec.owner.resync = True
+                continue
+            stats.records += 1
+            stats.bytes += len(rec.key) + (len(rec.value) if rec.value is not None else 0)
+            p = rec.partition
+            if rec.offset + 1 > self._end.get(p, 0):
+                self._end[p] = rec.offset + 1
+            if rec.kind == "snapshot":
+                stats.snapshots += 1
+                rec.owner.snapshot_offset = rec.offset
+                wrote_snapshots = True
+            elif rec.kind == "update":
+                stats.updates += 1
+            elif rec.kind == "group":
+                stats.group_records += 1
+                rec.owner.offset = rec.offset
+                wrote_snapshots = True
+            else:
+                stats.tombstones += 1
+        self._since_prune += len(out)
+        for item in items:
+            stats.writes += 1
+            if item.future.done():
+                continue
+            if item.error is None:
+                item.future.set_result(None)
+            else:
+                item.future.set_exception(item.error)
+        if wrote_snapshots and self._since_prune >= self.prune_after_records:
+            self._prune_wake.set()
+
+    # -- encoding: decide what goes on the topic and apply it to the in-memory state ------------
+
+    def _encode(self, item: _Pending, op: tuple, out: list[_Out]) -> None:
+        kind = op[0]
+        if kind == _SP:
+            self._encode_share(item, op[1], op[2], out)
+        elif kind == _GROUP:
+            record: GroupRecord = op[1]
+            g = self._groups.get(record.group_id)
+            if g is None:
+                g = self._groups[record.group_id] = _Group(
+                    record, partition_for_group(record.group_id, self.partitions)
+                )
+            g.record = record
+            self._emit_group(item, g, out)
+        elif kind == _REFRESH_SP:
+            # the state as of now (writes queued before this one are applied), same state epoch
+            e = self._entries.get(op[1])
+            if e is not None:
+                e.snapshot_epoch += 1
+                self.stats.refreshes += 1
+                self._emit_snapshot(item, op[1], e, e.state, out)
+        elif kind == _REFRESH_GROUP:
+            g = self._groups.get(op[1])
+            if g is not None:
+                self.stats.refreshes += 1
+                self._emit_group(item, g, out)
+        elif kind == _DEL_SP:
+            self._encode_tombstone(item, op[1], out)
+        elif kind == _DEL_GROUP:
+            _, group_id, keys = op
+            doomed = dict.fromkeys(keys)
+            doomed.update(dict.fromkeys(k for k in self._entries if k.group_id == group_id))
+            for k in doomed:
+                self._encode_tombstone(item, k, out)
+            g = self._groups.pop(group_id, None)
+            partition = g.partition if g is not None else partition_for_group(group_id, self.partitions)
+            out.append(_Out(item, partition, encode_group_key(group_id), None, "tombstone"))
+
+    def _emit_group(self, item: _Pending, g: _Group, out: list[_Out]) -> None:
+        g.resync = False
+        gid = g.record.group_id
+        out.append(_Out(item, g.partition, encode_group_key(gid), encode_group_value(g.record), "group", g))
+
+    def _encode_tombstone(self, item: _Pending, key: SharePartitionKey, out: list[_Out]) -> None:
+        e = self._entries.pop(key, None)
+        partition = e.partition if e is not None else partition_for(key, self.partitions)
+        out.append(_Out(item, partition, encode_share_key(RECORD_SNAPSHOT, key), None, "tombstone"))
+
+    def _encode_share(
+        self,
+        item: _Pending,
+        key: SharePartitionKey,
+        content: ShareSnapshot | ShareUpdate,
+        out: list[_Out],
+    ) -> None:
+        e = self._entries.get(key)
+        if isinstance(content, ShareSnapshot):
+            state = normalize(content)
+            if e is None:
+                e = self._entries[key] = _Entry(state, partition_for(key, self.partitions))
+            else:  # a (re)initialisation: new snapshot epoch and new state epoch
+                e.snapshot_epoch += 1
+                e.state_epoch += 1
+            self._emit_snapshot(item, key, e, state, out)
+            return
+        if e is None:
+            # An update with no state to apply to: the base is "nothing known", and the first
+            # record of a share-partition is always a snapshot.
+            state = apply_update(ShareSnapshot(-1, ()), content)
+            e = self._entries[key] = _Entry(state, partition_for(key, self.partitions))
+            self._emit_snapshot(item, key, e, state, out)
+            return
+        state = apply_update(e.state, content)
+        usize = update_value_size(len(content.state_batches))
+        ssize = snapshot_value_size(len(state.state_batches))
+        if e.resync or ssize <= usize + self.snapshot_slack_bytes:
+            e.snapshot_epoch += 1
+            self._emit_snapshot(item, key, e, state, out)
+            return
+        if e.updates + 1 > self.snapshot_after_updates or e.update_bytes + usize > self.snapshot_after_bytes:
+            e.snapshot_epoch += 1
+            self.stats.compactions += 1
+            self._emit_snapshot(item, key, e, state, out)
+            return
+        e.state = state
+        e.updates += 1
+        e.update_bytes += usize
+        value = encode_update_value(e.snapshot_epoch, self.leader_epoch, content)
+        out.append(_Out(item, e.partition, encode_share_key(1, key), value, "update", e))
+
+    def _emit_snapshot(
+        self, item: _Pending, key: SharePartitionKey, e: _Entry, state: ShareSnapshot, out: list[_Out]
+    ) -> None:
+        e.state = state
+        e.updates = 0
+        e.update_bytes = 0
+        e.resync = False
+        e.leader_epoch = self.leader_epoch
+        value = encode_snapshot_value(e.snapshot_epoch, e.state_epoch, self.leader_epoch, state)
+        out.append(_Out(item, e.partition, encode_share_key(RECORD_SNAPSHOT, key), value, "snapshot", e))
+
+    # -- topic creation --------------------------------------------------------------------------
+
+    async def _ensure_topic(self) -> None:
+        from aiokafka.admin import NewTopic
+
+        admin = self._admin
+        # list_topics, not a metadata request naming the topic: that would auto-create it
+        # (auto.create.topics.enable) with the broker's default settings
+        if self.topic not in await admin.list_topics():
+            cluster = await admin.describe_cluster()
+            brokers = len(cluster.get("brokers", ())) or 1
+            rf = self.replication_factor or min(3, brokers)
+            min_isr = self.min_insync_replicas or (2 if rf >= 3 else 1)
+            configs = {
+                "cleanup.policy": "delete",
+                "retention.ms": "-1",
+                "retention.bytes": "-1",
+                "min.insync.replicas": str(min_isr),
+            }
+            resp = await admin.create_topics(
+                [NewTopic(self.topic, self.partitions, rf, topic_configs=configs)],
+                timeout_ms=int(self.write_timeout_s * 1000),
+            )
+            for topic_error in resp.topic_errors:
+                code, message = topic_error[1], topic_error[2] if len(topic_error) > 2 else None
+                if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (someone else was faster)
+                    raise StateStoreError(
+                        f"cannot create the state topic {self.topic}: error {code} {message or ''}"
+                    )
+            log.info(
+                "created state topic %s: %d partitions, replication factor %d, min.insync.replicas %d",
+                self.topic,
+                self.partitions,
+                rf,
+                min_isr,
+            )
+        deadline = time.monotonic() + self.write_timeout_s
+        while True:
+            existing = await self._describe_topic()
+            if existing is not None and existing[0] == 0 and all(p[2] >= 0 for p in existing[1]):
+                break
+            if time.monotonic() > deadline:
+                raise StateStoreError(f"state topic {self.topic} has no leaders: {existing!r}")
+            await asyncio.sleep(0.1)
+        count = len(existing[1])
+        if count != self.partitions:
+            log.warning(
+                "state topic %s has %d partitions (configured %d): using %d",
+                self.topic,
+                count,
+                self.partitions,
+                count,
+            )
+            self.partitions = count
+        await self._check_topic_configs()
+
+    async def _describe_topic(self) -> tuple[int, list[tuple[int, int, int]]] | None:
+        """(error code, [(error, partition, leader)]) of the topic, or None when it does not exist."""
+        for t in await self._admin.describe_topics([self.topic]):
+            if t["topic"] != self.topic:
+                continue
+            if t["error_code"] == 3:  # UNKNOWN_TOPIC_OR_PARTITION
+                return None
+            parts = [(p["error_code"], p["partition"], p["leader"]) for p in t["partitions"]]
+            return t["error_code"], parts
+        return None
+
+    async def _check_topic_configs(self) -> None:
+        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+        try:
+            responses = await self._admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, self.topic)]
+            )
+        except Exception as exc:  # noqa: BLE001 - a check, not a requirement
+            log.warning("could not read the configs of state topic %s: %r", self.topic, exc)
+            return
+        configs: dict[str, str] = {}
+        for resp in responses:
+            for resource in resp.resources:
+                for entry in resource[4]:
+                    configs[entry[0]] = entry[1]
+        policy = configs.get("cleanup.policy", "delete")
+        if "compact" in policy:
+            raise StateStoreError(
+                f"state topic {self.topic} has cleanup.policy={policy}: compaction would drop "
+                "ShareUpdate records replay needs; it must be cleanup.policy=delete"
+            )
+        if configs.get("retention.ms", "-1") != "-1":
+            log.warning(
+                "state topic %s has retention.ms=%s: idle share-partitions can lose their state; "
+                "set retention.ms=-1",
+                self.topic,
+                configs.get("retention.ms"),
+            )
+
+    # -- recovery --------------------------------------------------------------------------------
+
+    async def _load(self) -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        t0 = time.monotonic()
+        stats = self.load_stats = LoadStats()
+        self._entries.clear()
+        self._groups.clear()
+        conf: dict[str, Any] = {
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "max_partition_fetch_bytes": 8 * 1024 * 1024,
+            "fetch_max_bytes": 64 * 1024 * 1024,
+            "request_timeout_ms": max(40_000, int(self.write_timeout_s * 1000)),
+        }
+        conf.update(self._consumer_config)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers,
+            group_id=None,
+            client_id=f"{self.client_id}-load",
+            **conf,
+        )
+        await consumer.start()
+        try:
+            tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
+            consumer.assign(tps)
+            begin = await consumer.beginning_offsets(tps)
+            end = await consumer.end_offsets(tps)
+            for tp in tps:
+                self._start[tp.partition] = begin[tp]
+                self._end[tp.partition] = end[tp]
+            remaining = {tp for tp in tps if end[tp] > begin[tp]}
+            for tp in tps:
+                if tp in remaining:
+                    consumer.seek(tp, begin[tp])
+                else:
+                    consumer.pause(tp)
+            while remaining:
+                batch = await consumer.getmany(*remaining, timeout_ms=500, max_records=100_000)
+                for tp, records in batch.items():
+                    p = tp.partition
+                    for r in records:
+                        if r.offset >= end[tp]:
+                            break
+                        stats.records += 1
+                        stats.bytes += (r.serialized_key_size if r.serialized_key_size > 0 else 0) + (
+                            r.serialized_value_size if r.serialized_value_size > 0 else 0
+                        )
+                        self._replay_one(p, r.offset, r.key, r.value)
+                for tp in list(remaining):
+                    if await consumer.position(tp) >= end[tp]:
+                        remaining.discard(tp)
+                        consumer.pause(tp)
+        finally:
+            await consumer.stop()
+        stats.share_partitions = len(self._entries)
+        stats.groups = len(self._groups)
+        stats.seconds = time.monotonic() - t0
+        log.info(
+            "state topic %s loaded in %.2f s: %d share-partitions, %d groups from %d records (%d bytes), "
+            "%d skipped",
+            self.topic,
+            stats.seconds,
+            stats.share_partitions,
+            stats.groups,
+            stats.records,
+            stats.bytes,
+            stats.skipped,
+        )
+
+    def _skip(self, partition: int, offset: int, reason: object) -> None:
+        self.load_stats.skipped += 1
+        log.error(
+            "state topic %s partition %d offset %d: record skipped: %s", self.topic, partition, offset, reason
+        )
+
+    def _replay_one(self, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
+        """Apply one state-topic record to the in-memory state (the share coordinator's replay)."""
+        stats = self.load_stats
+        try:
+            rec = decode_record(key, value)
+        except StateRecordError as exc:
+            self._skip(partition, offset, exc)
+            return
+        if isinstance(rec, SnapshotRecord):
+            stats.snapshots += 1
+            e = _Entry(
+                normalize(rec.snapshot), partition, rec.snapshot_epoch, rec.state_epoch, rec.leader_epoch
+            )
+            e.snapshot_offset = offset
+            self._entries[rec.key] = e
+        elif isinstance(rec, UpdateRecord):
+            stats.updates += 1
+            e = self._entries.get(rec.key)
+            if e is None:
+                self._skip(partition, offset, f"ShareUpdate for {rec.key} without a ShareSnapshot before it")
+                return
+            if rec.snapshot_epoch != e.snapshot_epoch % 65536:
+                self._skip(
+                    partition,
+                    offset,
+                    f"ShareUpdate for {rec.key} with snapshot epoch {rec.snapshot_epoch}, "
+                    f"latest snapshot has {e.snapshot_epoch}",
+                )
+                return
+            try:
+                e.state = apply_update(e.state, rec.update)
+            except ValueError as exc:
+                self._skip(partition, offset, exc)
+                return
+            e.updates += 1
+            e.update_bytes += len(value or b"")
+        elif isinstance(rec, GroupValueRecord):
+            stats.group_records += 1
+            g = _Group(rec.record, partition)
+            g.offset = offset
+            self._groups[rec.record.group_id] = g
+        elif isinstance(rec, ShareTombstone):
+            stats.tombstones += 1
+            self._entries.pop(rec.key, None)
+        elif isinstance(rec, GroupTombstone):
+            stats.tombstones += 1
+            self._groups.pop(rec.group_id, None)
+
+    # -- pruning ---------------------------------------------------------------------------------
+
+    def prune_points(self) -> dict[int, int]:
+        """Per partition: the lowest offset replay still needs (everything below may go)."""
+        low: dict[int, int] = {p: self._end.get(p, 0) for p in range(self.partitions)}
+        for e in self._entries.values():
+            if e.snapshot_offset is not None and e.snapshot_offset < low.get(e.partition, 1 << 62):
+                low[e.partition] = e.snapshot_offset
+        for g in self._groups.values():
+            if g.offset is not None and g.offset < low.get(g.partition, 1 << 62):
+                low[g.partition] = g.offset
+        return low
+
+    async def refresh_idle(self) -> int:
+        """Re-snapshot share-partitions (and rewrite group records) lagging far behind their
+        partition's end, so they stop pinning the log. Returns how many were rewritten."""
+        per_partition: dict[int, int] = defaultdict(int)
+        for e in self._entries.values():
+            per_partition[e.partition] += 1
+        ops: list[tuple] = []
+        for k, e in self._entries.items():
+            lag_limit = max(self.refresh_after_records, 4 * per_partition[e.partition])
+            if (
+                e.snapshot_offset is not None
+                and self._end.get(e.partition, 0) - e.snapshot_offset > lag_limit
+            ):
+                ops.append((_REFRESH_SP, k))
+        for g in self._groups.values():
+            lag_limit = max(self.refresh_after_records, 4 * per_partition[g.partition])
+            if g.offset is not None and self._end.get(g.partition, 0) - g.offset > lag_limit:
+                ops.append((_REFRESH_GROUP, g.record.group_id))
+        if ops:
+            await self._submit(ops)
+        return len(ops)
+
+    async def prune(self, *, refresh: bool = True) -> dict[int, int]:
+        """DeleteRecords below :meth:`prune_points` where that moves a log start offset.
+
+        Returns the new log start offset of every partition it moved.
+        """
+        from aiokafka import TopicPartition
+        from aiokafka.admin import RecordsToDelete
+
+        async with self._prune_lock:
+            if refresh:
+                await self.refresh_idle()
+            self._since_prune = 0
+            self._last_prune = time.monotonic()
+            points = self.prune_points()
+            todo = {
+                TopicPartition(self.topic, p): RecordsToDelete(before_offset=off)
+                for p, off in points.items()
+                if off > self._start.get(p, 0)
+            }
+            if not todo:
+                return {}
+            result = await self._admin.delete_records(todo, timeout_ms=int(self.write_timeout_s * 1000))
+            moved: dict[int, int] = {}
+            for tp, low in result.items():
+                before = self._start.get(tp.partition, 0)
+                if low > before:
+                    self.stats.pruned_records += low - before
+                self._start[tp.partition] = low
+                moved[tp.partition] = low
+            self.stats.prunes += 1
+            log.debug("state topic %s pruned: %s", self.topic, moved)
+            return moved
+
+    def log_start_offsets(self) -> dict[int, int]:
+        return dict(self._start)
+
+    async def _maintenance_loop(self) -> None:
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._prune_wake.wait(), timeout=self.prune_interval_s)
+            self._prune_wake.clear()
+            if self._closing:
+                return
+            wait = self._last_prune + self.prune_min_interval_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            try:
+                await self.prune()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - retried next interval
+                log.warning("state topic %s: pruning failed: %r", self.topic, exc)
+
+
+def _ignore_result(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+__all__ = [
+    "DEFAULT_TOPIC",
+    "LoadStats",
+    "StateStoreError",
+    "StateWriteError",
+    "TopicStateStore",
+    "WriteStats",
+]
