@@ -1,0 +1,218 @@
+"""The bytes of the share-group state topic records (docs/state-format.md)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kshare.share import state_codec as sc
+from kshare.share.states import ShareSnapshot, ShareUpdate, StateBatch
+from kshare.share.store import GroupRecord, SharePartitionKey
+
+TOPIC_ID = bytes(range(16))
+KEY = SharePartitionKey("my-share-group", TOPIC_ID, 7)
+
+keys = st.builds(
+    SharePartitionKey,
+    st.text(max_size=40),
+    st.binary(min_size=16, max_size=16),
+    st.integers(0, 2**31 - 1),
+)
+batches = st.lists(
+    st.tuples(
+        st.integers(0, 2**62),
+        st.integers(0, 2**20),
+        st.sampled_from([0, 2, 4]),
+        st.integers(0, 0x7FFF),
+    ).map(lambda t: StateBatch(t[0], t[0] + t[1], t[2], t[3])),
+    max_size=30,
+).map(tuple)
+
+
+# -- exact bytes ----------------------------------------------------------------------------------
+
+
+def test_snapshot_key_bytes() -> None:
+    key = sc.encode_share_key(sc.RECORD_SNAPSHOT, SharePartitionKey("g1", TOPIC_ID, 3))
+    assert key == b"\x00\x00" + b"\x00\x02g1" + TOPIC_ID + b"\x00\x00\x00\x03"
+
+
+def test_update_key_differs_only_in_the_type() -> None:
+    snap = sc.encode_share_key(sc.RECORD_SNAPSHOT, KEY)
+    upd = sc.encode_share_key(sc.RECORD_UPDATE, KEY)
+    assert upd[:2] == b"\x00\x01" and upd[2:] == snap[2:]
+
+
+def test_group_key_bytes() -> None:
+    assert sc.encode_group_key("g1") == b"\x00\x02\x00\x02g1"
+
+
+def test_snapshot_value_bytes() -> None:
+    value = sc.encode_snapshot_value(2, 5, 0, ShareSnapshot(560, (StateBatch(560, 560, 0, 1),)))
+    expected = (
+        b"\x00\x00"  # value version 0
+        + struct.pack(">HiiQ", 2, 5, 0, 560)  # snapshot epoch, state epoch, leader epoch, start offset
+        + b"\x02"  # compact array: 1 batch
+        + struct.pack(">qqbh", 560, 560, 0, 1)
+        + b"\x00"  # batch tagged fields
+        + b"\x00"  # value tagged fields
+    )
+    assert value == expected
+    assert len(value) == sc.snapshot_value_size(1)
+
+
+def test_update_value_bytes() -> None:
+    value = sc.encode_update_value(1, 0, ShareUpdate(-1, (StateBatch(110, 110, 0, 1),)))
+    expected = (
+        b"\x00\x00"
+        + struct.pack(">Hiq", 1, 0, -1)
+        + b"\x02"
+        + struct.pack(">qqbh", 110, 110, 0, 1)
+        + b"\x00"
+        + b"\x00"
+    )
+    assert value == expected
+    assert len(value) == sc.update_value_size(1)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 126, 127, 128, 2000, 20000])
+def test_sizes(n: int) -> None:
+    bs = tuple(StateBatch(i * 2, i * 2, 0, 1) for i in range(n))
+    assert len(sc.encode_snapshot_value(0, 0, 0, ShareSnapshot(0, bs))) == sc.snapshot_value_size(n)
+    assert len(sc.encode_update_value(0, 0, ShareUpdate(-1, bs))) == sc.update_value_size(n)
+
+
+# -- round trips ----------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys, st.integers(0, 2**16 - 1), st.integers(-(2**31), 2**31 - 1), st.integers(-1, 2**62), batches)
+def test_snapshot_round_trip(key, epoch, state_epoch, start, bs) -> None:
+    rec = sc.decode_record(
+        sc.encode_share_key(sc.RECORD_SNAPSHOT, key),
+        sc.encode_snapshot_value(epoch, state_epoch, 3, ShareSnapshot(start, bs)),
+    )
+    assert rec == sc.SnapshotRecord(key, epoch, state_epoch, 3, ShareSnapshot(start, bs))
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys, st.integers(0, 2**16 - 1), st.integers(-1, 2**62), batches)
+def test_update_round_trip(key, epoch, start, bs) -> None:
+    rec = sc.decode_record(
+        sc.encode_share_key(sc.RECORD_UPDATE, key), sc.encode_update_value(epoch, 0, ShareUpdate(start, bs))
+    )
+    assert rec == sc.UpdateRecord(key, epoch, 0, ShareUpdate(start, bs))
+
+
+def test_snapshot_epoch_wraps() -> None:
+    rec = sc.decode_record(
+        sc.encode_share_key(sc.RECORD_SNAPSHOT, KEY),
+        sc.encode_snapshot_value(65537, 0, 0, ShareSnapshot(0, ())),
+    )
+    assert rec.snapshot_epoch == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.text(max_size=30),
+    st.integers(-(2**31), 2**31 - 1),
+    st.dictionaries(st.text(max_size=20), st.text(max_size=20), max_size=5),
+    st.dictionaries(st.binary(min_size=16, max_size=16), st.text(max_size=20), max_size=5),
+)
+def test_group_round_trip(group, epoch, configs, topics) -> None:
+    record = GroupRecord(group, epoch, configs, topics)
+    rec = sc.decode_record(sc.encode_group_key(group), sc.encode_group_value(record))
+    assert rec == sc.GroupValueRecord(record)
+
+
+def test_tombstones() -> None:
+    assert sc.decode_record(sc.encode_share_key(sc.RECORD_SNAPSHOT, KEY), None) == sc.ShareTombstone(KEY)
+    assert sc.decode_record(sc.encode_share_key(sc.RECORD_UPDATE, KEY), None) == sc.ShareTombstone(KEY)
+    assert sc.decode_record(sc.encode_group_key("g"), None) == sc.GroupTombstone("g")
+
+
+# -- what replay skips ----------------------------------------------------------------------------
+
+GOOD_KEY = sc.encode_share_key(sc.RECORD_SNAPSHOT, KEY)
+GOOD_VALUE = sc.encode_snapshot_value(0, 0, 0, ShareSnapshot(5, (StateBatch(5, 9, 0, 1),)))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        (None, GOOD_VALUE, "without a key"),
+        (b"", GOOD_VALUE, "too short"),
+        (b"\x00", GOOD_VALUE, "too short"),
+        (b"\x00\x07" + GOOD_KEY[2:], GOOD_VALUE, "unknown record type"),
+        (b"\xff\xff" + GOOD_KEY[2:], GOOD_VALUE, "unknown record type"),
+        (GOOD_KEY[:-1], GOOD_VALUE, "bad ShareSnapshot key"),
+        (GOOD_KEY + b"x", GOOD_VALUE, "trailing bytes"),
+        (b"\x00\x00\x7f\xffab", GOOD_VALUE, "bad ShareSnapshot key"),
+        (GOOD_KEY, b"", "too short"),
+        (GOOD_KEY, b"\x00\x01" + GOOD_VALUE[2:], "unknown ShareSnapshot value version 1"),
+        (GOOD_KEY, GOOD_VALUE[:-3], "bad ShareSnapshot value"),
+        (GOOD_KEY, GOOD_VALUE + b"\x00", "trailing bytes"),
+        (GOOD_KEY, b"not a state record at all", "ShareSnapshot"),
+        (
+            GOOD_KEY,
+            sc.encode_snapshot_value(0, 0, 0, ShareSnapshot(5, (StateBatch(9, 5, 0, 1),))),
+            "bad state",
+        ),
+        (
+            GOOD_KEY,
+            sc.encode_snapshot_value(0, 0, 0, ShareSnapshot(5, (StateBatch(5, 9, 1, 1),))),
+            "delivery",
+        ),
+        (b"\x00\x00\x00\x02\xc3\x28" + TOPIC_ID + b"\x00\x00\x00\x00", GOOD_VALUE, "bad ShareSnapshot key"),
+    ],
+)
+def test_damaged_records_raise(key, value, message) -> None:
+    with pytest.raises(sc.StateRecordError, match=message):
+        sc.decode_record(key, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.one_of(st.none(), st.binary(max_size=64)))
+def test_garbage_raises_only_state_record_error(key, value) -> None:
+    try:
+        sc.decode_record(key, value)
+    except sc.StateRecordError:
+        pass
+
+
+# -- partitioning ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=100))
+def test_murmur2_matches_kafka_clients(data: bytes) -> None:
+    from aiokafka.partitioner import murmur2 as aiokafka_murmur2
+
+    assert sc.murmur2(data) & 0xFFFFFFFF == aiokafka_murmur2(data) & 0xFFFFFFFF
+
+
+def test_murmur2_known_values() -> None:
+    # values from the Java client's partitioner tests
+    assert sc.murmur2(b"21") == -973932308
+    assert sc.murmur2(b"foobar") == -790332482
+    assert sc.murmur2(b"a-little-bit-long-string") == -985981536
+    assert sc.murmur2(b"a-little-bit-longer-string") == -1486304829
+    assert sc.murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8") == -58897971
+    assert sc.murmur2(b"abc") == 479470107
+
+
+@settings(max_examples=100, deadline=None)
+@given(keys, st.integers(1, 64))
+def test_every_record_of_a_share_partition_in_one_partition(key, n) -> None:
+    p = sc.partition_for(key, n)
+    assert 0 <= p < n
+    assert sc.partition_of_key_bytes(sc.encode_share_key(sc.RECORD_UPDATE, key), n) == p
+    assert sc.partition_of_key_bytes(sc.encode_share_key(sc.RECORD_SNAPSHOT, key), n) == p
+
+
+def test_keys_spread_over_partitions() -> None:
+    hits = {sc.partition_for(SharePartitionKey(f"g{i % 7}", TOPIC_ID, i), 10) for i in range(200)}
+    assert hits == set(range(10))
