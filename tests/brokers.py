@@ -458,6 +458,15 @@ def _cluster_id() -> str:
             return cid
 
 
+def _start_timeout() -> float:
+    """Seconds a broker may take to answer metadata: ``$KSHARE_BROKER_START_TIMEOUT`` or 90.
+
+    An idle 2-core machine starts Kafka in 3-5 s; with the CPUs saturated by other work it was
+    seen to take 40 s.
+    """
+    return float(os.environ.get("KSHARE_BROKER_START_TIMEOUT", "90"))
+
+
 def _java() -> str:
     home = os.environ.get("JAVA_HOME")
     if home and (Path(home) / "bin" / "java").is_file():
@@ -509,7 +518,7 @@ class KafkaBroker(_Process):
         libs: Path | str | None = None,
         workdir: Path | str | None = None,
         keep_workdir: bool | None = None,
-        start_timeout: float = 60.0,
+        start_timeout: float | None = None,
         die_with_parent: bool = True,
     ) -> None:
         super().__init__()
@@ -527,7 +536,7 @@ class KafkaBroker(_Process):
         if env_opts:
             self.jvm_opts += env_opts.split()
         self._libs = Path(libs) if libs is not None else None
-        self.start_timeout = start_timeout
+        self.start_timeout = start_timeout if start_timeout is not None else _start_timeout()
         self.die_with_parent = die_with_parent
         if keep_workdir is None:
             keep_workdir = bool(os.environ.get("KSHARE_KEEP_BROKER_DIRS"))
@@ -727,7 +736,7 @@ class TansuBroker(_Process):
         *,
         storage: str = "memory://tansu/",
         cluster_id: str = "kshare",
-        start_timeout: float = 30.0,
+        start_timeout: float | None = None,
         extra_args: Iterable[str] = (),
         env: Mapping[str, str] | None = None,
         die_with_parent: bool = True,
@@ -735,7 +744,7 @@ class TansuBroker(_Process):
         super().__init__()
         self.storage = storage
         self.cluster_id = cluster_id
-        self.start_timeout = start_timeout
+        self.start_timeout = start_timeout if start_timeout is not None else _start_timeout()
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.die_with_parent = die_with_parent
