@@ -127,20 +127,16 @@ class Child:
                 self.proc.wait()
 
 
-def start_proxy(upstream: str, *, prefix: list[str] | None = None) -> tuple[Child, str]:
+PROXY_CMD = [sys.executable, "-m", "kshare"]  # --proxy-cmd replaces it (to compare variants)
+
+
+def start_proxy(upstream: str, *, profile_to: Path | None = None) -> tuple[Child, str]:
+    """``kshare proxy --upstream upstream`` on a free port; under cProfile with ``profile_to``."""
     port = free_port()
-    cmd = [
-        *(prefix or [sys.executable]),
-        "-m",
-        "kshare",
-        "proxy",
-        "--upstream",
-        upstream,
-        "--port",
-        str(port),
-        "--broker-port-base",
-        "0",
-    ]
+    cmd = list(PROXY_CMD)
+    if profile_to is not None:
+        cmd[1:1] = ["-m", "cProfile", "-o", str(profile_to)]
+    cmd += ["proxy", "--upstream", upstream, "--port", str(port), "--broker-port-base", "0"]
     child = Child("kshare proxy", cmd, r"upstream cluster has \d+ broker").start()
     return child, f"127.0.0.1:{port}"
 
@@ -344,6 +340,8 @@ def profile(
     passes: int,
     top: int,
     outdir: Path,
+    *,
+    native: bool = False,
 ) -> str:
     """Consume ``passes`` times through a profiled proxy; return the report (text)."""
     topic = broker.create_topic(f"bench-profile-{value_size}-{uuid.uuid4().hex[:8]}", partitions)
@@ -352,9 +350,7 @@ def profile(
     try:
         if how == "cprofile":
             stats_path = outdir / f"proxy-consume-{value_size}.pstats"
-            proxy, bootstrap = start_proxy(
-                broker.bootstrap, prefix=[sys.executable, "-m", "cProfile", "-o", str(stats_path)]
-            )
+            proxy, bootstrap = start_proxy(broker.bootstrap, profile_to=stats_path)
             try:
                 secs = [consume(bootstrap, topic, records, partitions) for _ in range(passes)]
             finally:
@@ -385,7 +381,7 @@ def profile(
                     "raw",
                     "--output",
                     str(raw),
-                    "--nonblocking",
+                    *(["--native"] if native else ["--nonblocking"]),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -473,6 +469,44 @@ def machine_info() -> dict[str, object]:
     return info
 
 
+def figures(
+    broker: KafkaBroker,
+    relay_port: int,
+    relay_in: int,
+    records: int,
+    rounds: int,
+    sizes: list[int],
+    partitions: int,
+    warmup: bool,
+) -> list[Sample]:
+    h = broker.host
+    relay = proxy = None
+    try:
+        relay_cmd = [sys.executable, str(ROOT / "benchmarks" / "relay.py")]
+        relay_cmd += ["--listen", f"{h}:{relay_port}", "--upstream", f"{h}:{relay_in}"]
+        relay = Child("relay", relay_cmd, r"relay listening").start()
+        proxy, proxy_bootstrap = start_proxy(broker.bootstrap)
+        bench = Bench(
+            broker,
+            {"direct": broker.bootstrap, "relay": f"{h}:{relay_port}", "kshare": proxy_bootstrap},
+            {"relay": relay.pid, "kshare": proxy.pid},
+            records,
+            partitions,
+        )
+        if warmup:  # the broker's JIT, page cache and the processes' first connections
+            for config in CONFIGS:
+                bench.run_one(config, sizes[0], warmup=True)
+        for size in sizes:
+            print(f"values of {size} B:", flush=True)
+            for config in order_for(rounds):
+                bench.run_one(config, size)
+        return bench.samples
+    finally:
+        for child in (proxy, relay):
+            if child is not None:
+                child.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short smoke run: 20,000 records, one round")
@@ -497,9 +531,18 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-size", type=int, default=None, help="value size for the profile (default 100)"
     )
     parser.add_argument("--profile-passes", type=int, default=None, help="consume passes under the profiler")
+    parser.add_argument("--profile-only", action="store_true", help="skip the figures, only profile")
+    parser.add_argument("--native", action="store_true", help="py-spy: include native (C) frames")
+    parser.add_argument(
+        "--proxy-cmd",
+        default=None,
+        help="command that runs the kshare CLI (default: python -m kshare), e.g. to compare a variant",
+    )
     parser.add_argument("--top", type=int, default=25, help="functions to list from the profile")
     parser.add_argument("--json", type=Path, default=None, help="also write the samples here")
     args = parser.parse_args(argv)
+    if args.proxy_cmd:
+        PROXY_CMD[:] = shlex.split(args.proxy_cmd)
     records = args.records or (20_000 if args.quick else 500_000)
     rounds = args.rounds or (1 if args.quick else 2)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -527,76 +570,45 @@ def main(argv: list[str] | None = None) -> int:
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,RELAY:PLAINTEXT",
         }
     )
-    relay = proxy = None
     with broker:
         print(f"Apache Kafka {args.kafka} on {broker.bootstrap} (relay listener {h}:{relay_in})", flush=True)
-        try:
-            relay = Child(
-                "relay",
-                [
-                    sys.executable,
-                    str(ROOT / "benchmarks" / "relay.py"),
-                    "--listen",
-                    f"{h}:{relay_port}",
-                    "--upstream",
-                    f"{h}:{relay_in}",
-                ],
-                r"relay listening",
-            ).start()
-            proxy, proxy_bootstrap = start_proxy(broker.bootstrap)
-            bench = Bench(
-                broker,
-                {"direct": broker.bootstrap, "relay": f"{h}:{relay_port}", "kshare": proxy_bootstrap},
-                {"relay": relay.pid, "kshare": proxy.pid},
-                records,
-                args.partitions,
+        if not args.profile_only:
+            samples = figures(
+                broker, relay_port, relay_in, records, rounds, sizes, args.partitions, args.warmup
             )
-            if args.warmup:  # the broker's JIT, page cache and the processes' first connections
-                for config in CONFIGS:
-                    bench.run_one(config, sizes[0], warmup=True)
-            for size in sizes:
-                print(f"values of {size} B:", flush=True)
-                for config in order_for(rounds):
-                    bench.run_one(config, size)
-        finally:
-            for child in (proxy, relay):
-                if child is not None:
-                    child.stop()
-        print()
-        print(
-            f"Medians of {2 * rounds} runs per configuration, {records:,} records, {args.partitions} partitions "
-            f"(MB = 10^6 B of values; CPU s = CPU time of the relay / proxy process per run):"
-        )
-        print()
-        print(summarize(bench.samples, records, sizes))
-        print()
-        print(samples_table(bench.samples, records))
-        if args.json:
-            args.json.write_text(
-                json.dumps(
-                    {
-                        "machine": info,
-                        "records": records,
-                        "partitions": args.partitions,
-                        "samples": [s.__dict__ for s in bench.samples],
-                    },
-                    indent=2,
-                )
-                + "\n"
+            print()
+            print(
+                f"Medians of {2 * rounds} runs per configuration, {records:,} records, {args.partitions} "
+                "partitions (MB = 10^6 B of values; CPU s = CPU time of the relay / proxy process per run):"
             )
+            print()
+            print(summarize(samples, records, sizes))
+            print()
+            print(samples_table(samples, records))
+            if args.json:
+                doc = {
+                    "machine": info,
+                    "records": records,
+                    "partitions": args.partitions,
+                    "samples": [s.__dict__ for s in samples],
+                }
+                args.json.write_text(json.dumps(doc, indent=2) + "\n")
         if args.profile != "none":
             print()
+            size = args.profile_size or sizes[0]
             print(
                 profile(
                     broker,
                     args.profile,
                     records,
                     args.partitions,
-                    args.profile_size or sizes[0],
+                    size,
                     passes,
                     args.top,
                     outdir,
-                )
+                    native=args.native,
+                ),
+                flush=True,
             )
     return 0
 
