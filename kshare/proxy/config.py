@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..share.config import BrokerLimits
+
 
 def parse_hostports(text: str) -> list[tuple[str, int]]:
     """``"a:9092,b:9093"`` -> ``[("a", 9092), ("b", 9093)]``; IPv6 as ``[::1]:9092``."""
@@ -35,7 +37,11 @@ class ProxyConfig:
     advertised_host: str | None = None
     max_frame_bytes: int = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
     upstream_connect_timeout: float = 10.0
-    served_apis: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # durable share state
+    state_topic: str = "__share_group_state"
+    state_topic_partitions: int = 10
+    state_topic_replication_factor: int | None = None  # None: min(3, brokers)
+    group_limits: BrokerLimits = field(default_factory=BrokerLimits)
 
     @property
     def advertised(self) -> str:

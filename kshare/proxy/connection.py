@@ -125,6 +125,11 @@ class ClientConnection(asyncio.Protocol):
         self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            missing = self._bytes_missing()
+            if missing:
+                log.info("client %s: connection closed %d byte(s) short of the end of a request frame",
+                         self.peer, missing)
         self.closed = True
         self.proxy.connections.discard(self)
         if self.upstream is not None:
@@ -139,6 +144,18 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.close()
             if self.upstream is not None:
                 self.upstream.close()
+
+    def _bytes_missing(self) -> int:
+        """How many bytes the request frame being received still lacks (0 at a frame boundary)."""
+        if self._forward_left or self._local_left:
+            return self._forward_left + self._local_left
+        buf, pos = self._buf, 0  # whole frames wait here while the broker connection is made
+        while len(buf) - pos >= 4:
+            (size,) = _SIZE.unpack_from(buf, pos)
+            if not 0 <= size <= self.proxy.config.max_frame_bytes:
+                return 0  # rejected as soon as it is looked at
+            pos += 4 + size
+        return pos - len(buf) if pos > len(buf) else (4 - (len(buf) - pos)) % 4
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -194,7 +211,10 @@ class ClientConnection(asyncio.Protocol):
         buf = self._buf
         while not self.closed and len(buf) >= 4:
             (size,) = _SIZE.unpack_from(buf, 0)
-            if size < 0 or size > self.proxy.config.max_frame_bytes:
+            if size < 0:
+                self._reject(f"invalid frame size {size}")
+                return
+            if size > self.proxy.config.max_frame_bytes:
                 self._reject(f"frame of {size} bytes exceeds the limit of {self.proxy.config.max_frame_bytes}")
                 return
             if size < 10:
@@ -264,6 +284,11 @@ class ClientConnection(asyncio.Protocol):
         except DecodeError as exc:
             self._reject(f"malformed {_api_name(slot.api_key)} v{slot.version} request: {exc}")
             return
+        if not self.proxy.serves(slot.api_key, header, body):
+            # not ours after all (e.g. DescribeConfigs of a topic): forward it in its turn
+            self.awaiting_upstream.append(slot)
+            self.upstream.transport.write(_SIZE.pack(len(frame)) + frame)  # type: ignore[union-attr]
+            return
         handler = self.proxy.handler_for(slot.api_key, slot.version)
         assert handler is not None
         self._spawn(self._run_handler(handler, slot, header, body))
@@ -310,10 +335,18 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if not self.client.closed:
-            # The client sees what a broker failure looks like: its connection drops.
-            log.info("client %s: upstream broker connection lost (%s); closing client", self.client.peer, exc)
-            self.client.close()
+        client = self.client
+        if not client.closed:
+            # The client sees what a broker failure looks like: its connection drops. The broker
+            # also closes a connection on a request it cannot parse: name the first unanswered one.
+            waiting = client.awaiting_upstream
+            pending = (
+                f"{len(waiting)} request(s) unanswered, first {_api_name(waiting[0].api_key)} v{waiting[0].version}"
+                f" correlation id {waiting[0].corr}" if waiting else "no request unanswered"
+            )
+            log.info("client %s: upstream broker closed the connection (%s; %s); closing client",
+                     client.peer, exc or "EOF", pending)
+            client.close()
 
     def close(self) -> None:
         if not self.closed:

@@ -114,8 +114,8 @@ class Proxy:
         self.connections: set[ClientConnection] = set()
         self.bootstrap_server: asyncio.Server | None = None
         self.bootstrap_port: int | None = None
-        # APIs served by the proxy itself: key -> (min, max, handler)
-        self._served: dict[int, tuple[int, int, Handler]] = {}
+        # APIs served by the proxy itself: key -> (min, max, handler, applies)
+        self._served: dict[int, tuple[int, int, Handler, Callable[[Any, Any], bool] | None]] = {}
         # What the cluster speaks, learned at start-up; None until known (then nothing is refused).
         self.upstream_versions: dict[int, tuple[int, int]] | None = None
         # Versions of rewritten APIs are capped at what the codec knows.
@@ -125,20 +125,34 @@ class Proxy:
         self._probe_task: asyncio.Task | None = None
 
     # -- served APIs -----------------------------------------------------------------------------
-    def serve(self, api_key: int, min_version: int, max_version: int, handler: Handler) -> None:
-        """Answer ``api_key`` in the proxy (and advertise these versions in ApiVersions)."""
-        self._served[api_key] = (min_version, max_version, handler)
+    def serve(self, api_key: int, min_version: int, max_version: int, handler: Handler,
+              applies: Callable[[Any, Any], bool] | None = None) -> None:
+        """Answer ``api_key`` in the proxy.
+
+        Without ``applies`` the proxy owns the API and advertises these versions in ApiVersions.
+        With it, only requests for which ``applies(header, body)`` is true are answered here (e.g.
+        DescribeConfigs of a share group); the rest are forwarded, and the cluster's versions are
+        advertised, capped at ``max_version``.
+        """
+        self._served[api_key] = (min_version, max_version, handler, applies)
+        if applies is not None:
+            self.version_caps[api_key] = (min_version, max_version)
 
     def served_versions(self) -> dict[int, tuple[int, int]]:
-        return {k: (lo, hi) for k, (lo, hi, _) in self._served.items()}
+        return {k: (lo, hi) for k, (lo, hi, _, applies) in self._served.items() if applies is None}
 
     def handler_for(self, api_key: int, version: int) -> Handler | None:
         entry = self._served.get(api_key)
-        if entry is not None:
+        if entry is not None and entry[0] <= version <= entry[1]:
             return entry[2]
         if api_key == filters.API_VERSIONS and version > messages.api(api_key).max_version:
             return self._api_versions_fallback
         return None
+
+    def serves(self, api_key: int, header: Any, body: Any) -> bool:
+        """Whether a decoded request is answered here (False: forward it after all)."""
+        entry = self._served.get(api_key)
+        return entry is None or entry[3] is None or entry[3](header, body)
 
     def _api_versions_fallback(self, conn: ClientConnection, header: Any, body: Any) -> tuple[int, Any]:
         """A client newer than us: answer in v0 with UNSUPPORTED_VERSION and our range, as Kafka does."""
@@ -157,6 +171,8 @@ class Proxy:
             return None
         rng = known.get(api_key)
         if rng is None:
+            if api_key in messages.apis():
+                return f"{_name(api_key)} (API key {api_key}) is not supported by the upstream cluster"
             return f"unknown API key {api_key}"
         if not rng[0] <= version <= rng[1]:
             return f"{_name(api_key)} v{version} is outside the supported range {rng[0]}-{rng[1]}"

@@ -49,6 +49,8 @@ class ShareGroup:
     members: dict[str, Member] = field(default_factory=dict)
     target: dict[str, Assignment] = field(default_factory=dict)
     deleted: bool = False
+    topics: dict[bytes, str] = field(default_factory=dict)  # topics the group has read, by id
+    topic_partitions: dict[bytes, int] = field(default_factory=dict)  # partition count when first read
 
     @property
     def state(self) -> GroupState:

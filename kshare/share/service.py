@@ -105,7 +105,9 @@ class ShareGroupService:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10)
         for record in self.store.groups().values():
-            self.coordinator.ensure_group(record.group_id, epoch=record.group_epoch, configs=record.configs)
+            group = self.coordinator.ensure_group(record.group_id, epoch=record.group_epoch, configs=record.configs)
+            group.topics.update(record.topics)
+            group.topic_partitions.update(record.topic_partitions)
         for key in self.store.share_partitions():
             self.coordinator.ensure_group(key.group_id)
         self.loaded = True
@@ -139,7 +141,8 @@ class ShareGroupService:
     # -- groups -------------------------------------------------------------------------------------
     def persist_group(self, group: ShareGroup) -> None:
         """Write the group's record (epoch, configs) in the background; later writes supersede."""
-        record = GroupRecord(group.group_id, group.epoch, dict(group.config.overrides))
+        record = GroupRecord(group.group_id, group.epoch, dict(group.config.overrides), dict(group.topics),
+                             dict(group.topic_partitions))
         prev = self._group_writes.get(group.group_id)
 
         async def write() -> None:
@@ -147,14 +150,25 @@ class ShareGroupService:
                 await asyncio.gather(prev, return_exceptions=True)
             try:
                 await self.store.write_group(record)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.error("persisting share group %s failed: %r", group.group_id, exc)
+                raise
 
         self._group_writes[group.group_id] = asyncio.get_running_loop().create_task(write())
 
-    async def member_gone(self, group_id: str, member_id: str) -> None:
-        """A member left or was removed: close its sessions and release what it holds."""
-        self.sessions.close_member(group_id, member_id)
+    async def persist_group_now(self, group: ShareGroup) -> None:
+        """Write the group's record and wait until it is durable (config changes are answered after)."""
+        self.persist_group(group)
+        await self._group_writes[group.group_id]
+
+    async def member_gone(self, group_id: str, member_id: str, *, close_sessions: bool = False) -> None:
+        """A member left or was removed: release what it holds.
+
+        A member that leaves still closes its share sessions itself (a final ShareAcknowledge);
+        one removed for missing its session timeout is presumed dead, so its sessions go too.
+        """
+        if close_sessions:
+            self.sessions.close_member(group_id, member_id)
         await self.release_member(group_id, member_id, None)
 
     async def release_member(self, group_id: str, member_id: str, only: Iterable[tuple[bytes, int]] | None) -> None:
@@ -218,11 +232,14 @@ class ShareGroupService:
     async def _initial_offset(self, group: ShareGroup, topic: TopicInfo, partition: int) -> tuple[int, int]:
         """SPSO of a share-partition without state, from ``share.auto.offset.reset``."""
         reset = group.config.auto_offset_reset
-        # A partition added to a topic the group already reads starts at its beginning, so nothing
-        # produced to it is skipped (Kafka initialises new partitions at offset 0 as well).
-        known = any(k.group_id == group.group_id and k.topic_id == topic.topic_id and k.partition != partition
-                    for k in self.store.share_partitions())
-        if reset == "earliest" or known:
+        # A partition added to a topic after the group started reading it starts at its beginning,
+        # so nothing produced to it is skipped (Kafka initialises new partitions at offset 0 too).
+        known_count = group.topic_partitions.get(topic.topic_id)
+        if known_count is None:
+            group.topic_partitions[topic.topic_id] = topic.partitions
+            group.topics[topic.topic_id] = topic.name
+            self.persist_group(group)
+        if reset == "earliest" or (known_count is not None and partition >= known_count):
             return await self.upstream.list_offset(topic, partition, EARLIEST)
         if reset == "latest":
             return await self.upstream.list_offset(topic, partition, LATEST)
@@ -395,13 +412,19 @@ class ShareGroupService:
         """Serve the share-group APIs on the proxy (and advertise them in ApiVersions)."""
         from .handlers import HANDLERS
 
-        for module in HANDLERS:
-            lo, hi = module.VERSIONS
+        for h in HANDLERS:
+            lo, hi = h.VERSIONS
 
-            def bound(conn, header, body, _handle=module.handle):
+            def bound(conn, header, body, _handle=h.handle):
                 return _handle(self, conn, header, body)
 
-            proxy.serve(module.API_KEY, lo, hi, bound)
+            applies = getattr(h, "applies", None)
+            if applies is not None:
+                def applies_bound(header, body, _applies=applies):
+                    return _applies(self, header, body)
+            else:
+                applies_bound = None
+            proxy.serve(h.API_KEY, lo, hi, bound, applies_bound)
 
     # -- acquisition locks ----------------------------------------------------------------------------
     def watch_locks(self, sp: SharePartitionState) -> None:
@@ -432,7 +455,7 @@ class ShareGroupService:
                 group = self.coordinator.group(group_id)
                 if group is not None:
                     self.persist_group(group)
-                await self.member_gone(group_id, member_id)
+                await self.member_gone(group_id, member_id, close_sessions=True)
             deadlines = [d for d in (self._lock_heap[0][0] if self._lock_heap else None,
                                      self.coordinator.next_deadline()) if d is not None]
             wait = (min(deadlines) - self.clock()) / 1000 if deadlines else 1.0

@@ -34,6 +34,9 @@ class GroupRecord:
     configs: dict[str, str] = field(default_factory=dict)  # dynamic group configs (share.*, errors.*)
     # topic id -> topic name for the share-partitions the group has state for (for describe/lag)
     topics: dict[bytes, str] = field(default_factory=dict)
+    # topic id -> the topic's partition count when the group started reading it: partitions added
+    # later start at their beginning instead of share.auto.offset.reset
+    topic_partitions: dict[bytes, int] = field(default_factory=dict)
 
 
 StateWrite = tuple[SharePartitionKey, ShareUpdate | ShareSnapshot]

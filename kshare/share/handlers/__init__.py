@@ -1,6 +1,9 @@
 """One module per share-group API key, each a thin translation from the wire to the service."""
 
 from . import share_acknowledge, share_fetch, share_group_heartbeat
+from .group_configs import DescribeConfigs, IncrementalAlterConfigs
 
-# The share-group APIs the proxy serves itself, one module per API key.
-HANDLERS = (share_group_heartbeat, share_fetch, share_acknowledge)
+# Every API the share-group service answers, one handler per API key. Each has API_KEY, VERSIONS
+# and handle(service, conn, header, body); those with applies(service, header, body) answer only
+# the requests it accepts and leave the rest to the cluster.
+HANDLERS = (share_group_heartbeat, share_fetch, share_acknowledge, DescribeConfigs, IncrementalAlterConfigs)

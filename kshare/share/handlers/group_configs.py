@@ -1,0 +1,143 @@
+"""DescribeConfigs (32) and IncrementalAlterConfigs (44) for share groups (GROUP resources).
+
+The fronted cluster knows nothing of share groups, so GROUP resources that are share groups (or
+that set share-group configs) are answered here; every other resource still goes to the cluster.
+A request naming only other resources is forwarded untouched (``applies`` is false for it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...protocol import messages
+from ..config import CONFIG_DEFS, ConfigError, validate
+from ..errors import ErrorCode
+
+if TYPE_CHECKING:
+    from ...proxy.connection import ClientConnection
+    from ..service import ShareGroupService
+
+GROUP = 32  # ConfigResource.Type.GROUP
+SOURCE_DEFAULT, SOURCE_GROUP = 5, 8  # ConfigSource DEFAULT_CONFIG, GROUP_CONFIG
+TYPES = {"boolean": 1, "string": 2, "int": 3}
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+DescribeResponse = messages.message_class("DescribeConfigsResponse")
+AlterResponse = messages.message_class("IncrementalAlterConfigsResponse")
+
+
+def _is_share_config(name: str) -> bool:
+    return name in CONFIG_DEFS
+
+
+def describe_applies(service: ShareGroupService, header: Any, req: Any) -> bool:
+    return any(r.resource_type == GROUP and service.coordinator.group(r.resource_name) is not None
+               for r in req.resources)
+
+
+def alter_applies(service: ShareGroupService, header: Any, req: Any) -> bool:
+    return any(r.resource_type == GROUP and (service.coordinator.group(r.resource_name) is not None
+                                            or any(_is_share_config(c.name) for c in r.configs))
+               for r in req.resources)
+
+
+async def _forward(service: ShareGroupService, api_key: int, version: int, body: Any) -> Any:
+    conn = await service.upstream.any_connection()
+    return await conn.request(api_key, version, body)
+
+
+class DescribeConfigs:
+    API_KEY = 32
+    VERSIONS = (0, 4)
+
+    @staticmethod
+    def applies(service: ShareGroupService, header: Any, req: Any) -> bool:
+        return describe_applies(service, header, req)
+
+    @staticmethod
+    async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+        version = header.api_version
+        ours = [r for r in req.resources if r.resource_type == GROUP and service.coordinator.group(r.resource_name)]
+        others = [r for r in req.resources if r not in ours]
+        results: dict[int, Any] = {}
+        if others:
+            cls = type(req)
+            upstream = await _forward(service, 32, version, cls(resources=others, include_synonyms=req.include_synonyms,
+                                                                include_documentation=req.include_documentation))
+            for r, res in zip(others, upstream.results, strict=False):
+                results[id(r)] = res
+        for r in ours:
+            group = service.coordinator.group(r.resource_name)
+            assert group is not None
+            names = r.configuration_keys if r.configuration_keys is not None else list(CONFIG_DEFS)
+            configs = []
+            for name in names:
+                d = CONFIG_DEFS.get(name)
+                if d is None:
+                    continue
+                overridden = name in group.config.overrides
+                configs.append(DescribeResponse.DescribeConfigsResourceResult(
+                    name=name, value=group.config.get(name), read_only=False, is_default=not overridden,
+                    config_source=SOURCE_GROUP if overridden else SOURCE_DEFAULT, is_sensitive=False,
+                    synonyms=[], config_type=TYPES[d.type],
+                    documentation=d.doc if req.include_documentation else None))
+            results[id(r)] = DescribeResponse.DescribeConfigsResult(
+                error_code=0, error_message=None, resource_type=GROUP, resource_name=r.resource_name, configs=configs)
+        return version, DescribeResponse(results=[results[id(r)] for r in req.resources])
+
+
+class IncrementalAlterConfigs:
+    API_KEY = 44
+    VERSIONS = (0, 1)
+
+    @staticmethod
+    def applies(service: ShareGroupService, header: Any, req: Any) -> bool:
+        return alter_applies(service, header, req)
+
+    @staticmethod
+    async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+        version = header.api_version
+        ours = [r for r in req.resources if r.resource_type == GROUP and (
+            service.coordinator.group(r.resource_name) is not None or any(_is_share_config(c.name) for c in r.configs))]
+        others = [r for r in req.resources if r not in ours]
+        results: dict[int, Any] = {}
+        if others:
+            upstream = await _forward(service, 44, version, type(req)(resources=others, validate_only=req.validate_only))
+            for r, res in zip(others, upstream.responses, strict=False):
+                results[id(r)] = res
+        for r in ours:
+            code, message = await _alter_group(service, r, req.validate_only)
+            results[id(r)] = AlterResponse.AlterConfigsResourceResponse(
+                error_code=code, error_message=message, resource_type=GROUP, resource_name=r.resource_name)
+        return version, AlterResponse(responses=[results[id(r)] for r in req.resources])
+
+
+async def _alter_group(service: ShareGroupService, r: Any, validate_only: bool) -> tuple[int, str | None]:
+    group_id = r.resource_name
+    if not group_id:
+        return ErrorCode.INVALID_REQUEST, "The group id must not be empty."
+    if service.coordinator.group(group_id) is None and await service.classic_group_exists(group_id):
+        return ErrorCode.INVALID_CONFIG, f"Group {group_id} is a consumer group, not a share group."
+    changes: dict[str, str | None] = {}
+    for c in r.configs:
+        if c.config_operation not in (SET, DELETE):
+            return ErrorCode.INVALID_CONFIG, f"Operation {c.config_operation} is not supported for {c.name}."
+        value = c.value if c.config_operation == SET else None
+        if c.config_operation == SET and value is None:
+            return ErrorCode.INVALID_CONFIG, f"No value given for {c.name}."
+        try:
+            validate(c.name, value, service.limits)
+        except ConfigError as exc:
+            return ErrorCode.INVALID_CONFIG, str(exc)
+        changes[c.name] = value
+    if validate_only:
+        return ErrorCode.NONE, None
+    group = service.coordinator.ensure_group(group_id)
+    for name, value in changes.items():
+        if value is None:
+            group.config.overrides.pop(name, None)
+        else:
+            group.config.overrides[name] = value
+    service.apply_config(group)
+    await service.persist_group_now(group)
+    return ErrorCode.NONE, None
