@@ -135,7 +135,9 @@ def parse_request_header(frame: memoryview) -> RequestHeader:
             raise DecodeError("client id is not UTF-8") from None
         pos = end
     a = apis().get(api_key)
-    if a is not None and api_version in a.request.valid and a.request_header_version(api_version) >= 2:
+    # Kafka picks the header version from the flexible range alone, also for versions it does not
+    # support: an ApiVersions v99 request must carry header v2 to get its UNSUPPORTED_VERSION answer.
+    if a is not None and a.request_header_version(api_version) >= 2:
         pos = skip_tagged_fields(frame, pos)
     return RequestHeader(api_key, api_version, correlation_id, client_id, pos)
 
