@@ -59,14 +59,33 @@ def main() -> None:
               help="Host name clients are told to connect to (default: the listen host).")
 @click.option("--max-frame-bytes", default=100 * 1024 * 1024, show_default=True, type=int,
               help="Requests larger than this close the connection, as socket.request.max.bytes does.")
+@click.option("--state-topic", default="__kshare_share_group_state", show_default=True,
+              help="Topic of the fronted cluster that holds the durable share-group state.")
+@click.option("--state-topic-partitions", default=10, show_default=True, type=int,
+              help="Partitions of the state topic when kshare creates it.")
+@click.option("--state-topic-replication-factor", default=None, type=int,
+              help="Replication factor of the state topic when kshare creates it (default: min(3, brokers)).")
+@click.option("--group-limit", "group_limits", multiple=True, metavar="NAME=VALUE",
+              help="A broker-level share group bound, e.g. group.share.max.size=500 (repeatable).")
+@click.option("--no-share-groups", is_flag=True, help="Be a plain pass-through proxy.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]))
 def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_port_base: int | None,
-          advertised_host: str | None, max_frame_bytes: int, log_level: str, log_format: str) -> None:
-    """Run the proxy in front of a Kafka cluster."""
+          advertised_host: str | None, max_frame_bytes: int, state_topic: str, state_topic_partitions: int,
+          state_topic_replication_factor: int | None, group_limits: tuple[str, ...], no_share_groups: bool,
+          log_level: str, log_format: str) -> None:
+    """Run the proxy in front of a Kafka cluster, serving share groups."""
+    from .share.config import ConfigError, limits_from
+
     setup_logging(log_level, log_format)
     log = logging.getLogger("kshare")
+    try:
+        limits = limits_from(dict(item.split("=", 1) for item in group_limits if "=" in item))
+        if any("=" not in item for item in group_limits):
+            raise ConfigError("--group-limit takes NAME=VALUE")
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--group-limit") from None
     embedded = None
     if upstream:
         try:
@@ -84,9 +103,11 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
         servers = parse_hostports(embedded.bootstrap)
     config = ProxyConfig(upstream=servers, listen_host=listen_host, bootstrap_port=bootstrap_port,
                          broker_port_base=broker_port_base, advertised_host=advertised_host,
-                         max_frame_bytes=max_frame_bytes)
+                         max_frame_bytes=max_frame_bytes, state_topic=state_topic,
+                         state_topic_partitions=state_topic_partitions,
+                         state_topic_replication_factor=state_topic_replication_factor, group_limits=limits)
     try:
-        run_proxy(config)
+        run_proxy(config, share_groups=not no_share_groups)
     except OSError as exc:
         raise click.ClickException(f"cannot start the proxy: {exc}") from None
     finally:
@@ -94,21 +115,21 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
             embedded.stop()
 
 
-def run_proxy(config: ProxyConfig) -> None:
+def run_proxy(config: ProxyConfig, *, share_groups: bool = True) -> None:
     import uvloop
 
-    from .proxy.server import Proxy
+    from .app import KShare
 
     async def serve() -> None:
-        proxy = Proxy(config)
+        app = KShare(config, share_groups=share_groups)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await proxy.start()
+        await app.start()
         await stop.wait()
         logging.getLogger("kshare").info("signal received: shutting down")
-        await proxy.stop()
+        await app.stop()
 
     uvloop.run(serve())
 

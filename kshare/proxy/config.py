@@ -37,8 +37,9 @@ class ProxyConfig:
     advertised_host: str | None = None
     max_frame_bytes: int = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
     upstream_connect_timeout: float = 10.0
-    # durable share state
-    state_topic: str = "__share_group_state"
+    # Durable share state. Not "__share_group_state": Kafka 3.9 reserves that name as an internal
+    # topic (produce fails with INVALID_TOPIC_EXCEPTION) and Kafka 4.x's own share coordinator uses it.
+    state_topic: str = "__kshare_share_group_state"
     state_topic_partitions: int = 10
     state_topic_replication_factor: int | None = None  # None: min(3, brokers)
     group_limits: BrokerLimits = field(default_factory=BrokerLimits)

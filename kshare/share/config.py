@@ -32,6 +32,36 @@ class BrokerLimits:
     max_share_sessions: int = 2000  # group.share.max.share.sessions
 
 
+# Apache Kafka's broker config name for each limit (``--group-limit NAME=VALUE`` on the command line).
+LIMIT_NAMES: dict[str, str] = {
+    "group.share.min.record.lock.duration.ms": "min_record_lock_duration_ms",
+    "group.share.max.record.lock.duration.ms": "max_record_lock_duration_ms",
+    "group.share.min.session.timeout.ms": "min_session_timeout_ms",
+    "group.share.max.session.timeout.ms": "max_session_timeout_ms",
+    "group.share.min.heartbeat.interval.ms": "min_heartbeat_interval_ms",
+    "group.share.max.heartbeat.interval.ms": "max_heartbeat_interval_ms",
+    "group.share.min.delivery.count.limit": "min_delivery_count_limit",
+    "group.share.max.delivery.count.limit": "max_delivery_count_limit",
+    "group.share.max.partition.max.record.locks": "max_record_locks_cap",
+    "group.share.max.size": "max_group_size",
+    "group.share.max.share.sessions": "max_share_sessions",
+}
+
+
+def limits_from(pairs: dict[str, str]) -> BrokerLimits:
+    """BrokerLimits with the given ``group.share.*`` overrides (ConfigError on unknown names)."""
+    values = {}
+    for name, value in pairs.items():
+        attr = LIMIT_NAMES.get(name)
+        if attr is None:
+            raise ConfigError(f"unknown broker-level share group limit {name!r} (known: {', '.join(LIMIT_NAMES)})")
+        try:
+            values[attr] = int(value)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer") from None
+    return BrokerLimits(**values)
+
+
 _DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
 
 
