@@ -33,6 +33,7 @@ _SIZE = struct.Struct(">i")
 _HEAD = struct.Struct(">ihhi")  # size, api key, api version, correlation id
 _I16 = struct.Struct(">h")
 _ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id never needs more
+_REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the answers it is owed
 
 
 class Slot:
@@ -90,6 +91,7 @@ class ClientConnection(asyncio.Protocol):
         self.order: deque[Slot] = deque()
         self.awaiting_upstream: deque[Slot] = deque()
         self.closed = False
+        self.ending = False  # a request was rejected: read no more, close once the answers owed are out
         self._tasks: set[asyncio.Task] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -166,7 +168,22 @@ class ClientConnection(asyncio.Protocol):
         """Close the connection the way Kafka does for a request it cannot parse: one log line."""
         log.warning("client %s: %s; closing connection", self.peer, reason)
         self.proxy.stats.rejected += 1
-        self.close()
+        self._close_when_answered()
+
+    def _close_when_answered(self) -> None:
+        """Read no more requests; close once the responses owed for earlier ones are written.
+
+        Kafka reads a connection's next request only after answering the one before, so requests
+        pipelined ahead of a bad one are answered before the connection closes: so here.
+        """
+        self.ending = True
+        self._buf.clear()
+        if not self.order:
+            self.close()
+            return
+        if self.transport is not None:
+            self.transport.pause_reading()
+        asyncio.get_running_loop().call_later(_REJECT_ANSWER_TIMEOUT, self.close)
 
     # -- flow control: a slow reader on one side pauses the other ------------------------------
     def pause_writing(self) -> None:
@@ -179,14 +196,14 @@ class ClientConnection(asyncio.Protocol):
 
     # -- requests -------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        if self.closed:
+        if self.closed or self.ending:
             return
         if self.upstream is None:  # still connecting: hold everything until the broker is there
             self._buf += data
             return
         view = memoryview(data)
         i, n = 0, len(view)
-        while i < n and not self.closed:
+        while i < n and not (self.closed or self.ending):
             if self._forward_left:
                 take = min(self._forward_left, n - i)
                 self.upstream.transport.write(view[i : i + take] if take < n else data)  # type: ignore[union-attr]
@@ -209,7 +226,7 @@ class ClientConnection(asyncio.Protocol):
     def _start_frames(self) -> None:
         """Decide what to do with each frame whose header is in ``_buf``."""
         buf = self._buf
-        while not self.closed and len(buf) >= 4:
+        while not (self.closed or self.ending) and len(buf) >= 4:
             (size,) = _SIZE.unpack_from(buf, 0)
             if size < 0:
                 self._reject(f"invalid frame size {size}")
@@ -316,6 +333,8 @@ class ClientConnection(asyncio.Protocol):
             if not self.closed and transport is not None:
                 transport.write(slot.data)  # type: ignore[arg-type]
             slot.data = None
+        if self.ending and not order:
+            self.close()
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -359,7 +378,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.client.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.client.transport is not None and not self.client.closed:
+        if self.client.transport is not None and not (self.client.closed or self.client.ending):
             self.client.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
