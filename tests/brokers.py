@@ -20,6 +20,7 @@ import base64
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -118,16 +119,31 @@ def _maven_args(version: str) -> list[str]:
     return args
 
 
+def _recipe(version: str) -> str:
+    """Digest of what decides the jar set: the pom and the Maven arguments for ``version``."""
+    h = hashlib.sha256(_POM.read_bytes())
+    h.update(" ".join(_maven_args(version)).encode())
+    return h.hexdigest()[:16]
+
+
 def _libs_complete(version_dir: Path, version: str) -> bool:
-    libs = version_dir / "libs"
-    return (version_dir / _MARKER).is_file() and (libs / f"kafka_2.13-{version}.jar").is_file()
+    """A finished fetch of ``version`` made with the current pom."""
+    try:
+        marker = json.loads((version_dir / _MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        marker.get("recipe") == _recipe(version)
+        and (version_dir / "libs" / f"kafka_2.13-{version}.jar").is_file()
+    )
 
 
 def ensure_kafka(version: str = KAFKA_3, *, timeout: float = 1200.0, quiet: bool = True) -> Path:
     """Return the directory holding the jars of Apache Kafka ``version``, fetching them if needed.
 
     The jars live in ``<cache_root()>/kafka-<version>/libs``.  A marker file written after a
-    successful fetch makes later calls return at once; an exclusive lock file serializes
+    successful fetch (recording a digest of tests/kafka/pom.xml, so a changed pom refetches)
+    makes later calls return at once; an exclusive lock file serializes
     concurrent callers (other processes, xdist workers), and a fetch interrupted half-way is
     redone from scratch (it downloads into a private directory that is renamed into place).
     """
@@ -192,13 +208,18 @@ def _fetch_locked(version: str, version_dir: Path, *, timeout: float, quiet: boo
         tail = "\n".join(proc.stdout.splitlines()[-30:])
         raise BrokerError(f"Maven failed to fetch Apache Kafka {version} (exit {proc.returncode}):\n{tail}")
     libs = version_dir / "libs"
-    if libs.exists():  # left by an earlier, unfinished or unmarked fetch
-        shutil.rmtree(libs)
+    for old in version_dir.glob("libs.old-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    if libs.exists():
+        # From an older pom or an unmarked fetch.  Brokers still running from it open jars lazily,
+        # so it is moved aside, not deleted (the next refetch deletes it).
+        libs.rename(version_dir / f"libs.old-{os.getpid()}")
     partial.rename(libs)
     jars = sorted(p.name for p in libs.glob("*.jar"))
     marker = {
         "version": version,
         "maven_args": _maven_args(version),
+        "recipe": _recipe(version),
         "jars": len(jars),
         "seconds": round(time.monotonic() - t0, 1),
         "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
