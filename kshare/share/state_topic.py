@@ -216,6 +216,15 @@ class TopicStateStore:
     ``min.insync.replicas`` (default: 2 from 3 replicas up, else 1), ``cleanup.policy=delete``,
     ``retention.ms=-1`` and ``retention.bytes=-1``. An existing topic keeps its partition count
     (it must never change: the partition of a share-partition's records depends on it).
+
+    Compaction: an update is written as a ShareSnapshot instead when the share-partition already
+    has ``snapshot_after_updates`` updates or ``snapshot_after_bytes`` bytes of update values since
+    its latest snapshot, or when the snapshot is at most ``snapshot_slack_bytes`` bigger than the
+    update (``None``: never for that reason). Pruning runs every ``prune_interval_s``, and sooner
+    (at most every ``prune_min_interval_s``) once ``prune_after_records`` records were written and
+    some of them were snapshots; a share-partition or group whose latest snapshot / record lies
+    more than max(``refresh_after_records``, 4 x keys in its partition) offsets behind the end of
+    its partition is rewritten first. ``write_timeout_s`` bounds every write (see the module doc).
     """
 
     def __init__(
@@ -229,7 +238,7 @@ class TopicStateStore:
         leader_epoch: int = 0,
         snapshot_after_updates: int = 500,
         snapshot_after_bytes: int = 64 * 1024,
-        snapshot_slack_bytes: int = 24,
+        snapshot_slack_bytes: int | None = 24,
         write_timeout_s: float = 30.0,
         linger_ms: float = 0.0,
         prune_interval_s: float = 60.0,
@@ -615,7 +624,8 @@ class TopicStateStore:
         state = apply_update(e.state, content)
         usize = update_value_size(len(content.state_batches))
         ssize = snapshot_value_size(len(state.state_batches))
-        if e.resync or ssize <= usize + self.snapshot_slack_bytes:
+        slack = self.snapshot_slack_bytes
+        if e.resync or (slack is not None and ssize <= usize + slack):
             e.snapshot_epoch += 1
             self._emit_snapshot(item, key, e, state, out)
             return
