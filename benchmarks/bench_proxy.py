@@ -287,8 +287,8 @@ def order_for(rounds: int) -> list[str]:
 def summarize(samples: list[Sample], records: int, sizes: list[int]) -> str:
     lines = [
         "| workload | value | direct rec/s (MB/s) | relay rec/s (MB/s) | kshare rec/s (MB/s) "
-        "| kshare/relay | kshare/direct | relay/direct | CPU s relay / kshare |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| kshare/relay | kshare/direct | relay/direct | CPU s relay / kshare | CPU kshare/relay |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kind in ("produce", "consume"):
         for size in sizes:
@@ -308,7 +308,8 @@ def summarize(samples: list[Sample], records: int, sizes: list[int]) -> str:
                 f"| {kind} | {size} B | {cell['direct']} | {cell['relay']} | {cell['kshare']} "
                 f"| {rate['kshare'] / rate['relay']:.2f} | {rate['kshare'] / rate['direct']:.2f} "
                 f"| {rate['relay'] / rate['direct']:.2f} "
-                f"| {cpu.get('relay', float('nan')):.2f} / {cpu.get('kshare', float('nan')):.2f} |"
+                f"| {cpu.get('relay', float('nan')):.2f} / {cpu.get('kshare', float('nan')):.2f} "
+                f"| {cpu.get('kshare', float('nan')) / cpu.get('relay', float('nan')):.2f} |"
             )
     return "\n".join(lines)
 
@@ -342,21 +343,29 @@ def profile(
     outdir: Path,
     *,
     native: bool = False,
+    load: str = "consume",
 ) -> str:
-    """Consume ``passes`` times through a profiled proxy; return the report (text)."""
+    """Consume (or produce) ``passes`` times through a profiled proxy; return the report (text)."""
     topic = broker.create_topic(f"bench-profile-{value_size}-{uuid.uuid4().hex[:8]}", partitions)
-    produce(broker.bootstrap, topic, records, value_size, partitions)
+    if load == "consume":
+        produce(broker.bootstrap, topic, records, value_size, partitions)
+
+    def run_load(bootstrap: str) -> list[float]:
+        if load == "consume":
+            return [consume(bootstrap, topic, records, partitions) for _ in range(passes)]
+        return [produce(bootstrap, topic, records, value_size, partitions) for _ in range(passes)]
+
     out = io.StringIO()
     try:
         if how == "cprofile":
-            stats_path = outdir / f"proxy-consume-{value_size}.pstats"
+            stats_path = outdir / f"proxy-{load}-{value_size}.pstats"
             proxy, bootstrap = start_proxy(broker.bootstrap, profile_to=stats_path)
             try:
-                secs = [consume(bootstrap, topic, records, partitions) for _ in range(passes)]
+                secs = run_load(bootstrap)
             finally:
                 proxy.stop()
             print(
-                f"cProfile of the proxy, {passes} consume passes of {records:,} x {value_size} B "
+                f"cProfile of the proxy, {passes} {load} passes of {records:,} x {value_size} B "
                 f"({', '.join(f'{records / s:,.0f}' for s in secs)} rec/s under the profiler); {stats_path}",
                 file=out,
             )
@@ -368,7 +377,7 @@ def profile(
             if spy is None:
                 return "py-spy is not installed (pip install py-spy)\n"
             proxy, bootstrap = start_proxy(broker.bootstrap)
-            raw = outdir / f"proxy-consume-{value_size}.pyspy.txt"
+            raw = outdir / f"proxy-{load}-{value_size}.pyspy.txt"
             rec = subprocess.Popen(
                 [
                     spy,
@@ -389,13 +398,13 @@ def profile(
             )
             try:
                 time.sleep(1.0)  # py-spy attaches
-                secs = [consume(bootstrap, topic, records, partitions) for _ in range(passes)]
+                secs = run_load(bootstrap)
             finally:
                 rec.send_signal(signal.SIGINT)
                 spy_out, _ = rec.communicate(timeout=60)
                 proxy.stop()
             print(
-                f"py-spy of the proxy (500 Hz, idle excluded), {passes} consume passes of {records:,} x "
+                f"py-spy of the proxy (500 Hz, idle excluded), {passes} {load} passes of {records:,} x "
                 f"{value_size} B ({', '.join(f'{records / s:,.0f}' for s in secs)} rec/s); {raw}",
                 file=out,
             )
@@ -405,6 +414,9 @@ def profile(
                 print(collapse_report(raw.read_text(), top), file=out)
         else:
             raise ValueError(how)
+        notes = [line for line in proxy.output if re.search(r"WARNING|ERROR|Traceback|never awaited", line)]
+        if notes:
+            print("proxy log lines worth a look:\n" + "".join(notes[-20:]), file=out)
     finally:
         with contextlib.suppress(Exception):
             broker.delete_topic(topic)
@@ -532,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile-passes", type=int, default=None, help="consume passes under the profiler")
     parser.add_argument("--profile-only", action="store_true", help="skip the figures, only profile")
+    parser.add_argument("--profile-load", default="consume", choices=["consume", "produce"])
     parser.add_argument("--native", action="store_true", help="py-spy: include native (C) frames")
     parser.add_argument(
         "--proxy-cmd",
@@ -607,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.top,
                     outdir,
                     native=args.native,
+                    load=args.profile_load,
                 ),
                 flush=True,
             )
