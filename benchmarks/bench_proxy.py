@@ -309,9 +309,13 @@ def summarize(samples: list[Sample], records: int, sizes: list[int]) -> str:
                 f"| {rate['kshare'] / rate['relay']:.2f} | {rate['kshare'] / rate['direct']:.2f} "
                 f"| {rate['relay'] / rate['direct']:.2f} "
                 f"| {cpu.get('relay', float('nan')):.2f} / {cpu.get('kshare', float('nan')):.2f} "
-                f"| {cpu.get('kshare', float('nan')) / cpu.get('relay', float('nan')):.2f} |"
+                f"| {_ratio(cpu.get('kshare'), cpu.get('relay')):.2f} |"
             )
     return "\n".join(lines)
+
+
+def _ratio(a: float | None, b: float | None) -> float:
+    return a / b if a is not None and b else float("nan")
 
 
 def samples_table(samples: list[Sample], records: int) -> str:
