@@ -211,10 +211,10 @@ class GroupCoordinator:
         g.target = assign({m.member_id: m.subscribed for m in g.members.values()}, self.topics())
 
     def _reconcile(self, g: ShareGroup, m: Member, sent_epoch: int, result: HeartbeatResult) -> None:
-        """Move the member to its target assignment (no revocation handshake in share groups)."""
-        target = g.target.get(m.member_id, {})
-        if target != m.assignment or m.epoch == 0:
-            m.assignment = target
+        """Bring the member to the group's epoch and target assignment at once (share groups have
+        no revocation handshake); the assignment is sent whenever the member's epoch moves."""
+        if m.epoch != g.epoch:
+            m.assignment = g.target.get(m.member_id, {})
             m.epoch = g.epoch
         result.member_epoch = m.epoch
         result.heartbeat_interval_ms = g.config.heartbeat_interval_ms

@@ -28,6 +28,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
             return version, Response(
                 error_code=ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
                 error_message=f"Group {group_id} is not a share group: a consumer group uses this id.")
+    if req.subscribed_topic_names and any(t not in service.upstream.topics for t in req.subscribed_topic_names):
+        await service.upstream.refresh_metadata(max_age=1.0)  # a topic created just now
     result = service.coordinator.heartbeat(
         group_id, req.member_id, req.member_epoch, req.rack_id, req.subscribed_topic_names,
         client_id=header.client_id or "", client_host=conn.peer.rsplit(":", 1)[0])

@@ -1,0 +1,42 @@
+"""AlterShareGroupOffsets (API key 91): move SPSOs of an empty share group (reset)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...protocol import messages
+from .. import admin
+from ..errors import ErrorCode
+
+if TYPE_CHECKING:
+    from ...proxy.connection import ClientConnection
+    from ..service import ShareGroupService
+
+API_KEY = 91
+VERSIONS = (0, 0)
+
+Response = messages.message_class("AlterShareGroupOffsetsResponse")
+
+
+async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+    version = header.api_version
+    if not service.loaded:
+        return version, Response(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+    group = service.coordinator.group(req.group_id)
+    if group is not None and group.members:
+        return version, Response(error_code=ErrorCode.NON_EMPTY_GROUP, error_message="The group is not empty.")
+    await service.upstream.refresh_metadata(max_age=5.0)
+    responses = []
+    for t in req.topics:
+        info = service.upstream.topics.get(t.topic_name)
+        parts = []
+        for p in t.partitions:
+            if info is None:
+                code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                code = await admin.reset_offset(service, req.group_id, info, p.partition_index, p.start_offset)
+            parts.append(Response.AlterShareGroupOffsetsResponsePartition(partition_index=p.partition_index,
+                                                                          error_code=code))
+        responses.append(Response.AlterShareGroupOffsetsResponseTopic(
+            topic_name=t.topic_name, topic_id=info.topic_id if info else bytes(16), partitions=parts))
+    return version, Response(responses=responses)

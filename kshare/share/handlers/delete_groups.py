@@ -1,0 +1,37 @@
+"""DeleteGroups (API key 42): share groups are deleted here (empty ones only), others by the cluster."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...protocol import messages
+from .. import admin
+
+if TYPE_CHECKING:
+    from ...proxy.connection import ClientConnection
+    from ..service import ShareGroupService
+
+API_KEY = 42
+VERSIONS = (0, 2)
+
+Response = messages.message_class("DeleteGroupsResponse")
+
+
+def applies(service: ShareGroupService, header: Any, req: Any) -> bool:
+    return any(service.coordinator.group(g) is not None for g in req.groups_names)
+
+
+async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+    version = header.api_version
+    ours = [g for g in req.groups_names if service.coordinator.group(g) is not None]
+    others = [g for g in req.groups_names if g not in ours]
+    results: dict[str, Any] = {}
+    if others:
+        node = conn.node_id
+        upstream = await (service.upstream.connection(node) if node is not None else service.upstream.any_connection())
+        resp = await upstream.request(API_KEY, version, type(req)(groups_names=others))
+        results.update({r.group_id: r for r in resp.results})
+    for group_id in ours:
+        code = await admin.delete_group(service, group_id)
+        results[group_id] = Response.DeletableGroupResult(group_id=group_id, error_code=code)
+    return version, Response(results=[results[g] for g in req.groups_names if g in results])

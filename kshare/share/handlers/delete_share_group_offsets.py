@@ -1,0 +1,42 @@
+"""DeleteShareGroupOffsets (API key 92): forget an empty share group's state for some topics."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...protocol import messages
+from .. import admin
+from ..errors import ErrorCode
+
+if TYPE_CHECKING:
+    from ...proxy.connection import ClientConnection
+    from ..service import ShareGroupService
+
+API_KEY = 92
+VERSIONS = (0, 0)
+
+Response = messages.message_class("DeleteShareGroupOffsetsResponse")
+
+
+async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+    version = header.api_version
+    if not service.loaded:
+        return version, Response(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+    group = service.coordinator.group(req.group_id)
+    if group is None:
+        return version, Response(error_code=ErrorCode.GROUP_ID_NOT_FOUND,
+                                 error_message=f"Group {req.group_id} not found.")
+    if group.members:
+        return version, Response(error_code=ErrorCode.NON_EMPTY_GROUP, error_message="The group is not empty.")
+    await service.upstream.refresh_metadata(max_age=5.0)
+    responses = []
+    for t in req.topics:
+        info = service.upstream.topics.get(t.topic_name)
+        if info is None:
+            responses.append(Response.DeleteShareGroupOffsetsResponseTopic(
+                topic_name=t.topic_name, topic_id=bytes(16), error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+            continue
+        code = await admin.delete_topic_offsets(service, req.group_id, info)
+        responses.append(Response.DeleteShareGroupOffsetsResponseTopic(
+            topic_name=t.topic_name, topic_id=info.topic_id, error_code=code))
+    return version, Response(responses=responses)

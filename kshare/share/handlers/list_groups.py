@@ -1,0 +1,49 @@
+"""ListGroups (API key 16): the cluster's groups, plus the share groups this proxy coordinates.
+
+Clients ask every broker and take the union, so share groups are listed by one listener only
+(the lowest broker id) to appear exactly once. The v4 state filter and the v5 type filter apply.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...protocol import messages
+
+if TYPE_CHECKING:
+    from ...proxy.connection import ClientConnection
+    from ..service import ShareGroupService
+
+API_KEY = 16
+VERSIONS = (0, 5)
+SHARE = "share"
+
+Response = messages.message_class("ListGroupsResponse")
+
+
+def applies(service: ShareGroupService, header: Any, req: Any) -> bool:
+    return service.loaded
+
+
+async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+    version = header.api_version
+    types = {t.lower() for t in req.types_filter} if version >= 5 else set()
+    states = {s.lower() for s in req.states_filter} if version >= 4 else set()
+    groups: list[Any] = []
+    error = 0
+    if not types or types - {SHARE}:
+        upstream_req = type(req)(states_filter=list(req.states_filter),
+                                 types_filter=[t for t in req.types_filter if t.lower() != SHARE])
+        node = conn.node_id
+        upstream = await (service.upstream.connection(node) if node is not None else service.upstream.any_connection())
+        resp = await upstream.request(API_KEY, version, upstream_req)
+        error, groups = resp.error_code, list(resp.groups)
+    lists_share_groups = conn.node_id is None or conn.node_id == min(service.upstream.brokers, default=conn.node_id)
+    if lists_share_groups and (not types or SHARE in types):
+        for group in service.coordinator.groups.values():
+            state = group.state.value
+            if states and state.lower() not in states:
+                continue
+            groups.append(Response.ListedGroup(group_id=group.group_id, protocol_type=SHARE, group_state=state,
+                                               group_type=SHARE))
+    return version, Response(error_code=error, groups=groups)

@@ -1,0 +1,50 @@
+"""ShareGroupDescribe (API key 77): members, assignments, epochs and state of share groups."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...protocol import messages
+from ..errors import ErrorCode
+
+if TYPE_CHECKING:
+    from ...proxy.connection import ClientConnection
+    from ..service import ShareGroupService
+
+API_KEY = 77
+VERSIONS = (0, 1)
+ASSIGNOR = "simple"
+
+Response = messages.message_class("ShareGroupDescribeResponse")
+
+
+def _assignment(service: ShareGroupService, assignment: dict[bytes, list[int]]) -> Any:
+    topics = []
+    for topic_id, parts in sorted(assignment.items()):
+        info = service.upstream.by_id.get(topic_id)
+        topics.append(Response.TopicPartitions(topic_id=topic_id, topic_name=info.name if info else "",
+                                               partitions=sorted(parts)))
+    return Response.Assignment(topic_partitions=topics)
+
+
+async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+    groups = []
+    for group_id in req.group_ids:
+        group = service.coordinator.group(group_id) if service.loaded else None
+        if not service.loaded:
+            groups.append(Response.DescribedGroup(group_id=group_id, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
+            continue
+        if group is None:
+            groups.append(Response.DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_ID_NOT_FOUND,
+                                                  error_message=f"Group {group_id} not found."))
+            continue
+        members = [
+            Response.Member(member_id=m.member_id, rack_id=m.rack_id, member_epoch=m.epoch, client_id=m.client_id,
+                            client_host=f"/{m.client_host}", subscribed_topic_names=list(m.subscribed),
+                            assignment=_assignment(service, m.assignment))
+            for m in group.members.values()
+        ]
+        groups.append(Response.DescribedGroup(
+            group_id=group_id, group_state=group.state.value, group_epoch=group.epoch, assignment_epoch=group.epoch,
+            assignor_name=ASSIGNOR, members=members))
+    return header.api_version, Response(groups=groups)
