@@ -13,10 +13,15 @@ log = logging.getLogger("kshare")
 class KShare:
     """The proxy and (unless disabled) the share-group service, started and stopped together."""
 
-    def __init__(self, config: ProxyConfig, *, share_groups: bool = True, store=None) -> None:
+    def __init__(self, config: ProxyConfig, *, share_groups: bool = True, store=None,
+                 metrics_port: int | None = None, metrics_host: str = "0.0.0.0") -> None:
+        from .metrics import METRICS, MetricsServer, proxy_gauges, share_gauges
+
         self.config = config
         self.proxy = Proxy(config)
         self.service = None
+        self.metrics = None
+        METRICS.gauge_sources = [lambda: proxy_gauges(self.proxy)]
         if share_groups:
             from .share.service import ShareGroupService
             from .share.upstream import UpstreamCluster
@@ -33,8 +38,13 @@ class KShare:
             self.service = ShareGroupService(self.proxy, store, UpstreamCluster(list(config.upstream)),
                                              limits=config.group_limits)
             self.service.register(self.proxy)
+            METRICS.gauge_sources.append(lambda: share_gauges(self.service))
+        if metrics_port is not None:
+            self.metrics = MetricsServer(METRICS, metrics_host, metrics_port)
 
     async def start(self) -> None:
+        if self.metrics is not None:
+            await self.metrics.start()
         await self.proxy.start()
         if self.service is not None:
             await self.service.start()
@@ -45,6 +55,8 @@ class KShare:
             await self.service.wait_loaded(timeout)
 
     async def stop(self) -> None:
+        if self.metrics is not None:
+            await self.metrics.stop()
         await self.proxy.stop()
         if self.service is not None:
             await self.service.stop()

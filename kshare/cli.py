@@ -68,13 +68,15 @@ def main() -> None:
 @click.option("--group-limit", "group_limits", multiple=True, metavar="NAME=VALUE",
               help="A broker-level share group bound, e.g. group.share.max.size=500 (repeatable).")
 @click.option("--no-share-groups", is_flag=True, help="Be a plain pass-through proxy.")
+@click.option("--metrics-port", type=int, default=None,
+              help="Serve Prometheus metrics on http://HOST:PORT/metrics (HOST: --listen-host).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]))
 def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_port_base: int | None,
           advertised_host: str | None, max_frame_bytes: int, state_topic: str, state_topic_partitions: int,
           state_topic_replication_factor: int | None, group_limits: tuple[str, ...], no_share_groups: bool,
-          log_level: str, log_format: str) -> None:
+          metrics_port: int | None, log_level: str, log_format: str) -> None:
     """Run the proxy in front of a Kafka cluster, serving share groups."""
     from .share.config import ConfigError, limits_from
 
@@ -107,7 +109,7 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
                          state_topic_partitions=state_topic_partitions,
                          state_topic_replication_factor=state_topic_replication_factor, group_limits=limits)
     try:
-        run_proxy(config, share_groups=not no_share_groups)
+        run_proxy(config, share_groups=not no_share_groups, metrics_port=metrics_port)
     except OSError as exc:
         raise click.ClickException(f"cannot start the proxy: {exc}") from None
     finally:
@@ -115,13 +117,13 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
             embedded.stop()
 
 
-def run_proxy(config: ProxyConfig, *, share_groups: bool = True) -> None:
+def run_proxy(config: ProxyConfig, *, share_groups: bool = True, metrics_port: int | None = None) -> None:
     import uvloop
 
     from .app import KShare
 
     async def serve() -> None:
-        app = KShare(config, share_groups=share_groups)
+        app = KShare(config, share_groups=share_groups, metrics_port=metrics_port, metrics_host=config.listen_host)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

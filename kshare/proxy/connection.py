@@ -18,8 +18,10 @@ import inspect
 import logging
 import struct
 from collections import deque
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
+from ..metrics import METRICS
 from ..protocol import messages
 from ..protocol.codegen import DecodeError
 from . import filters
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kshare.proxy")
 
 _SIZE = struct.Struct(">i")
+REQUEST_SECONDS = METRICS.request_seconds
 _HEAD = struct.Struct(">ihhi")  # size, api key, api version, correlation id
 _I16 = struct.Struct(">h")
 _ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id never needs more
@@ -39,7 +42,7 @@ _REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the an
 class Slot:
     """A response owed to the client, in request order."""
 
-    __slots__ = ("api_key", "version", "corr", "data", "streaming")
+    __slots__ = ("api_key", "version", "corr", "data", "streaming", "started")
 
     def __init__(self, api_key: int, version: int, corr: int) -> None:
         self.api_key = api_key
@@ -47,6 +50,10 @@ class Slot:
         self.corr = corr
         self.data: bytes | bytearray | None = None
         self.streaming = False
+        self.started = perf_counter()
+
+    def answered(self) -> None:
+        REQUEST_SECONDS.observe(perf_counter() - self.started, api=_api_name(self.api_key))
 
 
 def produce_acks(frame: memoryview, version: int) -> int | None:
@@ -299,6 +306,7 @@ class ClientConnection(asyncio.Protocol):
             else:  # the ApiVersions fallback answers without reading a body it cannot know
                 header, body = messages.parse_request_header(memoryview(frame)), None
         except DecodeError as exc:
+            self.order.remove(slot)  # never answered: the answers owed are those before it
             self._reject(f"malformed {_api_name(slot.api_key)} v{slot.version} request: {exc}")
             return
         if not self.proxy.serves(slot.api_key, header, body):
@@ -333,6 +341,7 @@ class ClientConnection(asyncio.Protocol):
             if not self.closed and transport is not None:
                 transport.write(slot.data)  # type: ignore[arg-type]
             slot.data = None
+            slot.answered()
         if self.ending and not order:
             self.close()
 
@@ -435,7 +444,7 @@ class UpstreamConnection(asyncio.Protocol):
         assert slot is not None
         self._slot = None
         if self._chunks is None:  # streamed
-            client.order.popleft()
+            client.order.popleft().answered()
             client.flush()
             return
         frame = b"".join(self._chunks)

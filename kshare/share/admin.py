@@ -35,7 +35,7 @@ def _durable(service: ShareGroupService, key: SharePartitionKey) -> ShareSnapsho
     return service.store.share_partitions().get(key)
 
 
-def _settled_above_start(snapshot: ShareSnapshot, end: int) -> int:
+def settled_above_start(snapshot: ShareSnapshot, end: int) -> int:
     """Records at or above the SPSO (and below ``end``) that are already Acknowledged or Archived."""
     done = 0
     for b in snapshot.state_batches:
@@ -60,7 +60,7 @@ async def partition_offsets(service: ShareGroupService, group_id: str, topic: To
             out.append(PartitionOffsets(p, -1, -1))
             continue
         err, end = await service.upstream.list_offset(topic, p, LATEST)
-        lag = -1 if err else max(0, end - snapshot.start_offset - _settled_above_start(snapshot, end))
+        lag = -1 if err else max(0, end - snapshot.start_offset - settled_above_start(snapshot, end))
         out.append(PartitionOffsets(p, snapshot.start_offset, lag))
     return out
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..metrics import METRICS
 from ..protocol import messages
 from . import dead_letter
 from .config import BrokerLimits, parse_duration_ms
@@ -292,8 +293,10 @@ class ShareGroupService:
                 batch, done = sp.pending, sp.pending_done
                 sp.pending, sp.pending_done = [], None
                 assert done is not None
+                started = time.perf_counter()
                 try:
                     await self.store.write([(sp.key, change) for change in batch])
+                    METRICS.state_write_seconds.observe(time.perf_counter() - started)
                 except Exception as exc:  # noqa: BLE001
                     log.error("durable write for %s failed: %r; rebuilding it from the state topic", sp.key, exc)
                     # The engine moved ahead of what is durable: rebuild before serving it again.
@@ -317,7 +320,10 @@ class ShareGroupService:
                                   member_id: str | None) -> asyncio.Future:
         """Like ``persist``, but records this update archives go to the group's DLQ topic first."""
         group = self.coordinator.group(sp.key.group_id)
-        if group is None or not group.config.dlq_topic or not dead_letter.archived_offsets(update):
+        archived = dead_letter.archived_offsets(update)
+        if archived:
+            METRICS.archived.inc(sum(z - a + 1 for a, z, _ in archived), group=sp.key.group_id, topic=sp.topic.name)
+        if group is None or not group.config.dlq_topic or not archived:
             return self.persist(sp, update)
         items = dead_letter.letters(update, dead_letter.rejected_ranges(ack_batches))
         loop = asyncio.get_running_loop()
@@ -445,7 +451,11 @@ class ShareGroupService:
                 sp = self.partitions.get(key)
                 if sp is None or sp.engine is None:
                     continue
+                held = sp.engine.acquired_count()
                 update = sp.engine.expire_locks(now)
+                expired = held - sp.engine.acquired_count()
+                if expired:
+                    METRICS.lock_timeouts.inc(expired, group=key.group_id, topic=sp.topic.name)
                 if update is not None:
                     self.persist_with_dead_letters(sp, update, (), None).add_done_callback(_ignore_failure)
                 sp.wake()

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...metrics import ACK_TYPE_NAMES, METRICS
 from ..errors import ErrorCode
 from ..partition import AcquiredRange
 
@@ -54,12 +55,27 @@ async def apply_acknowledgements(
             outcomes.append(AckOutcome(topic_id, partition, err or ErrorCode.COORDINATOR_NOT_AVAILABLE))
             continue
         result = engine.acknowledge(member_id, [(b.first_offset, b.last_offset, b.acknowledge_types) for b in batches])
+        if result.error_code == ErrorCode.NONE:
+            _count_acks(group_id, topic.name, batches)
         write = None
         if result.update is not None:
             write = service.persist_with_dead_letters(sp, result.update, batches, member_id)
             sp.wake()  # released records can go to another member now
         outcomes.append(AckOutcome(topic_id, partition, result.error_code, write))
     return outcomes
+
+
+def _count_acks(group_id: str, topic: str, batches: Sequence[Any]) -> None:
+    counts: dict[int, int] = {}
+    for b in batches:
+        types = b.acknowledge_types
+        if len(types) == 1:
+            counts[types[0]] = counts.get(types[0], 0) + b.last_offset - b.first_offset + 1
+        else:
+            for t in set(types):
+                counts[t] = counts.get(t, 0) + types.count(t)
+    for t, n in counts.items():
+        METRICS.acks.inc(n, group=group_id, topic=topic, type=ACK_TYPE_NAMES.get(t, str(t)))
 
 
 async def await_writes(outcomes: list[AckOutcome]) -> list[tuple[AckOutcome, int]]:
