@@ -1,0 +1,326 @@
+"""Real Kafka clients driven the same way through the proxy and directly, for comparisons.
+
+Each client library gets ``produce(bootstrap, topic, records)`` and
+``consume(bootstrap, topic, group, n)``; consumers join a consumer group (subscribe) and report,
+besides the records, every broker address the client learned or connected to, so a test can check
+that a proxied client never leaves the proxy.
+
+Records read are normalized to :class:`Rec` (topic, partition, offset, key, value, headers,
+timestamp), the same tuple whatever library read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+log = logging.getLogger("kshare.tests.clients")
+
+# Tansu answers a JoinGroup after about half the session timeout: keep it as short as Kafka allows
+# (group.min.session.timeout.ms = 6 s).
+SESSION_TIMEOUT_MS = 6000
+HEARTBEAT_MS = 1000
+CONSUME_TIMEOUT = 60.0
+
+
+class Rec(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp: int
+
+
+Outgoing = tuple[bytes, bytes, list[tuple[str, bytes]]]  # key, value, headers
+
+
+def make_records(label: str, n: int, distinct_keys: int = 7) -> list[Outgoing]:
+    """``n`` keyed records; keys repeat (``distinct_keys`` of them) so partitioning can be compared."""
+    return [
+        (
+            f"key-{i % distinct_keys}".encode(),
+            f"{label}-{i}".encode(),
+            [("i", str(i).encode()), ("via", label.encode()), ("empty", b"")],
+        )
+        for i in range(n)
+    ]
+
+
+@dataclass
+class Consumed:
+    records: list[Rec]
+    # every (host, port) the client learned from the cluster or connected to
+    addresses: set[tuple[str, int]] = field(default_factory=set)
+    # the group coordinator the consumer used
+    coordinator: tuple[str, int] | None = None
+
+
+def _headers(raw) -> tuple[tuple[str, bytes], ...]:
+    return tuple((k, bytes(v) if v is not None else b"") for k, v in (raw or ()))
+
+
+def _hostport(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+# ------------------------------------------------------------------------------------------------
+# confluent-kafka (librdkafka)
+
+
+def _quiet() -> logging.Logger:
+    return logging.getLogger("kshare.tests.clients.librdkafka")
+
+
+def confluent_produce(bootstrap: str, topic: str, records: list[Outgoing]) -> dict[bytes, tuple[int, int]]:
+    """Produce keyed records (default partitioner); return value -> (partition, offset)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "logger": _quiet()})
+    done: dict[bytes, tuple[int, int]] = {}
+    errors: list[object] = []
+
+    def report(err, msg) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            done[msg.value()] = (msg.partition(), msg.offset())
+
+    for key, value, headers in records:
+        producer.produce(topic, key=key, value=value, headers=headers, on_delivery=report)
+    assert producer.flush(30) == 0, "confluent producer did not deliver everything"
+    assert errors == [], errors
+    return done
+
+
+def confluent_consume(bootstrap: str, topic: str, group: str, n: int) -> Consumed:
+    """Subscribe in consumer group ``group`` and read ``n`` records (offsets committed)."""
+    from confluent_kafka import Consumer
+
+    stats: list[dict] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": SESSION_TIMEOUT_MS,
+            "heartbeat.interval.ms": HEARTBEAT_MS,
+            "statistics.interval.ms": 200,
+            "stats_cb": lambda text: stats.append(json.loads(text)),
+            "logger": _quiet(),
+        }
+    )
+    consumer.subscribe([topic])
+    out: list[Rec] = []
+    deadline = time.monotonic() + CONSUME_TIMEOUT
+    try:
+        while len(out) < n and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            out.append(
+                Rec(
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    msg.key(),
+                    msg.value(),
+                    _headers(msg.headers()),
+                    msg.timestamp()[1],
+                )
+            )
+        consumer.commit(asynchronous=False)
+        # one more statistics report, taken after the commit (the coordinator is then surely known)
+        seen = len(stats)
+        deadline = time.monotonic() + 5
+        while len(stats) == seen and time.monotonic() < deadline:
+            consumer.poll(0.1)
+    finally:
+        consumer.close()
+    result = Consumed(out)
+    for s in stats:
+        for name, b in s.get("brokers", {}).items():
+            if b.get("nodename"):
+                result.addresses.add(_hostport(b["nodename"]))
+            if name == "GroupCoordinator" and b.get("nodename"):
+                result.coordinator = _hostport(b["nodename"])
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# kafka-python 3
+
+
+def kafka_python_produce(bootstrap: str, topic: str, records: list[Outgoing]) -> dict[bytes, tuple[int, int]]:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    try:
+        futures = [
+            (value, producer.send(topic, key=key, value=value, headers=headers))
+            for key, value, headers in records
+        ]
+        producer.flush(30)
+        done = {}
+        for value, fut in futures:
+            md = fut.get(30)
+            done[value] = (md.partition, md.offset)
+        return done
+    finally:
+        producer.close(10)
+
+
+def kafka_python_consume(bootstrap: str, topic: str, group: str, n: int) -> Consumed:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        session_timeout_ms=SESSION_TIMEOUT_MS,
+        heartbeat_interval_ms=HEARTBEAT_MS,
+    )
+    # kafka-python 3.0.12 race, seen directly against Kafka 3.9 as well: a group leader that joins
+    # before it has the topic's metadata assigns nothing ("No partition metadata for topic") and
+    # never rejoins. Learn the topic's partitions first, then subscribe.
+    assert consumer.partitions_for_topic(topic), f"no metadata for {topic}"
+    consumer.subscribe([topic])
+    out: list[Rec] = []
+    deadline = time.monotonic() + CONSUME_TIMEOUT
+    try:
+        while len(out) < n and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=200).values():
+                for m in batch:
+                    out.append(
+                        Rec(m.topic, m.partition, m.offset, m.key, m.value, _headers(m.headers), m.timestamp)
+                    )
+        _kafka_python_commit(consumer)
+        result = Consumed(out)
+        cluster = consumer._client.cluster
+        for b in cluster.brokers():
+            result.addresses.add((b.host, b.port))
+        coordinator_id = consumer._coordinator.coordinator_id
+        if coordinator_id is not None:
+            md = cluster.broker_metadata(coordinator_id)
+            result.coordinator = (md.host, md.port)
+            result.addresses.add(result.coordinator)
+        return result
+    finally:
+        consumer.close()
+
+
+def _kafka_python_commit(consumer, timeout: float = 30.0) -> None:
+    """Commit the positions; a rebalance in progress (seen directly too) is completed by polling."""
+    from kafka.errors import CommitFailedError, RebalanceInProgressError
+
+    positions = {tp: consumer.position(tp) for tp in consumer.assignment()}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            consumer.commit()
+            return
+        except (RebalanceInProgressError, CommitFailedError):
+            if time.monotonic() > deadline:
+                raise
+            consumer.poll(timeout_ms=100, max_records=1, update_offsets=False)
+            for tp, offset in positions.items():
+                if tp in consumer.assignment():
+                    consumer.seek(tp, offset)
+
+
+def kafka_python_admin(bootstrap: str):
+    from kafka import KafkaAdminClient
+
+    return KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+
+
+# ------------------------------------------------------------------------------------------------
+# aiokafka
+
+
+def aiokafka_produce(bootstrap: str, topic: str, records: list[Outgoing]) -> dict[bytes, tuple[int, int]]:
+    async def run() -> dict[bytes, tuple[int, int]]:
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        await producer.start()
+        try:
+            futures = [
+                (value, await producer.send(topic, key=key, value=value, headers=headers))
+                for key, value, headers in records
+            ]
+            done = {}
+            for value, fut in futures:
+                md = await fut
+                done[value] = (md.partition, md.offset)
+            return done
+        finally:
+            await producer.stop()
+
+    return asyncio.run(run())
+
+
+def aiokafka_consume(bootstrap: str, topic: str, group: str, n: int) -> Consumed:
+    async def run() -> Consumed:
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            heartbeat_interval_ms=HEARTBEAT_MS,
+        )
+        await consumer.start()
+        out: list[Rec] = []
+        deadline = time.monotonic() + CONSUME_TIMEOUT
+        try:
+            while len(out) < n and time.monotonic() < deadline:
+                for batch in (await consumer.getmany(timeout_ms=200)).values():
+                    for m in batch:
+                        out.append(
+                            Rec(
+                                m.topic,
+                                m.partition,
+                                m.offset,
+                                m.key,
+                                m.value,
+                                _headers(m.headers),
+                                m.timestamp,
+                            )
+                        )
+            await consumer.commit()
+            result = Consumed(out)
+            client = consumer._client
+            for b in client.cluster.brokers():
+                result.addresses.add((b.host, b.port))
+            for conn in client._conns.values():  # every connection the client actually opened
+                result.addresses.add((conn.host, conn.port))
+            coordinator_id = consumer._coordinator.coordinator_id
+            if coordinator_id is not None:
+                md = client.cluster.broker_metadata(coordinator_id)
+                result.coordinator = (md.host, md.port)
+                result.addresses.add(result.coordinator)
+            return result
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+LIBRARIES = {
+    "confluent": (confluent_produce, confluent_consume),
+    "kafka-python": (kafka_python_produce, kafka_python_consume),
+    "aiokafka": (aiokafka_produce, aiokafka_consume),
+}
