@@ -1,0 +1,905 @@
+"""Bad input gets a clear answer and loses nothing (issue 2, item 4).
+
+Every malformed frame is sent to a real proxy (``ProxyThread``) in front of Apache Kafka 3.9 and,
+where it means something, straight to the same broker: the proxy must end the connection exactly
+when Kafka does (or give the same answer), write one log line naming the client, and leave every
+other connection alone -- an unrelated client doing Metadata requests in a loop on its own
+connection, and in ``test_good_clients_unaffected_by_a_stream_of_bad_frames`` a confluent-kafka
+producer and consumer, see no error and lose no record.
+
+Kafka's rules, checked here against the broker itself:
+
+* a size prefix that is negative or over ``socket.request.max.bytes``, a frame too short for a
+  request header, an unknown API key, an API the listener does not offer, a version out of range,
+  a body that does not parse: the connection is closed, nothing is answered;
+* ApiVersions is the exception: a version the broker does not know gets an UNSUPPORTED_VERSION
+  answer in v0 form (header v2 read as for any flexible version), and the connection stays up;
+* requests pipelined ahead of the bad one are answered before the connection closes;
+* a frame cut short: nothing happens until the client gives up and closes.
+
+Also here: the proxy in front of a broker that goes away and comes back (``broker_factory``).
+The fuzzing of the same paths is in ``test_fuzz.py``, which uses the helpers below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from kshare.client import KafkaConnection
+from kshare.protocol import messages
+from tests.proxy_harness import ProxyThread
+
+# kafka-python (its record batch builder, used for one Produce request) loads its schemas the old way
+pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated. Use files:DeprecationWarning")
+
+PROXY_LOGGER = "kshare.proxy"
+UNSUPPORTED_VERSION = 35
+
+# ------------------------------------------------------------------------------------------------
+# frames
+
+
+def raw_frame(
+    api_key: int,
+    version: int,
+    corr: int = 7,
+    body: bytes = b"",
+    *,
+    client_id: bytes | None = b"bad-input",
+    header_tags: bool | None = None,
+) -> bytes:
+    """A request frame built by hand: header fields as given, ``body`` as is.
+
+    ``header_tags`` adds the (empty) tagged-field section of header v2; by default it is there when
+    Kafka reads header v2 for this api key and version.
+    """
+    if header_tags is None:
+        a = messages.apis().get(api_key)
+        header_tags = a is not None and a.request_header_version(version) >= 2
+    head = struct.pack(">hhi", api_key, version, corr)
+    head += struct.pack(">h", -1) if client_id is None else struct.pack(">h", len(client_id)) + client_id
+    if header_tags:
+        head += b"\x00"
+    payload = head + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def request(
+    api_key: int, version: int, corr: int, spec_name: str, client_id: str = "good", **fields
+) -> bytes:
+    """A well-formed request frame from the codec."""
+    body = messages.message_class(spec_name)(**fields)
+    return bytes(messages.encode_request(api_key, version, corr, client_id, body))
+
+
+def metadata_request(corr: int, topics: list[str] | None = None, version: int = 12) -> bytes:
+    cls = messages.message_class("MetadataRequest")
+    topic_list = [] if topics is None else [cls.MetadataRequestTopic(name=t) for t in topics]
+    return request(3, version, corr, "MetadataRequest", topics=topic_list, allow_auto_topic_creation=False)
+
+
+def api_versions_request(corr: int, version: int = 3) -> bytes:
+    return request(
+        18,
+        version,
+        corr,
+        "ApiVersionsRequest",
+        client_software_name="kshare-tests",
+        client_software_version="1",
+    )
+
+
+def split_frames(data: bytes) -> list[bytes]:
+    """Response frames (size prefixes removed); a trailing partial frame is an error."""
+    out, pos = [], 0
+    while pos < len(data):
+        assert len(data) - pos >= 4, f"partial size prefix at the end of {data[pos:]!r}"
+        (size,) = struct.unpack_from(">i", data, pos)
+        assert 4 <= size <= len(data) - pos - 4, f"bad response frame size {size}"
+        out.append(data[pos + 4 : pos + 4 + size])
+        pos += 4 + size
+    return out
+
+
+def corr_of(frame: bytes) -> int:
+    return struct.unpack_from(">i", frame, 0)[0]
+
+
+def api_versions_error(frame: bytes) -> int:
+    """Error code of an ApiVersions response (header v0: the error code follows the correlation id)."""
+    return struct.unpack_from(">h", frame, 4)[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# raw connections
+
+
+def hostport(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+@dataclass
+class Exchange:
+    closed: bool  # the other side closed (or reset) the connection
+    data: bytes  # everything received
+    peer: str  # our address as the other side sees it ("127.0.0.1:54321"), as the proxy logs it
+    seconds: float  # until the close, or the wait when still open
+
+    @property
+    def frames(self) -> list[bytes]:
+        return split_frames(self.data)
+
+
+def exchange(
+    address: str, data: bytes, *, half_close: bool = False, wait: float = 1.0, expect_frames: int = 0
+) -> Exchange:
+    """Connect, send ``data`` (then shut our side down if ``half_close``), read until the other side
+    closes or ``wait`` seconds pass without it (after ``expect_frames`` complete responses)."""
+    t0 = time.monotonic()
+    with socket.create_connection(hostport(address), timeout=10) as sock:
+        ip, port = sock.getsockname()[:2]
+        sock.sendall(data)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        got = bytearray()
+        deadline = None
+        while True:
+            if deadline is None and _complete_frames(got) >= expect_frames:
+                deadline = time.monotonic() + wait
+            timeout = 10.0 if deadline is None else deadline - time.monotonic()
+            if timeout <= 0:
+                return Exchange(False, bytes(got), f"{ip}:{port}", time.monotonic() - t0)
+            sock.settimeout(timeout)
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                if deadline is None:
+                    raise AssertionError(f"no complete answer within 10 s: {bytes(got)!r}") from None
+                continue
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                return Exchange(True, bytes(got), f"{ip}:{port}", time.monotonic() - t0)
+            got += chunk
+
+
+def _complete_frames(data: bytes | bytearray) -> int:
+    n, pos = 0, 0
+    while len(data) - pos >= 4:
+        (size,) = struct.unpack_from(">i", data, pos)
+        if len(data) - pos - 4 < size:
+            break
+        n, pos = n + 1, pos + 4 + size
+    return n
+
+
+# ------------------------------------------------------------------------------------------------
+# logs
+
+
+def lines_for(
+    caplog: pytest.LogCaptureFixture, peer: str, *, want: int = 1, timeout: float = 3.0, settle: float = 0.2
+) -> list[logging.LogRecord]:
+    """The proxy's log records naming client ``peer``: wait for ``want`` of them, then a little more
+    so that a second one would be seen too."""
+    deadline = time.monotonic() + timeout
+
+    def found() -> list[logging.LogRecord]:
+        return [
+            r for r in list(caplog.records) if r.name == PROXY_LOGGER and f"client {peer}:" in r.getMessage()
+        ]
+
+    while len(found()) < want and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(settle)
+    return found()
+
+
+def unexpected_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """ERROR records and anything asyncio/uvloop reported (exceptions in callbacks, fatal errors,
+    writes to closed sockets): none of these may happen, whatever the clients send."""
+    out = []
+    for r in list(caplog.records):
+        if r.levelno >= logging.ERROR or (r.name == "asyncio" and r.levelno >= logging.WARNING) or r.exc_info:
+            out.append(f"{r.name} {r.levelname} {r.getMessage()}")
+    return out
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    caplog.set_level(logging.INFO, logger="kshare")  # asyncio's WARNING and up reach it as they are
+    yield caplog
+    assert unexpected_errors(caplog) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# well-behaved clients
+
+
+class MetadataLoop:
+    """An unrelated, well-behaved client: Metadata requests in a loop on ONE connection of its own
+    (``kshare.client.KafkaConnection``), in its own thread. Any error or a dropped connection is
+    recorded; ``count`` says how many answers it got."""
+
+    def __init__(self, address: str, topic: str | None = None, interval: float = 0.005) -> None:
+        self.host, self.port = hostport(address)
+        self.topic = topic
+        self.interval = interval
+        self.count = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._main()), name="metadata-loop", daemon=True
+        )
+
+    async def _main(self) -> None:
+        try:
+            conn = await KafkaConnection.open(self.host, self.port, client_id="metadata-loop")
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.errors.append(f"open: {exc!r}")
+            self._ready.set()
+            return
+        cls = messages.message_class("MetadataRequest")
+        topics = [] if self.topic is None else [cls.MetadataRequestTopic(name=self.topic)]
+        version = conn.best_version(3)
+        try:
+            while not self._stop.is_set():
+                req = cls(topics=topics, allow_auto_topic_creation=False)
+                resp = await asyncio.wait_for(conn.request(3, version, req), 10)
+                if not resp.brokers:
+                    self.errors.append(f"no brokers in {resp!r}")
+                for t in resp.topics:
+                    if t.error_code:
+                        self.errors.append(f"topic {t.name}: error {t.error_code}")
+                self.count += 1
+                self._ready.set()
+                await asyncio.sleep(self.interval)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.errors.append(f"after {self.count} answers: {exc!r}")
+        finally:
+            self._ready.set()
+            await conn.close()
+
+    def __enter__(self) -> MetadataLoop:
+        self._thread.start()
+        assert self._ready.wait(15), "the metadata loop never got an answer"
+        assert self.errors == []
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def check(self, at_least: int = 1) -> None:
+        assert self.errors == [], self.errors
+        assert self.count >= at_least, f"only {self.count} Metadata answers"
+
+
+class GoodTraffic:
+    """A confluent-kafka producer and consumer through the proxy, both running the whole time.
+
+    The producer sends numbered records (acks=all, idempotent) from its own thread; the consumer
+    (a consumer group member) reads them back from another. ``finish()`` stops producing, waits
+    until every acknowledged record has been read, and checks that neither client reported any
+    error or delivery failure and that every record came back exactly once, intact.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, *, interval: float = 0.002) -> None:
+        self.bootstrap, self.topic, self.partitions, self.interval = bootstrap, topic, partitions, interval
+        self.run_id = uuid.uuid4().hex[:8]
+        self.errors: list[str] = []
+        self.sent: dict[bytes, bytes] = {}  # value -> key
+        self.acked: dict[bytes, tuple[int, int]] = {}
+        self.received: dict[bytes, list[tuple[int, int, bytes | None]]] = {}
+        self._stop_producing = threading.Event()
+        self._stop_consuming = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._produce, name="good-producer", daemon=True),
+            threading.Thread(target=self._consume, name="good-consumer", daemon=True),
+        ]
+
+    def _error_cb(self, who: str):
+        return lambda err: self.errors.append(f"{who} error_cb: {err}")
+
+    def _produce(self) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "error_cb": self._error_cb("producer"),
+                "logger": logging.getLogger("kshare.tests.librdkafka"),
+            }
+        )
+
+        def report(err, msg) -> None:
+            if err is not None:
+                self.errors.append(f"delivery of {msg.value()!r}: {err}")
+            else:
+                with self._lock:
+                    self.acked[msg.value()] = (msg.partition(), msg.offset())
+
+        i = 0
+        while not self._stop_producing.is_set():
+            key = f"k{i % 11}".encode()
+            value = f"{self.run_id}-{i:08d}-".encode() + bytes(random.Random(i).randbytes(i % 97))
+            self.sent[value] = key
+            producer.produce(self.topic, key=key, value=value, on_delivery=report)
+            producer.poll(0)
+            i += 1
+            time.sleep(self.interval)
+        if producer.flush(60) != 0:
+            self.errors.append("producer: records left undelivered after 60 s")
+
+    def _consume(self) -> None:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"good-{self.run_id}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 1000,
+                "error_cb": self._error_cb("consumer"),
+                "logger": logging.getLogger("kshare.tests.librdkafka"),
+            }
+        )
+        consumer.subscribe([self.topic])
+        try:
+            while not self._stop_consuming.is_set():
+                msg = consumer.poll(0.2)
+                if msg is None:
+                    continue
+                if msg.error() is not None:
+                    self.errors.append(f"consumer: {msg.error()}")
+                    continue
+                with self._lock:
+                    self.received.setdefault(msg.value(), []).append(
+                        (msg.partition(), msg.offset(), msg.key())
+                    )
+        finally:
+            consumer.close()
+
+    def __enter__(self) -> GoodTraffic:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_producing.set()
+        self._stop_consuming.set()
+        for t in self._threads:
+            t.join(90)
+
+    def wait_flowing(self, records: int = 50, timeout: float = 60.0) -> None:
+        """Until the consumer has read ``records`` records (the group is joined, data flows)."""
+        deadline = time.monotonic() + timeout
+        while len(self.received) < records:
+            assert time.monotonic() < deadline, (
+                f"good clients not flowing: {len(self.received)} read, {self.errors}"
+            )
+            assert self.errors == [], self.errors
+            time.sleep(0.1)
+
+    def finish(self, timeout: float = 90.0) -> int:
+        """Stop producing; wait for every acknowledged record to be read; check everything."""
+        self._stop_producing.set()
+        self._threads[0].join(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                missing = [v for v in self.acked if v not in self.received]
+            if not missing or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        self._stop_consuming.set()
+        self._threads[1].join(30)
+        assert self.errors == [], self.errors[:20]
+        assert set(self.acked) == set(self.sent), (
+            f"{len(self.sent) - len(self.acked)} records never acknowledged"
+        )
+        assert missing == [], f"{len(missing)} acknowledged records never read back, e.g. {missing[:3]}"
+        for value, reads in self.received.items():
+            assert value in self.acked, f"read a record nobody produced: {value!r}"
+            # the record read is the one acknowledged: same partition, offset and key
+            assert {(p, o) for p, o, _ in reads} == {self.acked[value]}, (value, reads, self.acked[value])
+            assert all(k == self.sent[value] for _, _, k in reads)
+        return len(self.acked)
+
+
+# ------------------------------------------------------------------------------------------------
+# the cases
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    data: bytes
+    outcome: str  # "rejected": the proxy closes it (WARNING); "broker-closes": forwarded, Kafka closes
+    #               it (the proxy then closes, INFO); "answered": UNSUPPORTED_VERSION, stays open
+    reason: str = ""  # in the log line
+    half_close: bool = False  # we shut our side after sending (a client giving up)
+    kafka_only: bool = False  # depends on what Kafka 3.9 offers
+
+
+def _produce_body(acks: int, tail: bytes) -> bytes:
+    """Produce v9: null transactional id (compact), acks, timeout, then ``tail`` as the topic data."""
+    return b"\x00" + struct.pack(">hi", acks, 30000) + tail
+
+
+_rng = random.Random(20240932)
+_GARBAGE = b"\xde\xad\xbe\xef" + _rng.randbytes(60)  # api key 0xdead: negative, never valid
+
+CASES = [
+    Case("size-negative", struct.pack(">i", -1) + b"\x00" * 16, "rejected", "invalid frame size -1"),
+    Case("size-min-int", struct.pack(">i", -(2**31)) + b"\x00" * 16, "rejected", "invalid frame size"),
+    Case(
+        "size-over-kafka-limit",
+        struct.pack(">i", 200 * 1024 * 1024) + raw_frame(3, 12)[4:],
+        "rejected",
+        "exceeds the limit of 104857600",
+    ),
+    Case("empty-frame", struct.pack(">i", 0), "rejected", "too short for a request header"),
+    Case(
+        "frame-shorter-than-header",
+        struct.pack(">i", 5) + b"\x00\x03\x00\x0c\x00",
+        "rejected",
+        "too short for a request header",
+    ),
+    Case("header-without-client-id-length", struct.pack(">ihhi", 8, 3, 12, 7), "rejected", "too short"),
+    Case("garbage", struct.pack(">i", len(_GARBAGE)) + _GARBAGE, "rejected", "unknown API key -8531"),
+    Case("api-key-9999", raw_frame(9999, 0), "rejected", "unknown API key 9999"),
+    Case("api-key-32767", raw_frame(32767, 0), "rejected", "unknown API key 32767"),
+    # LeaderAndIsr: a real API, but a KRaft broker does not offer it on its client listener
+    Case(
+        "api-not-offered-leader-and-isr", raw_frame(4, 7, body=b"\x00" * 24), "rejected", "unknown API key 4"
+    ),
+    Case("metadata-v99", raw_frame(3, 99), "rejected", "Metadata v99 is outside the supported range"),
+    Case("metadata-v-1", raw_frame(3, -1), "rejected", "Metadata v-1 is outside the supported range"),
+    Case("fetch-v-1", raw_frame(1, -1), "rejected", "Fetch v-1 is outside the supported range"),
+    Case(
+        "produce-v99",
+        raw_frame(0, 99, body=_produce_body(-1, b"\x01")),
+        "rejected",
+        "Produce v99 is outside the supported range",
+    ),
+    Case(
+        "api-versions-v99-header-v1",
+        raw_frame(18, 99, header_tags=False),
+        "rejected",
+        "malformed ApiVersions v99 request",
+    ),
+    Case("api-versions-v99", raw_frame(18, 99), "answered"),
+    Case("api-versions-v5-with-body", raw_frame(18, 5, body=b"\x05kafka\x041.0\x00"), "answered"),
+    # below the range: forwarded, and Kafka answers UNSUPPORTED_VERSION itself
+    Case("api-versions-v-1", raw_frame(18, -1), "answered", kafka_only=True),
+    Case(
+        "metadata-garbage-body",
+        raw_frame(3, 12, body=b"\xff" * 30),
+        "broker-closes",
+        "first Metadata v12 correlation id 7",
+    ),
+    Case(
+        "metadata-truncated-client-id",
+        struct.pack(">ihhih", 12, 3, 12, 7, 50) + b"ab",
+        "broker-closes",
+        "first Metadata v12",
+    ),
+    Case(
+        "produce-garbage-topics",
+        raw_frame(0, 9, body=_produce_body(-1, b"\xff" * 20)),
+        "broker-closes",
+        "first Produce v9 correlation id 7",
+    ),
+    Case(
+        "produce-acks0-garbage-topics",
+        raw_frame(0, 9, body=_produce_body(0, b"\xff" * 20)),
+        "broker-closes",
+        "no request unanswered",
+    ),
+    Case(
+        "truncated-frame-then-close",
+        struct.pack(">i", 100) + raw_frame(3, 12)[4:],
+        "client-closes",
+        f"connection closed {100 - len(raw_frame(3, 12)[4:])} byte(s) short",
+        half_close=True,
+    ),
+    Case(
+        "truncated-header-then-close",
+        struct.pack(">i", 60) + b"\x00\x03\x00",
+        "client-closes",
+        "connection closed 57 byte(s) short",
+        half_close=True,
+    ),
+    Case(
+        "truncated-size-prefix-then-close",
+        b"\x00\x00",
+        "client-closes",
+        "connection closed 2 byte(s) short",
+        half_close=True,
+    ),
+]
+
+
+def _check_proxy_outcome(case: Case, got: Exchange, caplog: pytest.LogCaptureFixture) -> None:
+    if case.outcome == "answered":
+        assert not got.closed, f"{case.name}: the proxy closed the connection"
+        (frame,) = got.frames
+        assert corr_of(frame) == 7
+        assert api_versions_error(frame) == UNSUPPORTED_VERSION
+        assert lines_for(caplog, got.peer, want=0, settle=0.1) == []
+        return
+    assert got.closed, f"{case.name}: the proxy left the connection open"
+    assert got.data == b"", f"{case.name}: the proxy answered {got.data!r}"
+    assert got.seconds < 3, f"{case.name}: closed only after {got.seconds:.1f} s"
+    lines = lines_for(caplog, got.peer)
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    (line,) = lines
+    assert case.reason in line.getMessage()
+    assert line.levelno == (logging.WARNING if case.outcome == "rejected" else logging.INFO), (
+        line.getMessage()
+    )
+
+
+@pytest.fixture
+def kafka_proxy(kafka39) -> Iterator[ProxyThread]:
+    with ProxyThread(kafka39.bootstrap) as proxy:
+        yield proxy
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_bad_frame_handled_like_kafka(case: Case, kafka39, kafka_proxy: ProxyThread, logs) -> None:
+    """The same bytes to Kafka 3.9 and through the proxy: both close, or both answer the same way;
+    the proxy writes one line about it; a client on another connection does not notice."""
+    direct = exchange(
+        kafka39.bootstrap,
+        case.data,
+        half_close=case.half_close,
+        expect_frames=1 if case.outcome == "answered" else 0,
+    )
+    with MetadataLoop(kafka_proxy.bootstrap) as other:
+        before = kafka_proxy.proxy.stats.rejected
+        proxied = exchange(
+            kafka_proxy.bootstrap,
+            case.data,
+            half_close=case.half_close,
+            expect_frames=1 if case.outcome == "answered" else 0,
+        )
+        _check_proxy_outcome(case, proxied, logs)
+        assert kafka_proxy.proxy.stats.rejected == before + (case.outcome == "rejected")
+        time.sleep(0.1)
+    other.check(at_least=5)
+    # Kafka did the same
+    assert direct.closed == proxied.closed, f"Kafka {'closed' if direct.closed else 'kept'} the connection"
+    if case.outcome == "answered":
+        assert [corr_of(f) for f in direct.frames] == [corr_of(f) for f in proxied.frames]
+        assert [api_versions_error(f) for f in direct.frames] == [
+            api_versions_error(f) for f in proxied.frames
+        ]
+    else:
+        assert direct.data == b""
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.kafka_only], ids=lambda c: c.name)
+def test_bad_frame_handled_in_front_of_tansu(case: Case, tansu, logs) -> None:
+    """In front of Tansu the proxy still behaves as Kafka does (Tansu itself differs: it has no frame
+    size limit and closes on ApiVersions v99), and other clients do not notice."""
+    if case.outcome == "broker-closes":
+        assert exchange(tansu.bootstrap, case.data).closed, "Tansu accepts it: not a bad frame there"
+    with ProxyThread(tansu.bootstrap) as proxy, MetadataLoop(proxy.bootstrap) as other:
+        got = exchange(
+            proxy.bootstrap,
+            case.data,
+            half_close=case.half_close,
+            expect_frames=1 if case.outcome == "answered" else 0,
+        )
+        _check_proxy_outcome(case, got, logs)
+        time.sleep(0.1)
+    other.check(at_least=3)
+
+
+def test_truncated_frame_waits_like_kafka(kafka39, kafka_proxy: ProxyThread, logs) -> None:
+    """A size prefix promising more than is sent: Kafka waits for the rest, so does the proxy (no
+    answer, no close, no log line) -- until the client goes away, which gets one line."""
+    data = struct.pack(">i", 500) + metadata_request(7)[4:]
+    socks = []
+    try:
+        for address in (kafka39.bootstrap, kafka_proxy.bootstrap):
+            sock = socket.create_connection(hostport(address), timeout=1.5)
+            sock.sendall(data)
+            socks.append(sock)
+        with MetadataLoop(kafka_proxy.bootstrap) as other:
+            for sock in socks:
+                with pytest.raises(TimeoutError):
+                    sock.recv(100)  # nothing comes back, and the connection is not closed
+            other.check(at_least=20)
+        ip, port = socks[1].getsockname()[:2]
+        assert lines_for(logs, f"{ip}:{port}", want=0, settle=0) == []
+    finally:
+        for sock in socks:
+            sock.close()
+    (line,) = lines_for(logs, f"{ip}:{port}")
+    assert f"closed {500 + 4 - len(data)} byte(s) short" in line.getMessage()
+
+
+def test_requests_before_a_bad_frame_are_answered(kafka39, kafka_proxy: ProxyThread, logs) -> None:
+    """Kafka answers what was pipelined ahead of a bad frame, then closes: the proxy too (the
+    Produce before the bad frame is both written and acknowledged, nothing is lost)."""
+    topic = kafka39.create_topic(f"bad-input-pipelined-{uuid.uuid4().hex[:8]}")
+    produce = _acks_all_produce(topic, b"before-the-bad-frame", corr=3)
+    data = (
+        api_versions_request(1)
+        + metadata_request(2, [topic])
+        + produce
+        + raw_frame(18, 99)
+        + raw_frame(9999, 0, corr=5)
+        + metadata_request(6)
+    )
+    direct = exchange(kafka39.bootstrap, data, expect_frames=4)
+    proxied = exchange(kafka_proxy.bootstrap, data, expect_frames=4)
+    for got in (direct, proxied):
+        assert got.closed
+        assert [corr_of(f) for f in got.frames] == [1, 2, 3, 7]
+        produce_response = messages.decode_response(0, 9, memoryview(got.frames[2]))
+        assert [p.error_code for t in produce_response.responses for p in t.partition_responses] == [0]
+    (line,) = lines_for(logs, proxied.peer)
+    assert "unknown API key 9999" in line.getMessage()
+    # both records are there: one written directly, one through the proxy
+    with MetadataLoop(kafka_proxy.bootstrap, topic) as other:
+        other.check()
+    assert _count_records(kafka39.bootstrap, topic, 2) == 2
+
+
+def _acks_all_produce(topic: str, value: bytes, corr: int) -> bytes:
+    """A Produce v9 request (acks=-1) of one record to partition 0 of ``topic``."""
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
+    builder.append(timestamp=None, key=None, value=value, headers=[])
+    builder.close()
+    cls = messages.message_class("ProduceRequest")
+    partition = cls.PartitionProduceData(index=0, records=bytes(builder.buffer()))
+    body = cls(
+        transactional_id=None,
+        acks=-1,
+        timeout_ms=30000,
+        topic_data=[cls.TopicProduceData(name=topic, partition_data=[partition])],
+    )
+    return bytes(messages.encode_request(0, 9, corr, "good", body))
+
+
+def _count_records(bootstrap: str, topic: str, expect: int, timeout: float = 30.0) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"count-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        n, deadline = 0, time.monotonic() + timeout
+        while n < expect and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                n += 1
+        while (msg := consumer.poll(0.5)) is not None:  # and nothing more
+            n += msg.error() is None
+        return n
+    finally:
+        consumer.close()
+
+
+def test_oversize_frame_one_warning_other_connections_unaffected(kafka39, logs) -> None:
+    """``max_frame_bytes`` is the proxy's socket.request.max.bytes: a frame one byte over is closed
+    at once (its header is enough) with exactly one WARNING; a frame of exactly the limit is
+    served; a producer of large records on another connection carries on."""
+    limit = 256 * 1024
+    topic = kafka39.create_topic(f"bad-input-oversize-{uuid.uuid4().hex[:8]}")
+    with (
+        ProxyThread(kafka39.bootstrap, max_frame_bytes=limit) as proxy,
+        MetadataLoop(proxy.bootstrap) as other,
+    ):
+        from confluent_kafka import Producer
+
+        errors: list[object] = []
+        producer = Producer(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "linger.ms": 0,
+                "acks": "all",
+                "error_cb": errors.append,
+                "message.max.bytes": limit - 4096,
+            }
+        )
+        big = bytes(random.Random(1).randbytes(limit - 8192))
+        producer.produce(topic, value=big, on_delivery=lambda err, _m: err and errors.append(err))
+        assert producer.flush(30) == 0
+
+        # one byte over: the header is all the proxy needs
+        over = struct.pack(">i", limit + 1) + raw_frame(0, 9)[4:]
+        got = exchange(proxy.bootstrap, over)
+        assert got.closed and got.data == b"" and got.seconds < 2
+        (line,) = lines_for(logs, got.peer)
+        assert line.levelno == logging.WARNING
+        assert line.getMessage() == (
+            f"client {got.peer}: frame of {limit + 1} bytes exceeds the limit of {limit}; closing connection"
+        )
+        assert proxy.proxy.stats.rejected == 1
+
+        # exactly at the limit: forwarded and answered
+        at_limit = _metadata_request_of_size(limit, corr=9)
+        got = exchange(proxy.bootstrap, at_limit, expect_frames=1, wait=0.2)
+        assert not got.closed and [corr_of(f) for f in got.frames] == [9]
+        assert proxy.proxy.stats.rejected == 1
+
+        producer.produce(topic, value=big, on_delivery=lambda err, _m: err and errors.append(err))
+        assert producer.flush(30) == 0
+        assert errors == []
+        other.check(at_least=10)
+    warnings = [r for r in logs.records if r.name.startswith("kshare") and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert _count_records(kafka39.bootstrap, topic, 2) == 2
+
+
+def _metadata_request_of_size(total: int, corr: int) -> bytes:
+    """A Metadata v12 request frame of exactly ``total`` bytes after its size prefix: names of
+    topics that do not exist (auto-creation off), the last one cut to fit."""
+    names: list[str] = []
+    while len(metadata_request(corr, names)) - 4 + 300 <= total:
+        names.append(f"bad-input-no-such-topic-{len(names):06d}-" + "x" * 200)
+    for extra in range(1, 300):
+        candidate = metadata_request(corr, [*names, "y" * extra])
+        if len(candidate) - 4 == total:
+            return candidate
+    raise AssertionError("cannot build a frame of that size")
+
+
+def test_good_clients_unaffected_by_a_stream_of_bad_frames(kafka39, kafka_proxy: ProxyThread, logs) -> None:
+    """Every bad frame above, several times over, on new connections (both proxy listeners), while a
+    confluent-kafka producer and consumer and a Metadata loop run through the same proxy: they see
+    no error and every acknowledged record is read back exactly once."""
+    topic = kafka39.create_topic(f"bad-input-good-{uuid.uuid4().hex[:8]}", partitions=3)
+    broker_listener = (
+        f"{kafka_proxy.config.advertised}:{next(iter(kafka_proxy.proxy.brokers.ports.values()))}"
+    )
+    with (
+        GoodTraffic(kafka_proxy.bootstrap, topic, 3) as good,
+        MetadataLoop(kafka_proxy.bootstrap, topic) as other,
+    ):
+        good.wait_flowing()
+        sent = 0
+        for round_ in range(4):
+            for case in CASES:
+                address = kafka_proxy.bootstrap if round_ % 2 == 0 else broker_listener
+                answered = case.outcome == "answered"
+                got = exchange(
+                    address,
+                    case.data,
+                    half_close=case.half_close,
+                    wait=0.05 if answered else 5,
+                    expect_frames=1 if answered else 0,
+                )
+                assert got.closed == (case.outcome != "answered"), case.name
+                sent += 1
+        other.check(at_least=50)
+        n = good.finish()
+    assert n > 200
+    assert sent == 4 * len(CASES)
+    assert kafka_proxy.proxy.stats.rejected == 4 * sum(c.outcome == "rejected" for c in CASES)
+
+
+# ------------------------------------------------------------------------------------------------
+# the broker behind the proxy goes away and comes back
+
+
+def test_upstream_broker_going_away_and_back(broker_factory, logs) -> None:
+    """The broker stops: the client connections through the proxy drop (what a broker failure looks
+    like), new connections are closed at once while it is down; it comes back on the same port and
+    data: the proxy serves again, the producer's retries go through, every acknowledged record is
+    there."""
+    from confluent_kafka import Producer
+
+    broker = broker_factory("kafka39")
+    topic = broker.create_topic("going-away", partitions=2)
+    with ProxyThread(broker.bootstrap, upstream_connect_timeout=2) as proxy:
+        node_listener = f"{proxy.config.advertised}:{proxy.proxy.brokers.ports[broker.node_id]}"
+        acked: dict[bytes, tuple[int, int]] = {}
+        errors: list[str] = []
+
+        def report(err, msg) -> None:
+            if err is not None:
+                errors.append(f"{msg.value()!r}: {err}")
+            else:
+                acked[msg.value()] = (msg.partition(), msg.offset())
+
+        producer = Producer(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "message.timeout.ms": 120000,
+                "reconnect.backoff.max.ms": 500,
+                "logger": logging.getLogger("kshare.tests.librdkafka"),
+            }
+        )
+        for i in range(100):
+            producer.produce(topic, value=f"before-{i}".encode(), on_delivery=report)
+        assert producer.flush(30) == 0 and errors == []
+
+        # an idle client connection through the proxy (handshake done)
+        idle = socket.create_connection(hostport(proxy.bootstrap), timeout=10)
+        idle.sendall(api_versions_request(1))
+        assert _complete_frames(idle.recv(65536)) == 1
+
+        broker.stop()
+        t0 = time.monotonic()
+        idle.settimeout(10)
+        assert idle.recv(100) == b"", "the proxy kept a client connection to a stopped broker"
+        assert time.monotonic() - t0 < 5
+        idle.close()
+
+        for address in (proxy.bootstrap, node_listener):
+            got = exchange(address, api_versions_request(2))
+            assert got.closed and got.data == b"", address
+            assert got.seconds < 3, f"{address}: closed only after {got.seconds:.1f} s"
+            (line,) = lines_for(logs, got.peer)
+            assert "cannot reach" in line.getMessage() and line.levelno == logging.WARNING
+
+        # produced while the broker is down: retried until it is back
+        for i in range(100):
+            producer.produce(topic, value=f"during-{i}".encode(), on_delivery=report)
+        producer.poll(1)
+        broker.restart()
+        assert producer.flush(90) == 0
+        assert errors == []
+        assert len(acked) == 200
+
+        with MetadataLoop(proxy.bootstrap, topic) as other:
+            other.check()
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "group.id": "going-away-check",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(2)])
+        got_back: dict[bytes, tuple[int, int]] = {}
+        deadline = time.monotonic() + 60
+        try:
+            while len(got_back) < len(acked) and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is not None:
+                    assert msg.error() is None, msg.error()
+                    assert msg.value() not in got_back, f"duplicate {msg.value()!r}"
+                    got_back[msg.value()] = (msg.partition(), msg.offset())
+        finally:
+            consumer.close()
+        assert got_back == acked
