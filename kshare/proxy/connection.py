@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import logging
 import struct
-from collections import deque
+from collections import OrderedDict, deque
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,9 @@ REQUEST_SECONDS = METRICS.request_seconds
 _HEAD = struct.Struct(">ihhi")  # size, api key, api version, correlation id
 _I16 = struct.Struct(">h")
 _ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id never needs more
+# Correlation ids of acks=0 Produce requests remembered per connection, in case the broker answers
+# them after all (Tansu does; Kafka never does, hence the bound).
+_UNANSWERED_LIMIT = 4096
 _REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the answers it is owed
 
 
@@ -97,6 +100,7 @@ class ClientConnection(asyncio.Protocol):
         # response ordering
         self.order: deque[Slot] = deque()
         self.awaiting_upstream: deque[Slot] = deque()
+        self.unanswered: OrderedDict[int, None] = OrderedDict()  # acks=0 Produce correlation ids
         self.closed = False
         self.ending = False  # a request was rejected: read no more, close once the answers owed are out
         self._tasks: set[asyncio.Task] = set()
@@ -268,6 +272,10 @@ class ClientConnection(asyncio.Protocol):
                 slot = Slot(api_key, version, corr)
                 self.order.append(slot)
                 self.awaiting_upstream.append(slot)
+            else:
+                self.unanswered[corr] = None
+                if len(self.unanswered) > _UNANSWERED_LIMIT:
+                    self.unanswered.popitem(last=False)
             self.proxy.stats.count(api_key)
             have = len(buf)
             if have >= 4 + size:
@@ -356,6 +364,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._slot: Slot | None = None
         self._left = 0  # bytes of the current response body still to come
         self._chunks: list[bytes] | None = None  # set when buffering the current response
+        self._discard = False  # the current response answers an acks=0 Produce: dropped
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -394,11 +403,13 @@ class UpstreamConnection(asyncio.Protocol):
         client = self.client
         view = memoryview(data)
         i, n = 0, len(view)
-        while i < n:
+        while i < n and not self.closed:
             if self._left:
                 take = min(self._left, n - i)
                 chunk = view[i : i + take] if take < n else data
-                if self._chunks is None:
+                if self._discard:
+                    pass
+                elif self._chunks is None:
                     client.transport.write(chunk)  # type: ignore[union-attr]
                 else:
                     self._chunks.append(bytes(chunk))
@@ -418,6 +429,15 @@ class UpstreamConnection(asyncio.Protocol):
         client = self.client
         size, corr = struct.unpack(">ii", self._head)
         self._head.clear()
+        if corr in client.unanswered and not (client.awaiting_upstream and client.awaiting_upstream[0].corr == corr):
+            # A response to an acks=0 Produce (Tansu sends them): the client expects none, as from
+            # Kafka, and a client talking to such a broker directly skips it too.
+            del client.unanswered[corr]
+            self._discard = True
+            self._left = size - 4
+            if not self._left:
+                self._finish_response()
+            return
         if not client.awaiting_upstream:
             log.error("client %s: broker sent a response nobody asked for (correlation id %d)", client.peer, corr)
             client.close()
@@ -439,6 +459,9 @@ class UpstreamConnection(asyncio.Protocol):
             self._finish_response()
 
     def _finish_response(self) -> None:
+        if self._discard:
+            self._discard = False
+            return
         client = self.client
         slot = self._slot
         assert slot is not None
