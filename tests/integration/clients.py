@@ -78,11 +78,13 @@ def _quiet() -> logging.Logger:
     return logging.getLogger("kshare.tests.clients.librdkafka")
 
 
-def confluent_produce(bootstrap: str, topic: str, records: list[Outgoing]) -> dict[bytes, tuple[int, int]]:
+def confluent_produce(
+    bootstrap: str, topic: str, records: list[Outgoing], **conf: object
+) -> dict[bytes, tuple[int, int]]:
     """Produce keyed records (default partitioner); return value -> (partition, offset)."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "logger": _quiet()})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "logger": _quiet(), **conf})
     done: dict[bytes, tuple[int, int]] = {}
     errors: list[object] = []
 
@@ -99,7 +101,7 @@ def confluent_produce(bootstrap: str, topic: str, records: list[Outgoing]) -> di
     return done
 
 
-def confluent_consume(bootstrap: str, topic: str, group: str, n: int) -> Consumed:
+def confluent_consume(bootstrap: str, topic: str, group: str, n: int, **conf: object) -> Consumed:
     """Subscribe in consumer group ``group`` and read ``n`` records (offsets committed)."""
     from confluent_kafka import Consumer
 
@@ -115,6 +117,7 @@ def confluent_consume(bootstrap: str, topic: str, group: str, n: int) -> Consume
             "statistics.interval.ms": 200,
             "stats_cb": lambda text: stats.append(json.loads(text)),
             "logger": _quiet(),
+            **conf,
         }
     )
     consumer.subscribe([topic])
@@ -146,12 +149,58 @@ def confluent_consume(bootstrap: str, topic: str, group: str, n: int) -> Consume
     finally:
         consumer.close()
     result = Consumed(out)
+    result.addresses, logical = _stats_addresses(stats)
+    result.coordinator = logical.get("GroupCoordinator")
+    return result
+
+
+def _stats_addresses(stats: list[dict]) -> tuple[set[tuple[str, int]], dict[str, tuple[str, int]]]:
+    """Every broker address in librdkafka statistics, and those of its logical brokers
+    (``GroupCoordinator``, ``TxnCoordinator``) by name."""
+    addresses, logical = set(), {}
     for s in stats:
         for name, b in s.get("brokers", {}).items():
             if b.get("nodename"):
-                result.addresses.add(_hostport(b["nodename"]))
-            if name == "GroupCoordinator" and b.get("nodename"):
-                result.coordinator = _hostport(b["nodename"])
+                addresses.add(_hostport(b["nodename"]))
+                if "/" not in name and ":" not in name:
+                    logical[name] = _hostport(b["nodename"])
+    return addresses, logical
+
+
+def confluent_transactions(bootstrap: str, topic: str, label: str, n: int) -> Consumed:
+    """A transactional producer commits ``n`` records (``<label>-commit-<i>``) in one transaction
+    and aborts ``n`` (``<label>-abort-<i>``) in another; returns the addresses it used, with the
+    transaction coordinator as ``coordinator``."""
+    from confluent_kafka import Producer
+
+    stats: list[dict] = []
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"{label}-{topic}",
+            "linger.ms": 5,
+            "statistics.interval.ms": 200,
+            "stats_cb": lambda text: stats.append(json.loads(text)),
+            "logger": _quiet(),
+        }
+    )
+    producer.init_transactions(60)
+    for outcome in ("commit", "abort"):
+        producer.begin_transaction()
+        for i in range(n):
+            producer.produce(topic, key=f"key-{i % 3}".encode(), value=f"{label}-{outcome}-{i}".encode())
+        if outcome == "commit":
+            producer.commit_transaction(60)
+        else:
+            producer.abort_transaction(60)
+    seen = len(stats)
+    deadline = time.monotonic() + 5
+    while len(stats) == seen and time.monotonic() < deadline:
+        producer.poll(0.1)
+    producer.flush(10)
+    result = Consumed([])
+    result.addresses, logical = _stats_addresses(stats)
+    result.coordinator = logical.get("TxnCoordinator")
     return result
 
 

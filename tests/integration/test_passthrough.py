@@ -16,6 +16,7 @@ except for broker addresses, which through the proxy must always be the proxy's 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 import time
@@ -226,6 +227,104 @@ def test_round_trip_same_as_direct(side: Side, library: str, topic_name: str) ->
     assert proxied.coordinator in side.listeners().values()
     assert direct.coordinator == side.real_address
     assert not direct.addresses & side.proxy_addresses()
+
+
+def test_transactions_same_as_direct(side: Side, topic_name: str) -> None:
+    """Transactional producers (FindCoordinator for a transactional id, InitProducerId,
+    AddPartitionsToTxn, EndTxn) through the proxy, read back with read_committed."""
+    side.broker.create_topic(topic_name, partitions=2)
+    n = 8
+    producers = {
+        via: clients.confluent_transactions(bootstrap, topic_name, via, n)
+        for via, bootstrap in (("proxy", side.proxied), ("direct", side.direct))
+    }
+    assert producers["proxy"].coordinator in side.listeners().values()
+    assert producers["proxy"].addresses <= side.proxy_addresses(), producers["proxy"].addresses
+    assert producers["direct"].coordinator == side.real_address
+
+    # Tansu drops aborted records altogether (read_uncommitted does not see them either, directly)
+    with ThreadPoolExecutor(2) as pool:
+        futures = [
+            pool.submit(
+                clients.confluent_consume,
+                bootstrap,
+                topic_name,
+                f"{via}-{topic_name}",
+                2 * n,
+                **{"isolation.level": "read_committed"},
+            )
+            for via, bootstrap in (("proxied", side.proxied), ("direct", side.direct))
+        ]
+        proxied, direct = (f.result() for f in futures)
+    assert sorted(proxied.records) == sorted(direct.records)
+    values = sorted(r.value.decode() for r in proxied.records)
+    assert values == sorted(f"{via}-commit-{i}" for via in producers for i in range(n))
+
+
+def test_large_records_same_as_direct(side: Side, topic_name: str) -> None:
+    """Produce requests and Fetch responses of several MB, relayed in many reads and writes."""
+    side.broker.create_topic(topic_name, partitions=2)
+    blob = os.urandom(256 * 1024)
+    records = [
+        (f"big-{i}".encode(), blob + i.to_bytes(2, "big"), [("n", str(i).encode())]) for i in range(16)
+    ]
+    acked = clients.confluent_produce(side.proxied, topic_name, records, **{"batch.size": 4 * 1024 * 1024})
+    assert len(acked) == len(records)
+    with ThreadPoolExecutor(2) as pool:
+        futures = [
+            pool.submit(clients.confluent_consume, bootstrap, topic_name, f"{via}-{topic_name}", len(records))
+            for via, bootstrap in (("proxied", side.proxied), ("direct", side.direct))
+        ]
+        proxied, direct = (f.result() for f in futures)
+    assert sorted(proxied.records) == sorted(direct.records)
+    assert sorted(r.value for r in proxied.records) == sorted(value for _, value, _ in records)
+
+
+def test_produce_acks_zero_keeps_responses_in_order(side: Side, topic_name: str) -> None:
+    """acks=0 Produce requests get no response: pipelined between requests that do, the proxy must
+    keep every other response matched to its request."""
+    side.broker.create_topic(topic_name, partitions=1)
+    Produce = messages.message_class("ProduceRequest")
+
+    def batch(i: int) -> bytes:
+        from kafka.record.memory_records import MemoryRecordsBuilder
+
+        builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+        builder.append(int(time.time() * 1000), f"k{i}".encode(), f"acks0-{i}".encode(), [])
+        builder.close()
+        return bytes(builder.buffer())
+
+    async def pipeline() -> list:
+        conn = await _open(side.proxied)
+        try:
+            version = conn.best_version(PRODUCE)
+            pending = []
+            for i in range(20):
+                partition = Produce.PartitionProduceData(index=0, records=batch(i))
+                request = Produce(
+                    transactional_id=None,
+                    acks=0,
+                    timeout_ms=5000,
+                    topic_data=[Produce.TopicProduceData(name=topic_name, partition_data=[partition])],
+                )
+                await conn.request(PRODUCE, version, request, expect_response=False)
+                pending.append(
+                    asyncio.ensure_future(conn.request(METADATA, 1, _metadata_request(1, topic_name)))
+                )
+            return await asyncio.gather(*pending)
+        finally:
+            await conn.close()
+
+    answers = run(pipeline())
+    assert len(answers) == 20
+    assert all([t.name for t in md.topics] == [topic_name] for md in answers)
+    # and a librdkafka producer with acks=0 through the proxy
+    records = clients.make_records("acks0-client", 20)
+    clients.confluent_produce(side.proxied, topic_name, records, acks=0)
+    read = clients.confluent_consume(side.direct, topic_name, f"check-{topic_name}", 40)
+    values = {r.value for r in read.records}
+    assert {f"acks0-{i}".encode() for i in range(20)} <= values
+    assert {value for _, value, _ in records} <= values
 
 
 # ------------------------------------------------------------------------------------------------
