@@ -182,18 +182,17 @@ class ClientConnection(asyncio.Protocol):
         self._close_when_answered()
 
     def _close_when_answered(self) -> None:
-        """Read no more requests; close once the responses owed for earlier ones are written.
+        """Take no more requests; close once the responses owed for earlier ones are written.
 
         Kafka reads a connection's next request only after answering the one before, so requests
-        pipelined ahead of a bad one are answered before the connection closes: so here.
+        pipelined ahead of a bad one are answered before the connection closes: so here. Whatever
+        else arrives is dropped, but still read, so that a client hanging up is noticed at once.
         """
         self.ending = True
         self._buf.clear()
         if not self.order:
             self.close()
             return
-        if self.transport is not None:
-            self.transport.pause_reading()
         asyncio.get_running_loop().call_later(_REJECT_ANSWER_TIMEOUT, self.close)
 
     # -- flow control: a slow reader on one side pauses the other ------------------------------
@@ -396,7 +395,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.client.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.client.transport is not None and not (self.client.closed or self.client.ending):
+        if self.client.transport is not None and not self.client.closed:
             self.client.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
