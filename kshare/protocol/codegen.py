@@ -305,24 +305,29 @@ class _Gen:
             out.append("    for _ in range(ntags):")
             out.append("        tag, pos = _uvarint(buf, pos)")
             out.append("        size, pos = _uvarint(buf, pos)")
-            out.append("        end = pos + size")
-            out.append("        if end > len(buf):")
+            out.append("        tend = pos + size")
+            out.append("        if tend > len(buf):")
             out.append("            raise DecodeError('truncated tagged field')")
+            # A known tag's value must fill exactly its declared size: a shorter or longer value
+            # means the field is not what the size says (and re-encoding would change the bytes).
+            # ``tend``, not ``end``: string and bytes decoders use ``end`` for their own bounds.
             kw = "if"
             for f in tagged:
                 out.append(f"        {kw} tag == {f.tag}:")
                 self.dec_value(f, f"v_{f.attr}", "            ", out)
+                out.append("            if pos != tend:")
+                out.append(f"                raise DecodeError('tagged field {f.name} does not fill its size')")
                 kw = "elif"
             if tagged:
                 out.append("        else:")
                 out.append("            if unknown is None:")
                 out.append("                unknown = {}")
-                out.append("            unknown[tag] = bytes(buf[pos:end])")
+                out.append("            unknown[tag] = bytes(buf[pos:tend])")
             else:
                 out.append("        if unknown is None:")
                 out.append("            unknown = {}")
-                out.append("        unknown[tag] = bytes(buf[pos:end])")
-            out.append("        pos = end")
+                out.append("        unknown[tag] = bytes(buf[pos:tend])")
+            out.append("        pos = tend")
         args = []
         for f in s.fields:
             args.append(values.get(f.attr) or self.default_expr(f))
