@@ -136,5 +136,8 @@ def run_proxy(config: ProxyConfig, *, share_groups: bool = True, metrics_port: i
     uvloop.run(serve())
 
 
+__import__("kshare.tools", fromlist=["register_commands"]).register_commands(main)  # groups, consume, produce
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,653 @@
+"""A small share-group admin client over the Kafka protocol, for ``kshare groups``.
+
+It speaks only the wire protocol (FindCoordinator, Metadata, ListOffsets, ListGroups and the
+share-group admin RPCs 77 / 90 / 91 / 92 / 42), so the same calls work against kshare and
+against a native Apache Kafka 4.x cluster with share groups.  Built on :class:`KafkaConnection`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..client import KafkaConnection
+from ..protocol import messages
+
+LIST_OFFSETS, METADATA, FIND_COORDINATOR, LIST_GROUPS, DELETE_GROUPS = 2, 3, 10, 16, 42
+SHARE_GROUP_DESCRIBE, DESCRIBE_OFFSETS, ALTER_OFFSETS, DELETE_OFFSETS = 77, 90, 91, 92
+EARLIEST, LATEST = -2, -1
+
+# error codes this client reacts to
+NONE = 0
+UNKNOWN_TOPIC_OR_PARTITION = 3
+LEADER_NOT_AVAILABLE = 5
+NOT_LEADER_OR_FOLLOWER = 6
+COORDINATOR_LOAD_IN_PROGRESS = 14
+COORDINATOR_NOT_AVAILABLE = 15
+NOT_COORDINATOR = 16
+NON_EMPTY_GROUP = 68
+GROUP_ID_NOT_FOUND = 69
+
+_RETRIABLE_COORDINATOR = {COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR}
+_RETRIABLE_PARTITION = {LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, 74, 75}  # + FENCED/UNKNOWN_LEADER_EPOCH
+
+ERROR_NAMES = {
+    -1: "UNKNOWN_SERVER_ERROR", 3: "UNKNOWN_TOPIC_OR_PARTITION", 5: "LEADER_NOT_AVAILABLE",
+    6: "NOT_LEADER_OR_FOLLOWER", 7: "REQUEST_TIMED_OUT", 13: "NETWORK_EXCEPTION",
+    14: "COORDINATOR_LOAD_IN_PROGRESS", 15: "COORDINATOR_NOT_AVAILABLE", 16: "NOT_COORDINATOR",
+    24: "INVALID_GROUP_ID", 29: "TOPIC_AUTHORIZATION_FAILED", 30: "GROUP_AUTHORIZATION_FAILED",
+    35: "UNSUPPORTED_VERSION", 42: "INVALID_REQUEST", 68: "NON_EMPTY_GROUP", 69: "GROUP_ID_NOT_FOUND",
+    100: "UNKNOWN_TOPIC_ID", 113: "GROUP_NOT_EMPTY",
+}
+
+GROUP_STATES = ("Empty", "Stable", "Dead", "Unknown")
+"""States a share group can be in (as Kafka's GroupState for share groups)."""
+
+
+def error_name(code: int) -> str:
+    return ERROR_NAMES.get(code, f"error {code}")
+
+
+# ------------------------------------------------------------------------------------------------
+# errors
+
+
+class AdminError(Exception):
+    """A failure reported to the user as one line (``Error: <message>``)."""
+
+
+class GroupNotFound(AdminError):
+    def __init__(self, group: str, message: str | None = None) -> None:
+        self.group = group
+        if message and "not a share group" in message:
+            text = f"group {group} is not a share group"
+        else:
+            text = f"group {group} does not exist"
+        super().__init__(text)
+
+
+class GroupNotEmpty(AdminError):
+    def __init__(self, group: str, members: int | None = None) -> None:
+        self.group = group
+        self.members = members
+        count = f" ({members} member{'s' if members != 1 else ''})" if members is not None else ""
+        super().__init__(f"share group {group} is not empty{count}: stop its consumers first")
+
+
+class Unreachable(AdminError):
+    pass
+
+
+# ------------------------------------------------------------------------------------------------
+# configuration
+
+
+SUPPORTED_PROPERTIES = ("client.id", "security.protocol", "request.timeout.ms", "default.api.timeout.ms",
+                        "bootstrap.servers")
+
+
+@dataclass(slots=True)
+class ClientSettings:
+    client_id: str = "kshare-groups"
+    request_timeout_ms: int | None = None
+    default_api_timeout_ms: int | None = None
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Java ``.properties`` lines: ``key=value``, ``key: value`` or ``key value``; ``#``/``!`` comments."""
+    props: dict[str, str] = {}
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line[0] in "#!"):
+            continue
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending += line[:-1]
+            continue
+        line, pending = pending + line, ""
+        for i, ch in enumerate(line):
+            if ch in "=:" or ch.isspace():
+                key, rest = line[:i], line[i + 1:].lstrip()
+                if ch.isspace() and rest[:1] in ("=", ":"):
+                    rest = rest[1:].lstrip()
+                break
+        else:
+            key, rest = line, ""
+        props[key.strip()] = rest
+    return props
+
+
+def load_command_config(path: str | Path) -> ClientSettings:
+    """The settings of a ``--command-config`` file; unsupported properties raise :class:`AdminError`."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise AdminError(f"cannot read --command-config {path}: {exc.strerror or exc}") from None
+    props = parse_properties(text)
+    settings = ClientSettings()
+    unknown = sorted(k for k in props if k not in SUPPORTED_PROPERTIES)
+    if unknown:
+        raise AdminError(f"--command-config {path}: unsupported propert{'ies' if len(unknown) > 1 else 'y'} "
+                         f"{', '.join(unknown)} (supported: {', '.join(SUPPORTED_PROPERTIES[:-1])}; "
+                         f"security.protocol=PLAINTEXT only)")
+    protocol = props.get("security.protocol", "PLAINTEXT").strip()
+    if protocol.upper() != "PLAINTEXT":
+        raise AdminError(f"--command-config {path}: security.protocol={protocol} is not supported "
+                         f"(only PLAINTEXT)")
+    if "client.id" in props:
+        settings.client_id = props["client.id"]
+    for key, attr in (("request.timeout.ms", "request_timeout_ms"),
+                      ("default.api.timeout.ms", "default_api_timeout_ms")):
+        if key in props:
+            try:
+                setattr(settings, attr, int(props[key]))
+            except ValueError:
+                raise AdminError(f"--command-config {path}: {key} must be an integer") from None
+    return settings
+
+
+def parse_bootstrap(value: str) -> list[tuple[str, int]]:
+    out = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise AdminError(f"--bootstrap-server: '{item}' is not HOST:PORT")
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise AdminError("--bootstrap-server is empty")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass(slots=True)
+class TopicMeta:
+    name: str
+    topic_id: bytes
+    leaders: dict[int, int]  # partition -> leader node id (-1 unknown)
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self.leaders)
+
+
+@dataclass(slots=True)
+class GroupListing:
+    group_id: str
+    state: str
+    group_type: str = "share"
+
+
+@dataclass(slots=True)
+class Node:
+    node_id: int
+    host: str
+    port: int
+
+
+@dataclass(slots=True)
+class MemberDescription:
+    member_id: str
+    client_id: str
+    host: str
+    rack: str | None
+    member_epoch: int
+    subscribed: list[str]
+    assignment: dict[str, list[int]]
+
+    @property
+    def partitions(self) -> int:
+        return sum(len(p) for p in self.assignment.values())
+
+
+@dataclass(slots=True)
+class GroupDescription:
+    group_id: str
+    state: str
+    group_epoch: int
+    assignment_epoch: int
+    assignor: str
+    coordinator: Node
+    members: list[MemberDescription] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class PartitionOffset:
+    topic: str
+    partition: int
+    start_offset: int | None  # None: no start offset yet (-1 on the wire)
+    leader_epoch: int | None
+    lag: int | None
+    error: str | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# the client
+
+
+class ShareGroupAdmin:
+    """Admin calls for share groups.  ``timeout_ms`` bounds each call (including its retries)."""
+
+    def __init__(self, bootstrap: list[tuple[str, int]], *, client_id: str = "kshare-groups",
+                 timeout_ms: int = 30000) -> None:
+        self.bootstrap = bootstrap
+        self.client_id = client_id
+        self.timeout = timeout_ms / 1000.0
+        self.brokers: dict[int, Node] = {}
+        self.topics: dict[str, TopicMeta] = {}
+        self._conns: dict[int | tuple[str, int], KafkaConnection] = {}
+        self._coordinators: dict[str, Node] = {}
+        self._bootstrap_conn: KafkaConnection | None = None
+
+    async def __aenter__(self) -> ShareGroupAdmin:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- connections ------------------------------------------------------------------------------
+    async def connect(self) -> None:
+        """Reach a bootstrap server (retrying until the timeout) and read the cluster metadata."""
+        deadline = time.monotonic() + self.timeout
+        last: BaseException | None = None
+        while True:
+            for host, port in self.bootstrap:
+                remaining = deadline - time.monotonic()
+                try:
+                    self._bootstrap_conn = await asyncio.wait_for(
+                        KafkaConnection.open(host, port, self.client_id, timeout=max(0.1, remaining)),
+                        max(0.1, remaining))
+                    await self.refresh_metadata()
+                    return
+                except (OSError, ConnectionError, TimeoutError) as exc:
+                    last = exc
+                    if self._bootstrap_conn is not None:
+                        await self._bootstrap_conn.close()
+                        self._bootstrap_conn = None
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        servers = ",".join(f"{h}:{p}" for h, p in self.bootstrap)
+        reason = _reason(last)
+        raise Unreachable(f"cannot reach {servers} within {int(self.timeout * 1000)} ms ({reason})")
+
+    async def close(self) -> None:
+        for conn in list(self._conns.values()):
+            await conn.close()
+        self._conns.clear()
+        if self._bootstrap_conn is not None:
+            await self._bootstrap_conn.close()
+            self._bootstrap_conn = None
+
+    async def _connection(self, node: Node) -> KafkaConnection:
+        key = (node.host, node.port)
+        conn = self._conns.get(key)
+        if conn is not None and not conn.closed:
+            return conn
+        conn = await asyncio.wait_for(KafkaConnection.open(node.host, node.port, self.client_id,
+                                                           timeout=self.timeout), self.timeout)
+        self._conns[key] = conn
+        return conn
+
+    async def _any(self) -> KafkaConnection:
+        if self._bootstrap_conn is not None and not self._bootstrap_conn.closed:
+            return self._bootstrap_conn
+        for node in self.brokers.values():
+            try:
+                return await self._connection(node)
+            except (TimeoutError, OSError, ConnectionError):
+                continue
+        await self.connect()
+        assert self._bootstrap_conn is not None
+        return self._bootstrap_conn
+
+    async def _request(self, conn: KafkaConnection, api_key: int, version: int, body: Any) -> Any:
+        try:
+            return await asyncio.wait_for(conn.request(api_key, version, body), self.timeout)
+        except TimeoutError:
+            name = messages.api(api_key).name
+            raise AdminError(f"{name} to {conn.host}:{conn.port} timed out after "
+                             f"{int(self.timeout * 1000)} ms") from None
+        except (OSError, ConnectionError) as exc:
+            raise AdminError(f"lost the connection to {conn.host}:{conn.port} ({_reason(exc)})") from None
+
+    @staticmethod
+    def _version(conn: KafkaConnection, api_key: int, hi: int | None = None) -> int:
+        try:
+            return conn.best_version(api_key, hi=hi)
+        except ConnectionError:
+            name = messages.api(api_key).name
+            raise AdminError(f"{conn.host}:{conn.port} does not support {name} (API {api_key}): "
+                             f"is it a Kafka 4.x broker with share groups, or kshare?") from None
+
+    # -- metadata ---------------------------------------------------------------------------------
+    async def refresh_metadata(self, topics: Iterable[str] | None = None) -> dict[str, TopicMeta]:
+        conn = self._bootstrap_conn if self._bootstrap_conn is not None else await self._any()
+        version = self._version(conn, METADATA, hi=12)
+        cls = messages.message_class("MetadataRequest")
+        names = None if topics is None else sorted(set(topics))
+        req = cls(topics=None if names is None else [cls.MetadataRequestTopic(name=n) for n in names],
+                  allow_auto_topic_creation=False)
+        resp = await self._request(conn, METADATA, version, req)
+        self.brokers = {b.node_id: Node(b.node_id, b.host, b.port) for b in resp.brokers}
+        found = {}
+        for t in resp.topics:
+            if t.error_code or not t.name:
+                continue
+            found[t.name] = TopicMeta(t.name, bytes(t.topic_id) if version >= 10 else bytes(16),
+                                      {p.partition_index: p.leader_id for p in t.partitions})
+        if names is None:
+            self.topics = found
+        else:
+            self.topics.update(found)
+        return found
+
+    async def topic(self, name: str) -> TopicMeta | None:
+        if name not in self.topics:
+            await self.refresh_metadata([name])
+        return self.topics.get(name)
+
+    # -- coordinator ------------------------------------------------------------------------------
+    async def coordinator(self, group: str, *, fresh: bool = False) -> Node:
+        if not fresh and group in self._coordinators:
+            return self._coordinators[group]
+        deadline = time.monotonic() + self.timeout
+        while True:
+            conn = await self._any()
+            version = self._version(conn, FIND_COORDINATOR)
+            cls = messages.message_class("FindCoordinatorRequest")
+            if version >= 4:
+                resp = await self._request(conn, FIND_COORDINATOR, version,
+                                           cls(key_type=0, coordinator_keys=[group]))
+                c = resp.coordinators[0]
+                code, node = c.error_code, Node(c.node_id, c.host, c.port)
+                message = c.error_message
+            else:
+                resp = await self._request(conn, FIND_COORDINATOR, version, cls(key=group, key_type=0))
+                code, node = resp.error_code, Node(resp.node_id, resp.host, resp.port)
+                message = getattr(resp, "error_message", None)
+            if code == NONE:
+                self._coordinators[group] = node
+                return node
+            if code not in _RETRIABLE_COORDINATOR or time.monotonic() >= deadline:
+                raise AdminError(f"cannot find the coordinator of group {group}: {error_name(code)}"
+                                 + (f" ({message})" if message else ""))
+            await asyncio.sleep(0.2)
+
+    async def _group_request(self, group: str, api_key: int, build: Callable[[int], Any],
+                             error_of: Callable[[Any], int], hi: int | None = None) -> Any:
+        """Send a group RPC to the group's coordinator; retry on coordinator moves and loading."""
+        deadline = time.monotonic() + self.timeout
+        fresh = False
+        while True:
+            node = await self.coordinator(group, fresh=fresh)
+            try:
+                conn = await self._connection(node)
+            except (TimeoutError, OSError, ConnectionError) as exc:
+                raise Unreachable(f"cannot reach the coordinator {node.host}:{node.port} of group {group} "
+                                  f"({_reason(exc)})") from None
+            version = self._version(conn, api_key, hi=hi)
+            resp = await self._request(conn, api_key, version, build(version))
+            code = error_of(resp)
+            if code in _RETRIABLE_COORDINATOR and time.monotonic() < deadline:
+                fresh = code == NOT_COORDINATOR or code == COORDINATOR_NOT_AVAILABLE
+                await asyncio.sleep(0.2)
+                continue
+            return resp
+
+    # -- ListGroups -------------------------------------------------------------------------------
+    async def list_groups(self, states: Iterable[str] = ()) -> list[GroupListing]:
+        """Share groups of the cluster (every broker is asked; the union is returned, by id)."""
+        await self.refresh_metadata([])
+        wanted = {s.lower() for s in states}
+        cls = messages.message_class("ListGroupsRequest")
+        found: dict[str, GroupListing] = {}
+        errors = []
+        for node in list(self.brokers.values()):
+            try:
+                conn = await self._connection(node)
+            except (TimeoutError, OSError, ConnectionError) as exc:
+                errors.append(f"{node.host}:{node.port}: {_reason(exc)}")
+                continue
+            version = self._version(conn, LIST_GROUPS)
+            req = cls(states_filter=[s for s in GROUP_STATES if s.lower() in wanted] if version >= 4 else [],
+                      types_filter=["share"] if version >= 5 else [])
+            resp = await self._request(conn, LIST_GROUPS, version, req)
+            if resp.error_code:
+                if resp.error_code in _RETRIABLE_COORDINATOR:
+                    continue
+                errors.append(f"{node.host}:{node.port}: {error_name(resp.error_code)}")
+                continue
+            for g in resp.groups:
+                gtype = getattr(g, "group_type", "") if version >= 5 else ""
+                if (gtype or g.protocol_type).lower() != "share":
+                    continue
+                state = getattr(g, "group_state", "") if version >= 4 else ""
+                if wanted and state.lower() not in wanted:
+                    continue
+                found[g.group_id] = GroupListing(g.group_id, state or "Unknown", "share")
+        if errors and not found:
+            raise AdminError("ListGroups failed: " + "; ".join(errors))
+        return [found[k] for k in sorted(found)]
+
+    # -- ShareGroupDescribe -----------------------------------------------------------------------
+    async def describe_group(self, group: str) -> GroupDescription:
+        """One share group; :class:`GroupNotFound` when there is none."""
+        cls = messages.message_class("ShareGroupDescribeRequest")
+        resp = await self._group_request(
+            group, SHARE_GROUP_DESCRIBE, lambda v: cls(group_ids=[group], include_authorized_operations=False),
+            lambda r: r.groups[0].error_code if r.groups else NONE)
+        if not resp.groups:
+            raise AdminError(f"ShareGroupDescribe returned no answer for group {group}")
+        g = resp.groups[0]
+        if g.error_code == GROUP_ID_NOT_FOUND:
+            raise GroupNotFound(group, g.error_message)
+        if g.error_code:
+            raise AdminError(f"cannot describe group {group}: {error_name(g.error_code)}"
+                             + (f" ({g.error_message})" if g.error_message else ""))
+        if g.group_state.lower() == "dead":
+            raise GroupNotFound(group)
+        members = []
+        for m in g.members:
+            assignment: dict[str, list[int]] = {}
+            for tp in m.assignment.topic_partitions if m.assignment is not None else ():
+                name = tp.topic_name or await self._topic_name(bytes(tp.topic_id))
+                assignment.setdefault(name, []).extend(tp.partitions)
+            members.append(MemberDescription(
+                member_id=m.member_id, client_id=m.client_id, host=m.client_host, rack=m.rack_id,
+                member_epoch=m.member_epoch, subscribed=sorted(m.subscribed_topic_names),
+                assignment={t: sorted(p) for t, p in sorted(assignment.items())}))
+        members.sort(key=lambda m: m.member_id)
+        return GroupDescription(group_id=g.group_id, state=g.group_state, group_epoch=g.group_epoch,
+                                assignment_epoch=g.assignment_epoch, assignor=g.assignor_name,
+                                coordinator=self._coordinators[group], members=members)
+
+    async def _topic_name(self, topic_id: bytes) -> str:
+        for t in self.topics.values():
+            if t.topic_id == topic_id:
+                return t.name
+        await self.refresh_metadata()
+        for t in self.topics.values():
+            if t.topic_id == topic_id:
+                return t.name
+        return topic_id.hex()
+
+    # -- DescribeShareGroupOffsets ----------------------------------------------------------------
+    async def describe_offsets(self, group: str,
+                               topics: dict[str, list[int]] | None = None) -> list[PartitionOffset]:
+        """SPSO, leader epoch and lag per share-partition (``topics`` None: all the group has)."""
+        cls = messages.message_class("DescribeShareGroupOffsetsRequest")
+        req_topics = None if topics is None else [
+            cls.DescribeShareGroupOffsetsRequestTopic(topic_name=t, partitions=sorted(p))
+            for t, p in sorted(topics.items())]
+
+        def group_error(r: Any) -> int:
+            return r.groups[0].error_code if r.groups else NONE
+
+        resp = await self._group_request(
+            group, DESCRIBE_OFFSETS,
+            lambda v: cls(groups=[cls.DescribeShareGroupOffsetsRequestGroup(group_id=group, topics=req_topics)]),
+            group_error)
+        if not resp.groups:
+            return []
+        g = resp.groups[0]
+        if g.error_code == GROUP_ID_NOT_FOUND:
+            raise GroupNotFound(group, g.error_message)
+        if g.error_code:
+            raise AdminError(f"cannot describe the offsets of group {group}: {error_name(g.error_code)}"
+                             + (f" ({g.error_message})" if g.error_message else ""))
+        out = []
+        for t in g.topics:
+            for p in t.partitions:
+                err = None
+                if p.error_code:
+                    err = error_name(p.error_code) + (f" ({p.error_message})" if p.error_message else "")
+                start = p.start_offset if p.start_offset >= 0 else None
+                lag = getattr(p, "lag", -1)
+                out.append(PartitionOffset(
+                    topic=t.topic_name, partition=p.partition_index, start_offset=start,
+                    leader_epoch=p.leader_epoch if start is not None and p.leader_epoch >= 0 else None,
+                    lag=lag if lag is not None and lag >= 0 else None, error=err))
+        out.sort(key=lambda o: (o.topic, o.partition))
+        return out
+
+    # -- AlterShareGroupOffsets -------------------------------------------------------------------
+    async def alter_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], str | None]:
+        """Set SPSOs of an empty share group; the error (None: done) per partition."""
+        cls = messages.message_class("AlterShareGroupOffsetsRequest")
+        by_topic: dict[str, list[tuple[int, int]]] = {}
+        for (t, p), off in sorted(offsets.items()):
+            by_topic.setdefault(t, []).append((p, off))
+        req = cls(group_id=group, topics=[
+            cls.AlterShareGroupOffsetsRequestTopic(topic_name=t, partitions=[
+                cls.AlterShareGroupOffsetsRequestPartition(partition_index=p, start_offset=o) for p, o in parts])
+            for t, parts in by_topic.items()])
+        resp = await self._group_request(group, ALTER_OFFSETS, lambda v: req, lambda r: r.error_code)
+        if resp.error_code == NON_EMPTY_GROUP:
+            raise GroupNotEmpty(group)
+        if resp.error_code == GROUP_ID_NOT_FOUND:
+            raise GroupNotFound(group, resp.error_message)
+        if resp.error_code:
+            raise AdminError(f"cannot reset the offsets of group {group}: {error_name(resp.error_code)}"
+                             + (f" ({resp.error_message})" if resp.error_message else ""))
+        result: dict[tuple[str, int], str | None] = {tp: "no answer" for tp in offsets}
+        for t in resp.responses:
+            for p in t.partitions:
+                if p.error_code == NON_EMPTY_GROUP:
+                    raise GroupNotEmpty(group)
+                result[(t.topic_name, p.partition_index)] = (
+                    None if p.error_code == NONE else
+                    error_name(p.error_code) + (f" ({p.error_message})" if p.error_message else ""))
+        return result
+
+    # -- DeleteShareGroupOffsets ------------------------------------------------------------------
+    async def delete_offsets(self, group: str, topics: list[str]) -> dict[str, str | None]:
+        """Forget an empty share group's offsets for whole topics; the error (None: done) per topic."""
+        cls = messages.message_class("DeleteShareGroupOffsetsRequest")
+        req = cls(group_id=group, topics=[cls.DeleteShareGroupOffsetsRequestTopic(topic_name=t) for t in topics])
+        resp = await self._group_request(group, DELETE_OFFSETS, lambda v: req, lambda r: r.error_code)
+        if resp.error_code == NON_EMPTY_GROUP:
+            raise GroupNotEmpty(group)
+        if resp.error_code == GROUP_ID_NOT_FOUND:
+            raise GroupNotFound(group, resp.error_message)
+        if resp.error_code:
+            raise AdminError(f"cannot delete the offsets of group {group}: {error_name(resp.error_code)}"
+                             + (f" ({resp.error_message})" if resp.error_message else ""))
+        result: dict[str, str | None] = {t: "no answer" for t in topics}
+        for t in resp.responses:
+            result[t.topic_name] = (None if t.error_code == NONE else
+                                    error_name(t.error_code) + (f" ({t.error_message})" if t.error_message else ""))
+        return result
+
+    # -- DeleteGroups -----------------------------------------------------------------------------
+    async def delete_group(self, group: str) -> None:
+        cls = messages.message_class("DeleteGroupsRequest")
+        resp = await self._group_request(
+            group, DELETE_GROUPS, lambda v: cls(groups_names=[group]),
+            lambda r: r.results[0].error_code if r.results else NONE)
+        code = resp.results[0].error_code if resp.results else NONE
+        if code == NON_EMPTY_GROUP:
+            raise GroupNotEmpty(group)
+        if code == GROUP_ID_NOT_FOUND:
+            raise GroupNotFound(group)
+        if code:
+            raise AdminError(f"cannot delete group {group}: {error_name(code)}")
+
+    # -- ListOffsets ------------------------------------------------------------------------------
+    async def list_offsets(self, partitions: Iterable[tuple[str, int]], timestamp: int,
+                           progress: Callable[[int], None] | None = None) -> dict[tuple[str, int], int]:
+        """Offsets by ``timestamp`` (EARLIEST, LATEST or ms: the first offset at or after it, -1 if none),
+        asked of each partition's leader (one request per leader, retried after leader moves)."""
+        todo = sorted(set(partitions))
+        out: dict[tuple[str, int], int] = {}
+        deadline = time.monotonic() + self.timeout
+        cls = messages.message_class("ListOffsetsRequest")
+        while todo:
+            by_leader: dict[int, list[tuple[str, int]]] = {}
+            for t, p in todo:
+                meta = self.topics.get(t)
+                leader = meta.leaders.get(p, -1) if meta else -1
+                by_leader.setdefault(leader, []).append((t, p))
+            retry: list[tuple[str, int]] = list(by_leader.pop(-1, []))
+            for leader, tps in by_leader.items():
+                node = self.brokers.get(leader)
+                if node is None:
+                    retry.extend(tps)
+                    continue
+                conn = await self._connection(node)
+                version = self._version(conn, LIST_OFFSETS, hi=7)
+                if timestamp >= 0:
+                    version = max(version, 1)
+                topics: dict[str, list[int]] = {}
+                for t, p in tps:
+                    topics.setdefault(t, []).append(p)
+                req = cls(replica_id=-1, isolation_level=0, topics=[
+                    cls.ListOffsetsTopic(name=t, partitions=[
+                        cls.ListOffsetsPartition(partition_index=p, timestamp=timestamp, current_leader_epoch=-1,
+                                                 max_num_offsets=1) for p in ps])
+                    for t, ps in topics.items()])
+                resp = await self._request(conn, LIST_OFFSETS, version, req)
+                done = 0
+                for rt in resp.topics:
+                    for rp in rt.partitions:
+                        key = (rt.name, rp.partition_index)
+                        if rp.error_code in _RETRIABLE_PARTITION:
+                            retry.append(key)
+                        elif rp.error_code:
+                            raise AdminError(f"ListOffsets for {rt.name}-{rp.partition_index} failed: "
+                                             f"{error_name(rp.error_code)}")
+                        else:
+                            off = rp.offset if version >= 1 else (rp.old_style_offsets or [-1])[0]
+                            out[key] = off
+                            done += 1
+                if progress is not None and done:
+                    progress(done)
+            todo = sorted(set(retry) - set(out))
+            if todo:
+                if time.monotonic() >= deadline:
+                    raise AdminError("no leader for " + ", ".join(f"{t}-{p}" for t, p in todo[:5])
+                                     + (" ..." if len(todo) > 5 else ""))
+                await asyncio.sleep(0.2)
+                await self.refresh_metadata({t for t, _ in todo})
+        return out
+
+
+def _reason(exc: BaseException | None) -> str:
+    if exc is None:
+        return "no server"
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return "timed out"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc)
+    return text or type(exc).__name__
