@@ -5,6 +5,7 @@ from . import (
     delete_groups,
     delete_share_group_offsets,
     describe_share_group_offsets,
+    join_group,
     list_groups,
     share_acknowledge,
     share_fetch,
@@ -26,6 +27,7 @@ HANDLERS = (
     delete_share_group_offsets,
     list_groups,
     delete_groups,
+    join_group,
     DescribeConfigs,
     IncrementalAlterConfigs,
 )
