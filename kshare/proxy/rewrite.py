@@ -33,7 +33,8 @@ def synthetic_topic_id(topic: str) -> bytes:
 async def rewrite_metadata(proxy: Proxy, body: Any, version: int) -> None:
     for broker in body.brokers:
         broker.host, broker.port = await proxy.brokers.expose(broker.node_id, broker.host, broker.port)
-    await proxy.brokers.forget_missing({b.node_id for b in body.brokers})
+    if body.brokers:  # an error answer (e.g. to a malformed request) lists none: not a cluster change
+        await proxy.brokers.forget_missing({b.node_id for b in body.brokers})
     if version >= 10:
         for topic in body.topics:
             if topic.topic_id == ZERO_UUID and topic.name and topic.error_code == 0:
