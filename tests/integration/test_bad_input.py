@@ -811,6 +811,36 @@ def test_good_clients_unaffected_by_a_stream_of_bad_frames(kafka39, kafka_proxy:
     assert kafka_proxy.proxy.stats.rejected == 4 * sum(c.outcome == "rejected" for c in CASES)
 
 
+def test_error_answer_to_one_client_changes_nothing_for_others(
+    kafka39, kafka_proxy: ProxyThread, logs
+) -> None:
+    """Kafka answers a Metadata v10 request naming a topic id with INVALID_REQUEST and an empty
+    broker list. That is one client's mistake, not the cluster losing its brokers: the proxy must
+    keep its broker listeners (it used to close them, and reopen them on another port)."""
+    proxy = kafka_proxy.proxy
+    assert proxy is not None
+    ports = dict(proxy.brokers.ports)
+    node_listener = f"{kafka_proxy.config.advertised}:{ports[1]}"
+    cls = messages.message_class("MetadataRequest")
+    body = cls(
+        topics=[cls.MetadataRequestTopic(name="x", topic_id=b"\x01" * 16)], allow_auto_topic_creation=False
+    )
+    bad = bytes(messages.encode_request(3, 10, 7, "odd", body))
+    with MetadataLoop(node_listener) as other:
+        direct = exchange(kafka39.bootstrap, bad, expect_frames=1, wait=0.2)
+        got = exchange(kafka_proxy.bootstrap, bad, expect_frames=1, wait=0.2)
+        for answer in (direct, got):
+            assert not answer.closed
+            (frame,) = answer.frames
+            resp = messages.decode_response(3, 10, memoryview(frame))
+            assert resp.brokers == [] and [t.error_code for t in resp.topics] == [42]
+        time.sleep(0.2)
+        other.check(at_least=5)
+    assert proxy.brokers.ports == ports
+    with MetadataLoop(node_listener) as again:
+        again.check()
+
+
 # ------------------------------------------------------------------------------------------------
 # the broker behind the proxy goes away and comes back
 
