@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -60,12 +61,22 @@ from .state_codec import (
     snapshot_value_size,
     update_value_size,
 )
-from .states import ShareSnapshot, ShareUpdate, StateBatch, apply_update, normalize
+from .states import (
+    TERMINAL_STATES,
+    ShareSnapshot,
+    ShareUpdate,
+    StateBatch,
+    apply_update,
+    merge_batches,
+    normalize,
+)
 from .store import GroupRecord, SharePartitionKey, StateWrite
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TOPIC = "__share_group_state"
+#: The name to use where Kafka itself owns ``__share_group_state`` (Apache Kafka 4.x clusters).
+ALTERNATIVE_TOPIC = "__kshare_share_group_state"
 
 
 class StateStoreError(Exception):
@@ -112,11 +123,64 @@ class WriteStats:
     max_round_records: int = 0
 
 
+def apply_update_in_place(start: int, batches: list[StateBatch], update: ShareUpdate) -> int:
+    """:func:`states.apply_update` on a normalized state held as (start, list), in place.
+
+    Returns the new start offset; ``batches`` is changed in place. Same result as
+    ``apply_update(ShareSnapshot(start, tuple(batches)), update)`` whenever the input is normalized
+    (merged, nothing below the start, no settled prefix; every state the store holds is), but
+    the work is proportional to the update, not to the state: merging is local to each written
+    range and the start moves with a bisect. Replaying a long chain of updates on a state with
+    thousands of ranges is what makes this matter.
+    """
+    for b in update.state_batches:
+        first, last = b.first_offset, b.last_offset
+        if first > last:
+            raise ValueError(f"state batch with first offset {first} > last offset {last}")
+        lo = bisect_left(batches, first, key=_last_offset)  # first batch ending at or after `first`
+        hi = lo
+        n = len(batches)
+        while hi < n and batches[hi].first_offset <= last:
+            hi += 1
+        replacement: list[StateBatch] = []
+        if lo < hi and batches[lo].first_offset < first:
+            replacement.append(batches[lo]._replace(last_offset=first - 1))
+        replacement.append(StateBatch(first, last, b.delivery_state, b.delivery_count))
+        if lo < hi and batches[hi - 1].last_offset > last:
+            replacement.append(batches[hi - 1]._replace(first_offset=last + 1))
+        batches[lo:hi] = replacement
+        i = lo - 1 if lo > 0 else 0
+        j = min(lo + len(replacement) + 1, len(batches))
+        batches[i:j] = merge_batches(batches[i:j])
+    if update.start_offset != -1:
+        start = update.start_offset
+    if start < 0:
+        return start
+    k = bisect_left(batches, start, key=_last_offset)
+    if k:
+        del batches[:k]
+    if batches and batches[0].first_offset < start:
+        batches[0] = batches[0]._replace(first_offset=start)
+    i = 0
+    n = len(batches)
+    while i < n and batches[i].first_offset == start and batches[i].delivery_state in TERMINAL_STATES:
+        start = batches[i].last_offset + 1
+        i += 1
+    if i:
+        del batches[:i]
+    return start
+
+
+def _last_offset(b: StateBatch) -> int:
+    return b.last_offset
+
+
 class _Entry:
     """The store's view of one share-partition (its durable state once every write landed)."""
 
     __slots__ = (
-        "state",
+        "start",
+        "batches",
         "snapshot_epoch",
         "state_epoch",
         "leader_epoch",
@@ -135,7 +199,8 @@ class _Entry:
         state_epoch: int = 0,
         leader_epoch: int = 0,
     ) -> None:
-        self.state = state
+        self.start = state.start_offset
+        self.batches = list(state.state_batches)
         self.partition = partition
         self.snapshot_epoch = snapshot_epoch
         self.state_epoch = state_epoch
@@ -144,6 +209,14 @@ class _Entry:
         self.update_bytes = 0
         self.snapshot_offset: int | None = None  # offset of the latest acknowledged snapshot
         self.resync = False  # a write failed: the next write must be a snapshot
+
+    @property
+    def state(self) -> ShareSnapshot:
+        return ShareSnapshot(self.start, tuple(self.batches))
+
+    def set_state(self, state: ShareSnapshot) -> None:
+        self.start = state.start_offset
+        self.batches = list(state.state_batches)
 
 
 class _Group:
@@ -569,7 +642,7 @@ class TopicStateStore:
             if e is not None:
                 e.snapshot_epoch += 1
                 self.stats.refreshes += 1
-                self._emit_snapshot(item, op[1], e, e.state, out)
+                self._emit_snapshot(item, op[1], e, out)
         elif kind == _REFRESH_GROUP:
             g = self._groups.get(op[1])
             if g is not None:
@@ -610,45 +683,44 @@ class TopicStateStore:
             if e is None:
                 e = self._entries[key] = _Entry(state, partition_for(key, self.partitions))
             else:  # a (re)initialisation: new snapshot epoch and new state epoch
+                e.set_state(state)
                 e.snapshot_epoch += 1
                 e.state_epoch += 1
-            self._emit_snapshot(item, key, e, state, out)
+            self._emit_snapshot(item, key, e, out)
             return
         if e is None:
             # An update with no state to apply to: the base is "nothing known", and the first
             # record of a share-partition is always a snapshot.
             state = apply_update(ShareSnapshot(-1, ()), content)
             e = self._entries[key] = _Entry(state, partition_for(key, self.partitions))
-            self._emit_snapshot(item, key, e, state, out)
+            self._emit_snapshot(item, key, e, out)
             return
-        state = apply_update(e.state, content)
+        e.start = apply_update_in_place(e.start, e.batches, content)
         usize = update_value_size(len(content.state_batches))
-        ssize = snapshot_value_size(len(state.state_batches))
+        ssize = snapshot_value_size(len(e.batches))
         slack = self.snapshot_slack_bytes
         if e.resync or (slack is not None and ssize <= usize + slack):
             e.snapshot_epoch += 1
-            self._emit_snapshot(item, key, e, state, out)
+            self._emit_snapshot(item, key, e, out)
             return
         if e.updates + 1 > self.snapshot_after_updates or e.update_bytes + usize > self.snapshot_after_bytes:
             e.snapshot_epoch += 1
             self.stats.compactions += 1
-            self._emit_snapshot(item, key, e, state, out)
+            self._emit_snapshot(item, key, e, out)
             return
-        e.state = state
         e.updates += 1
         e.update_bytes += usize
         value = encode_update_value(e.snapshot_epoch, self.leader_epoch, content)
         out.append(_Out(item, e.partition, encode_share_key(1, key), value, "update", e))
 
-    def _emit_snapshot(
-        self, item: _Pending, key: SharePartitionKey, e: _Entry, state: ShareSnapshot, out: list[_Out]
-    ) -> None:
-        e.state = state
+    def _emit_snapshot(self, item: _Pending, key: SharePartitionKey, e: _Entry, out: list[_Out]) -> None:
         e.updates = 0
         e.update_bytes = 0
         e.resync = False
         e.leader_epoch = self.leader_epoch
-        value = encode_snapshot_value(e.snapshot_epoch, e.state_epoch, self.leader_epoch, state)
+        value = encode_snapshot_value(
+            e.snapshot_epoch, e.state_epoch, self.leader_epoch, ShareSnapshot(e.start, e.batches)
+        )
         out.append(_Out(item, e.partition, encode_share_key(RECORD_SNAPSHOT, key), value, "snapshot", e))
 
     # -- topic creation --------------------------------------------------------------------------
@@ -692,9 +764,20 @@ class TopicStateStore:
             existing = await self._describe_topic()
             if existing is not None and existing[0] == 0 and all(p[2] >= 0 for p in existing[1]):
                 break
+            if existing is not None and existing[0] == 17:  # INVALID_TOPIC_EXCEPTION
+                raise StateStoreError(f"invalid state topic name {self.topic!r}")
             if time.monotonic() > deadline:
                 raise StateStoreError(f"state topic {self.topic} has no leaders: {existing!r}")
             await asyncio.sleep(0.1)
+        if existing[2]:
+            # Kafka 4.x reserves __share_group_state for its own share coordinator: clients may
+            # not produce to it (INVALID_TOPIC_EXCEPTION), and a broker with share groups enabled
+            # would replay our records as its own.
+            raise StateStoreError(
+                f"{self.topic} is an internal topic of this cluster (Apache Kafka 4.x): clients "
+                "cannot write to it; configure another state topic name, e.g. "
+                f"{ALTERNATIVE_TOPIC!r}"
+            )
         count = len(existing[1])
         if count != self.partitions:
             log.warning(
@@ -707,15 +790,15 @@ class TopicStateStore:
             self.partitions = count
         await self._check_topic_configs()
 
-    async def _describe_topic(self) -> tuple[int, list[tuple[int, int, int]]] | None:
-        """(error code, [(error, partition, leader)]) of the topic, or None when it does not exist."""
+    async def _describe_topic(self) -> tuple[int, list[tuple[int, int, int]], bool] | None:
+        """(error code, [(error, partition, leader)], internal) of the topic, None if it does not exist."""
         for t in await self._admin.describe_topics([self.topic]):
             if t["topic"] != self.topic:
                 continue
             if t["error_code"] == 3:  # UNKNOWN_TOPIC_OR_PARTITION
                 return None
             parts = [(p["error_code"], p["partition"], p["leader"]) for p in t["partitions"]]
-            return t["error_code"], parts
+            return t["error_code"], parts, bool(t.get("is_internal"))
         return None
 
     async def _check_topic_configs(self) -> None:
@@ -854,7 +937,7 @@ class TopicStateStore:
                 )
                 return
             try:
-                e.state = apply_update(e.state, rec.update)
+                e.start = apply_update_in_place(e.start, e.batches, rec.update)
             except ValueError as exc:
                 self._skip(partition, offset, exc)
                 return
@@ -967,6 +1050,7 @@ def _ignore_result(fut: asyncio.Future) -> None:
 
 
 __all__ = [
+    "ALTERNATIVE_TOPIC",
     "DEFAULT_TOPIC",
     "LoadStats",
     "StateStoreError",

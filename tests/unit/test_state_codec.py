@@ -216,3 +216,54 @@ def test_every_record_of_a_share_partition_in_one_partition(key, n) -> None:
 def test_keys_spread_over_partitions() -> None:
     hits = {sc.partition_for(SharePartitionKey(f"g{i % 7}", TOPIC_ID, i), 10) for i in range(200)}
     assert hits == set(range(10))
+
+
+# -- the store's in-place replay step equals states.apply_update -------------------------------------
+
+from kshare.share.state_topic import apply_update_in_place  # noqa: E402
+from kshare.share.states import apply_update, normalize, replay  # noqa: E402
+
+spans = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 6), st.sampled_from([0, 2, 4]), st.integers(0, 3)),
+    max_size=25,
+)
+
+
+def build_state(start: int, parts: list[tuple[int, int, int, int]]) -> ShareSnapshot:
+    """A normalized state: contiguous-ish ranges from ``start`` with gaps."""
+    out = []
+    cursor = max(start, 0)
+    for gap, length, state, count in parts:
+        first = cursor + gap
+        out.append(StateBatch(first, first + length, state, count))
+        cursor = first + length + 1
+    return normalize(ShareSnapshot(start, tuple(out)))
+
+
+update_batches = st.lists(
+    st.tuples(st.integers(0, 120), st.integers(0, 12), st.sampled_from([0, 2, 4]), st.integers(0, 3)).map(
+        lambda t: StateBatch(t[0], t[0] + t[1], t[2], t[3])
+    ),
+    max_size=6,
+)
+updates = st.builds(
+    ShareUpdate, st.one_of(st.just(-1), st.just(-1), st.integers(0, 140)), update_batches.map(tuple)
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.just(-1), st.integers(0, 40)), spans, st.lists(updates, max_size=12))
+def test_in_place_replay_equals_apply_update(start, parts, chain) -> None:
+    snapshot = build_state(start, parts)
+    s, batches = snapshot.start_offset, list(snapshot.state_batches)
+    expected = snapshot
+    for u in chain:
+        expected = apply_update(expected, u)
+        s = apply_update_in_place(s, batches, u)
+        assert ShareSnapshot(s, tuple(batches)) == expected
+    assert ShareSnapshot(s, tuple(batches)) == replay(snapshot, chain)
+
+
+def test_in_place_replay_rejects_bad_batches() -> None:
+    with pytest.raises(ValueError):
+        apply_update_in_place(0, [], ShareUpdate(-1, (StateBatch(5, 4, 0, 1),)))
