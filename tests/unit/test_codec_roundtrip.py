@@ -136,10 +136,10 @@ def _plan(spec: MessageSpec, s: StructSpec, version: int) -> _Plan:
     return _PLANS[key]
 
 
-def _draw_element(draw, spec: MessageSpec, f: FieldSpec, version: int) -> object:
+def _draw_element(draw, spec: MessageSpec, f: FieldSpec, version: int, unknown: bool) -> object:
     """One non-null value of a field's type that is not fixed-width (or an array element)."""
     if f.struct is not None:
-        return _draw_struct(draw, spec, f.struct, version)
+        return _draw_struct(draw, spec, f.struct, version, unknown)
     if f.type == "string":
         return draw(TEXT)
     if f.type in ("bytes", "records"):
@@ -148,7 +148,7 @@ def _draw_element(draw, spec: MessageSpec, f: FieldSpec, version: int) -> object
     return _fixed(f.type, packer.unpack(draw(blob))[0])
 
 
-def _draw_struct(draw, spec: MessageSpec, s: StructSpec, version: int) -> object:
+def _draw_struct(draw, spec: MessageSpec, s: StructSpec, version: int, unknown: bool) -> object:
     plan = _plan(spec, s, version)
     raw = iter(plan.packer.unpack(draw(plan.blob)))
     kwargs = {}
@@ -163,25 +163,25 @@ def _draw_struct(draw, spec: MessageSpec, s: StructSpec, version: int) -> object
             if f.type in FIXED and not f.is_array:
                 next(raw)
         elif f.is_array:
-            value = [_draw_element(draw, spec, f, version) for _ in range((control >> 3) & 3)]
+            value = [_draw_element(draw, spec, f, version, unknown) for _ in range((control >> 3) & 3)]
         elif f.type in FIXED:
             value = _fixed(f.type, next(raw))
         else:
-            value = _draw_element(draw, spec, f, version)
+            value = _draw_element(draw, spec, f, version, unknown)
         kwargs[f.attr] = value
-    if plan.unknown and next(raw) & 3 == 3:
+    if plan.unknown and next(raw) & 3 == 3 and unknown:
         kwargs["unknown_tags"] = draw(plan.unknown_tags)
     return plan.cls(**kwargs)
 
 
 @cache
-def message(name: str, version: int) -> st.SearchStrategy:
-    """Random messages of ``name`` at ``version``."""
+def message(name: str, version: int, unknown_tags: bool = True) -> st.SearchStrategy:
+    """Random messages of ``name`` at ``version`` (with ``unknown_tags`` in some structs, or never)."""
     spec = load_spec(name)
 
     @st.composite
     def draw_message(draw):
-        return _draw_struct(draw, spec, spec.root, version)
+        return _draw_struct(draw, spec, spec.root, version, unknown_tags)
 
     return draw_message()
 
