@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import io
 import json
 import os
@@ -476,9 +477,17 @@ def machine_info() -> dict[str, object]:
         import confluent_kafka
         import uvloop
 
-        info["confluent_kafka"] = confluent_kafka.version()[0]
+        info["confluent_kafka"] = importlib.metadata.version("confluent-kafka")
         info["librdkafka"] = confluent_kafka.libversion()[0]
         info["uvloop"] = uvloop.__version__
+    with contextlib.suppress(Exception):
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "kshare"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()
+        info["kshare_commit"] = head.stdout.strip() + (" (kshare/ has local changes)" if dirty else "")
     with contextlib.suppress(Exception):
         java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
         info["java"] = java
@@ -533,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds",
         type=int,
         default=None,
-        help="rounds of the order direct, relay, kshare, kshare, relay, direct (default 2)",
+        help="rounds of the order direct, relay, kshare, kshare, relay, direct (default 3)",
     )
     parser.add_argument(
         "--no-warmup",
@@ -561,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.proxy_cmd:
         PROXY_CMD[:] = shlex.split(args.proxy_cmd)
     records = args.records or (20_000 if args.quick else 500_000)
-    rounds = args.rounds or (1 if args.quick else 2)
+    rounds = args.rounds or (1 if args.quick else 3)
     sizes = [int(s) for s in args.sizes.split(",")]
     passes = args.profile_passes or (1 if args.quick else 3)
     outdir = Path(tempfile.mkdtemp(prefix="kshare-bench-"))
