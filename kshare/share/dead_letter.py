@@ -33,30 +33,44 @@ class DeadLetter:
 
 
 def archived_offsets(update: ShareUpdate) -> list[tuple[int, int, int]]:
-    """(first, last, delivery count) of records this update archives after at least one delivery."""
+    """(first, last, delivery count) of records this update archives after at least one delivery.
+
+    Only what the update still carries: records the SPSO moved past are not in it. The engine's
+    ``SharePartition.archived`` lists every record an operation archived.
+    """
     return [(b.first_offset, b.last_offset, b.delivery_count) for b in update.state_batches
             if b.delivery_state == RecordState.ARCHIVED and b.delivery_count > 0]
 
 
-def rejected_ranges(batches: Iterable) -> list[tuple[int, int]]:
-    """Offsets an acknowledgement request rejected (type 3), as (first, last) runs."""
+def acked_ranges(batches: Iterable, ack_type: int) -> list[tuple[int, int]]:
+    """Offsets an acknowledgement request gave type ``ack_type``, as (first, last) runs."""
     out = []
     for b in batches:
         types = list(b.acknowledge_types)
         if len(types) == 1:
-            if types[0] == 3:
+            if types[0] == ack_type:
                 out.append((b.first_offset, b.last_offset))
             continue
         for i, t in enumerate(types):
-            if t == 3:
+            if t == ack_type:
                 out.append((b.first_offset + i, b.first_offset + i))
     return out
 
 
-def letters(update: ShareUpdate, rejected: Sequence[tuple[int, int]]) -> list[DeadLetter]:
+def rejected_ranges(batches: Iterable) -> list[tuple[int, int]]:
+    """Offsets an acknowledgement request rejected (type 3), as (first, last) runs."""
+    return acked_ranges(batches, 3)
+
+
+def letters(archived: Iterable[tuple[int, int, int]], rejected: Sequence[tuple[int, int]],
+            gaps: Sequence[tuple[int, int]] = ()) -> list[DeadLetter]:
+    """One dead letter per archived offset ((first, last, delivery count) runs), except offsets
+    acknowledged as gaps (no record there)."""
     out = []
-    for first, last, count in archived_offsets(update):
+    for first, last, count in archived:
         for offset in range(first, last + 1):  # archived runs are few and short: per record is fine here
+            if any(a <= offset <= z for a, z in gaps):
+                continue
             reason = REASON_REJECTED if any(a <= offset <= z for a, z in rejected) else REASON_DELIVERY_LIMIT
             out.append(DeadLetter(offset, count, reason))
     return out

@@ -182,7 +182,8 @@ class ShareGroupService:
                 continue
             update = sp.engine.release_member(member_id)
             if update is not None:
-                writes.append(self.persist(sp, update))
+                # at the delivery count limit the records are archived: dead letters too
+                writes.append(self.persist_with_dead_letters(sp, update, (), None, list(sp.engine.archived)))
                 sp.wake()
         for fut in writes:
             try:
@@ -317,15 +318,25 @@ class ShareGroupService:
             sp.writing = False
 
     def persist_with_dead_letters(self, sp: SharePartitionState, update: ShareUpdate, ack_batches: Iterable,
-                                  member_id: str | None) -> asyncio.Future:
-        """Like ``persist``, but records this update archives go to the group's DLQ topic first."""
+                                  member_id: str | None,
+                                  archived: Sequence[tuple[int, int, int]] | None = None) -> asyncio.Future:
+        """Like ``persist``, but records the operation archived go to the group's DLQ topic first.
+
+        ``archived``: the engine's ``archived`` right after the operation that produced ``update``
+        (the update alone misses archived records the SPSO moved past).
+        """
         group = self.coordinator.group(sp.key.group_id)
-        archived = dead_letter.archived_offsets(update)
+        if archived is None:
+            archived = dead_letter.archived_offsets(update)
         if archived:
             METRICS.archived.inc(sum(z - a + 1 for a, z, _ in archived), group=sp.key.group_id, topic=sp.topic.name)
         if group is None or not group.config.dlq_topic or not archived:
             return self.persist(sp, update)
-        items = dead_letter.letters(update, dead_letter.rejected_ranges(ack_batches))
+        ack_batches = list(ack_batches)
+        items = dead_letter.letters(archived, dead_letter.rejected_ranges(ack_batches),
+                                    dead_letter.acked_ranges(ack_batches, 0))
+        if not items:
+            return self.persist(sp, update)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         # Queue the write now so its order among this share-partition's writes is kept, but hold
@@ -453,11 +464,12 @@ class ShareGroupService:
                     continue
                 held = sp.engine.acquired_count()
                 update = sp.engine.expire_locks(now)
+                archived = list(sp.engine.archived)
                 expired = held - sp.engine.acquired_count()
                 if expired:
                     METRICS.lock_timeouts.inc(expired, group=key.group_id, topic=sp.topic.name)
                 if update is not None:
-                    self.persist_with_dead_letters(sp, update, (), None).add_done_callback(_ignore_failure)
+                    self.persist_with_dead_letters(sp, update, (), None, archived).add_done_callback(_ignore_failure)
                 sp.wake()
                 self.watch_locks(sp)
             for group_id, member_id in self.coordinator.expire(now):

@@ -59,7 +59,7 @@ async def apply_acknowledgements(
             _count_acks(group_id, topic.name, batches)
         write = None
         if result.update is not None:
-            write = service.persist_with_dead_letters(sp, result.update, batches, member_id)
+            write = service.persist_with_dead_letters(sp, result.update, batches, member_id, list(engine.archived))
             sp.wake()  # released records can go to another member now
         outcomes.append(AckOutcome(topic_id, partition, result.error_code, write))
     return outcomes

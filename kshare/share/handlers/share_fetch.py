@@ -161,7 +161,9 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
                                 aborted_transactions=read.aborted if rc else None,
                                 lock_duration_ms=cfg.record_lock_duration_ms)
         if result.update is not None:
-            writes.append((topic_id, partition, service.persist(sp, result.update)))
+            # lock expiries processed on the way may archive records at the delivery count limit
+            writes.append((topic_id, partition, service.persist_with_dead_letters(sp, result.update, (), None,
+                                                                                  list(engine.archived))))
         if not result.records:
             continue
         service.watch_locks(sp)
