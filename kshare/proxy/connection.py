@@ -489,15 +489,17 @@ class UpstreamConnection(asyncio.Protocol):
             slot.data = frame
             client.flush()
             return
-        result = f.rewrite(client.proxy, body, slot.version)
-        if inspect.isawaitable(result):
-            client._spawn(self._finish_rewrite(slot, result, body, frame))
+        if inspect.iscoroutinefunction(f.rewrite):
+            # started inside the task: if the client goes away first and the task is cancelled
+            # before it runs, no rewrite coroutine is left never awaited
+            client._spawn(self._finish_rewrite(slot, f, body, frame))
         else:
+            f.rewrite(client.proxy, body, slot.version)
             self._store_rewritten(slot, body, frame)
 
-    async def _finish_rewrite(self, slot: Slot, pending: Any, body: Any, frame: bytes) -> None:
+    async def _finish_rewrite(self, slot: Slot, f: filters.ResponseFilter, body: Any, frame: bytes) -> None:
         try:
-            await pending
+            await f.rewrite(self.client.proxy, body, slot.version)
         except Exception:
             log.exception("client %s: rewriting %s response failed; closing", self.client.peer, _api_name(slot.api_key))
             self.client.close()
