@@ -374,14 +374,16 @@ class UpstreamConnection(asyncio.Protocol):
         client = self.client
         if not client.closed:
             # The client sees what a broker failure looks like: its connection drops. The broker
-            # also closes a connection on a request it cannot parse: name the first unanswered one.
+            # also closes a connection on a request it cannot parse: name the first unanswered one
+            # (unless the client's connection was being ended for a bad request: logged already).
             waiting = client.awaiting_upstream
             pending = (
                 f"{len(waiting)} request(s) unanswered, first {_api_name(waiting[0].api_key)} v{waiting[0].version}"
                 f" correlation id {waiting[0].corr}" if waiting else "no request unanswered"
             )
-            log.info("client %s: upstream broker closed the connection (%s; %s); closing client",
-                     client.peer, exc or "EOF", pending)
+            if not client.ending:
+                log.info("client %s: upstream broker closed the connection (%s; %s); closing client",
+                         client.peer, exc or "EOF", pending)
             client.close()
 
     def close(self) -> None:
