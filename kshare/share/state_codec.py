@@ -196,6 +196,10 @@ def encode_group_value(record: GroupRecord) -> bytes:
         group_epoch=record.group_epoch,
         configs=[cls.GroupConfig(name=k, value=v) for k, v in sorted(record.configs.items())],
         topics=[cls.GroupTopic(topic_id=bytes(t), topic_name=n) for t, n in sorted(record.topics.items())],
+        topic_partition_counts=[
+            cls.GroupTopicPartitionCount(topic_id=bytes(t), partition_count=n)
+            for t, n in sorted(record.topic_partitions.items())
+        ],
     )
     out = bytearray(_I16.pack(VALUE_VERSION))
     return bytes(codec.encode(msg, out))
@@ -251,6 +255,7 @@ def decode_record(key: bytes | memoryview | None, value: bytes | memoryview | No
         group_epoch=msg.group_epoch,
         configs={c.name: c.value for c in msg.configs},
         topics={bytes(t.topic_id): t.topic_name for t in msg.topics},
+        topic_partitions={bytes(t.topic_id): t.partition_count for t in msg.topic_partition_counts},
     )
     return GroupValueRecord(rec)
 

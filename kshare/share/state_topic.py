@@ -175,6 +175,26 @@ def _last_offset(b: StateBatch) -> int:
     return b.last_offset
 
 
+_ENTRY_FIELDS = (
+    "snapshot_epoch",
+    "state_epoch",
+    "leader_epoch",
+    "updates",
+    "update_bytes",
+    "snapshot_offset",
+    "resync",
+)
+
+
+def _entry_fields(e: _Entry) -> tuple:
+    return tuple(getattr(e, f) for f in _ENTRY_FIELDS)
+
+
+def _set_entry_fields(e: _Entry, values: tuple) -> None:
+    for f, v in zip(_ENTRY_FIELDS, values, strict=True):
+        setattr(e, f, v)
+
+
 class _Entry:
     """The store's view of one share-partition (its durable state once every write landed)."""
 
@@ -250,13 +270,19 @@ class _Out:
     key: bytes
     value: bytes | None
     kind: str  # "snapshot" | "update" | "group" | "tombstone"
-    owner: Any = None  # _Entry / _Group
+    owner: Any = None  # _Entry / _Group whose offsets to record
+    ref: Any = None  # SharePartitionKey, or ("group", group id): what to roll back on failure
     offset: int = -1
     error: BaseException | None = None
 
 
 def _copy_group(record: GroupRecord) -> GroupRecord:
-    return replace(record, configs=dict(record.configs), topics=dict(record.topics))
+    return replace(
+        record,
+        configs=dict(record.configs),
+        topics=dict(record.topics),
+        topic_partitions=dict(record.topic_partitions),
+    )
 
 
 def _check_batches(batches: Iterable[StateBatch], what: str) -> None:
@@ -352,6 +378,8 @@ class TopicStateStore:
         self._start: dict[int, int] = {}  # log start offset per partition (as last known)
         self._end: dict[int, int] = {}  # end offset per partition (as last known)
         self._queue: list[_Pending] = []
+        # per round: the state of every share-partition / group before the round touched it
+        self._undo: dict[Any, tuple | None] = {}
         self._wake = asyncio.Event()
         self._prune_wake = asyncio.Event()
         self._since_prune = 0
@@ -580,17 +608,48 @@ class TopicStateStore:
                 rec.offset = fut.result().offset
         self._settle(out, items)
 
+    def _save(self, ref: Any) -> None:
+        """Remember how ``ref`` (a share-partition key or ("group", id)) was before this round."""
+        if ref in self._undo:
+            return
+        if isinstance(ref, SharePartitionKey):
+            e = self._entries.get(ref)
+            self._undo[ref] = None if e is None else (e, e.start, list(e.batches), *_entry_fields(e))
+        else:
+            g = self._groups.get(ref[1])
+            self._undo[ref] = None if g is None else (g, g.record, g.offset)
+
+    def _roll_back(self, ref: Any) -> None:
+        """A record of ``ref`` failed: back to its state before the round, and resync it."""
+        saved = self._undo.get(ref)
+        if isinstance(ref, SharePartitionKey):
+            if saved is None:
+                self._entries.pop(ref, None)
+                return
+            e, e.start, e.batches = saved[0], saved[1], saved[2]
+            _set_entry_fields(e, saved[3:])
+            e.resync = True
+            self._entries[ref] = e
+        else:
+            if saved is None:
+                self._groups.pop(ref[1], None)
+                return
+            g, g.record, g.offset = saved[0], saved[1], saved[2]
+            g.resync = True
+            self._groups[ref[1]] = g
+
     def _settle(self, out: list[_Out], items: list[_Pending]) -> None:
         stats = self.stats
         wrote_snapshots = False
+        failed: dict[Any, None] = {}
         for rec in out:
             item = rec.item
             if rec.error is not None:
                 stats.failed_records += 1
                 if item.error is None:
                     item.error = rec.error
-                if isinstance(rec.owner, _Entry | _Group):
-                    rec.owner.resync = True
+                if rec.ref is not None:
+                    failed[rec.ref] = None
                 continue
             stats.records += 1
             stats.bytes += len(rec.key) + (len(rec.value) if rec.value is not None else 0)
@@ -609,6 +668,13 @@ class TopicStateStore:
                 wrote_snapshots = True
             else:
                 stats.tombstones += 1
+        # What the caller sees after a failure is the last acknowledged state (to rebuild from);
+        # the next write of a rolled-back share-partition or group is a full snapshot/record.
+        for ref in failed:
+            self._roll_back(ref)
+        self._undo.clear()
+        if failed:
+            self._prune_wake.set()  # the maintenance pass rewrites what failed
         self._since_prune += len(out)
         for item in items:
             stats.writes += 1
@@ -629,6 +695,7 @@ class TopicStateStore:
             self._encode_share(item, op[1], op[2], out)
         elif kind == _GROUP:
             record: GroupRecord = op[1]
+            self._save(("group", record.group_id))
             g = self._groups.get(record.group_id)
             if g is None:
                 g = self._groups[record.group_id] = _Group(
@@ -638,12 +705,14 @@ class TopicStateStore:
             self._emit_group(item, g, out)
         elif kind == _REFRESH_SP:
             # the state as of now (writes queued before this one are applied), same state epoch
+            self._save(op[1])
             e = self._entries.get(op[1])
             if e is not None:
                 e.snapshot_epoch += 1
                 self.stats.refreshes += 1
                 self._emit_snapshot(item, op[1], e, out)
         elif kind == _REFRESH_GROUP:
+            self._save(("group", op[1]))
             g = self._groups.get(op[1])
             if g is not None:
                 self.stats.refreshes += 1
@@ -656,19 +725,23 @@ class TopicStateStore:
             doomed.update(dict.fromkeys(k for k in self._entries if k.group_id == group_id))
             for k in doomed:
                 self._encode_tombstone(item, k, out)
+            ref = ("group", group_id)
+            self._save(ref)
             g = self._groups.pop(group_id, None)
             partition = g.partition if g is not None else partition_for_group(group_id, self.partitions)
-            out.append(_Out(item, partition, encode_group_key(group_id), None, "tombstone"))
+            out.append(_Out(item, partition, encode_group_key(group_id), None, "tombstone", ref=ref))
 
     def _emit_group(self, item: _Pending, g: _Group, out: list[_Out]) -> None:
         g.resync = False
         gid = g.record.group_id
-        out.append(_Out(item, g.partition, encode_group_key(gid), encode_group_value(g.record), "group", g))
+        value = encode_group_value(g.record)
+        out.append(_Out(item, g.partition, encode_group_key(gid), value, "group", g, ("group", gid)))
 
     def _encode_tombstone(self, item: _Pending, key: SharePartitionKey, out: list[_Out]) -> None:
+        self._save(key)
         e = self._entries.pop(key, None)
         partition = e.partition if e is not None else partition_for(key, self.partitions)
-        out.append(_Out(item, partition, encode_share_key(RECORD_SNAPSHOT, key), None, "tombstone"))
+        out.append(_Out(item, partition, encode_share_key(RECORD_SNAPSHOT, key), None, "tombstone", ref=key))
 
     def _encode_share(
         self,
@@ -677,6 +750,7 @@ class TopicStateStore:
         content: ShareSnapshot | ShareUpdate,
         out: list[_Out],
     ) -> None:
+        self._save(key)
         e = self._entries.get(key)
         if isinstance(content, ShareSnapshot):
             state = normalize(content)
@@ -711,7 +785,7 @@ class TopicStateStore:
         e.updates += 1
         e.update_bytes += usize
         value = encode_update_value(e.snapshot_epoch, self.leader_epoch, content)
-        out.append(_Out(item, e.partition, encode_share_key(1, key), value, "update", e))
+        out.append(_Out(item, e.partition, encode_share_key(1, key), value, "update", e, key))
 
     def _emit_snapshot(self, item: _Pending, key: SharePartitionKey, e: _Entry, out: list[_Out]) -> None:
         e.updates = 0
@@ -721,7 +795,7 @@ class TopicStateStore:
         value = encode_snapshot_value(
             e.snapshot_epoch, e.state_epoch, self.leader_epoch, ShareSnapshot(e.start, e.batches)
         )
-        out.append(_Out(item, e.partition, encode_share_key(RECORD_SNAPSHOT, key), value, "snapshot", e))
+        out.append(_Out(item, e.partition, encode_share_key(RECORD_SNAPSHOT, key), value, "snapshot", e, key))
 
     # -- topic creation --------------------------------------------------------------------------
 
@@ -977,14 +1051,14 @@ class TopicStateStore:
         ops: list[tuple] = []
         for k, e in self._entries.items():
             lag_limit = max(self.refresh_after_records, 4 * per_partition[e.partition])
-            if (
+            if e.resync or (
                 e.snapshot_offset is not None
                 and self._end.get(e.partition, 0) - e.snapshot_offset > lag_limit
             ):
                 ops.append((_REFRESH_SP, k))
         for g in self._groups.values():
             lag_limit = max(self.refresh_after_records, 4 * per_partition[g.partition])
-            if g.offset is not None and self._end.get(g.partition, 0) - g.offset > lag_limit:
+            if g.resync or (g.offset is not None and self._end.get(g.partition, 0) - g.offset > lag_limit):
                 ops.append((_REFRESH_GROUP, g.record.group_id))
         if ops:
             await self._submit(ops)

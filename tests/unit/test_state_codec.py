@@ -50,6 +50,30 @@ def test_group_key_bytes() -> None:
     assert sc.encode_group_key("g1") == b"\x00\x02\x00\x02g1"
 
 
+def test_group_value_bytes() -> None:
+    value = sc.encode_group_value(
+        GroupRecord("g1", 4, {"share.auto.offset.reset": "earliest"}, {TOPIC_ID: "t"}, {TOPIC_ID: 3})
+    )
+    expected = (
+        b"\x00\x00"  # value version 0
+        + struct.pack(">i", 4)  # group epoch
+        + b"\x02"  # 1 config
+        + b"\x18share.auto.offset.reset"
+        + b"\x09earliest"
+        + b"\x00"  # compact strings, tags
+        + b"\x02"
+        + TOPIC_ID
+        + b"\x02t"
+        + b"\x00"  # 1 topic: id, name
+        + b"\x02"
+        + TOPIC_ID
+        + struct.pack(">i", 3)
+        + b"\x00"  # 1 partition count
+        + b"\x00"
+    )
+    assert value == expected
+
+
 def test_snapshot_value_bytes() -> None:
     value = sc.encode_snapshot_value(2, 5, 0, ShareSnapshot(560, (StateBatch(560, 560, 0, 1),)))
     expected = (
@@ -121,9 +145,10 @@ def test_snapshot_epoch_wraps() -> None:
     st.integers(-(2**31), 2**31 - 1),
     st.dictionaries(st.text(max_size=20), st.text(max_size=20), max_size=5),
     st.dictionaries(st.binary(min_size=16, max_size=16), st.text(max_size=20), max_size=5),
+    st.dictionaries(st.binary(min_size=16, max_size=16), st.integers(0, 2**31 - 1), max_size=5),
 )
-def test_group_round_trip(group, epoch, configs, topics) -> None:
-    record = GroupRecord(group, epoch, configs, topics)
+def test_group_round_trip(group, epoch, configs, topics, topic_partitions) -> None:
+    record = GroupRecord(group, epoch, configs, topics, topic_partitions)
     rec = sc.decode_record(sc.encode_group_key(group), sc.encode_group_value(record))
     assert rec == sc.GroupValueRecord(record)
 
