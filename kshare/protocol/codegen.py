@@ -158,6 +158,15 @@ class _Gen:
     def packer(self, fmt: str) -> str:
         return self.const(struct.Struct(">" + fmt), "S")
 
+    def uvarint(self, target: str, ind: str, out: list[str]) -> None:
+        """Read an unsigned varint into ``target``: lengths and counts are almost always below 128,
+        so the one-byte case is inline and only longer varints call ``_uvarint``."""
+        out.append(f"{ind}{target} = buf[pos]")
+        out.append(f"{ind}if {target} < 0x80:")
+        out.append(f"{ind}    pos += 1")
+        out.append(f"{ind}else:")
+        out.append(f"{ind}    {target}, pos = _uvarint(buf, pos)")
+
     def flexible(self, f: FieldSpec | None = None) -> bool:
         if f is not None and f.flexible is not None:
             return self.version in f.flexible
@@ -182,7 +191,7 @@ class _Gen:
         if f.is_array:
             n = self.var("n")
             if flex:
-                out.append(f"{ind}{n}, pos = _uvarint(buf, pos)")
+                self.uvarint(n, ind, out)
                 out.append(f"{ind}{n} -= 1")
             else:
                 out.append(f"{ind}{n}, = _I32.unpack_from(buf, pos)")
@@ -231,14 +240,14 @@ class _Gen:
         n = self.var("n")
         if t == "string":
             if flex:
-                out.append(f"{ind}{n}, pos = _uvarint(buf, pos)")
+                self.uvarint(n, ind, out)
                 out.append(f"{ind}{n} -= 1")
             else:
                 out.append(f"{ind}{n}, = _I16.unpack_from(buf, pos)")
                 out.append(f"{ind}pos += 2")
         else:  # bytes, records
             if flex:
-                out.append(f"{ind}{n}, pos = _uvarint(buf, pos)")
+                self.uvarint(n, ind, out)
                 out.append(f"{ind}{n} -= 1")
             else:
                 out.append(f"{ind}{n}, = _I32.unpack_from(buf, pos)")
@@ -301,33 +310,37 @@ class _Gen:
                 values[f.attr] = f"v_{f.attr}"
                 out.append(f"    v_{f.attr} = {self.default_expr(f)}")
             out.append("    unknown = None")
-            out.append("    ntags, pos = _uvarint(buf, pos)")
-            out.append("    for _ in range(ntags):")
-            out.append("        tag, pos = _uvarint(buf, pos)")
-            out.append("        size, pos = _uvarint(buf, pos)")
-            out.append("        tend = pos + size")
-            out.append("        if tend > len(buf):")
-            out.append("            raise DecodeError('truncated tagged field')")
+            # no tagged fields (the common case) is a single zero byte
+            out.append("    if buf[pos] == 0:")
+            out.append("        pos += 1")
+            out.append("    else:")
+            out.append("        ntags, pos = _uvarint(buf, pos)")
+            out.append("        for _ in range(ntags):")
+            out.append("            tag, pos = _uvarint(buf, pos)")
+            out.append("            size, pos = _uvarint(buf, pos)")
+            out.append("            tend = pos + size")
+            out.append("            if tend > len(buf):")
+            out.append("                raise DecodeError('truncated tagged field')")
             # A known tag's value must fill exactly its declared size: a shorter or longer value
             # means the field is not what the size says (and re-encoding would change the bytes).
             # ``tend``, not ``end``: string and bytes decoders use ``end`` for their own bounds.
             kw = "if"
             for f in tagged:
-                out.append(f"        {kw} tag == {f.tag}:")
-                self.dec_value(f, f"v_{f.attr}", "            ", out)
-                out.append("            if pos != tend:")
-                out.append(f"                raise DecodeError('tagged field {f.name} does not fill its size')")
+                out.append(f"            {kw} tag == {f.tag}:")
+                self.dec_value(f, f"v_{f.attr}", "                ", out)
+                out.append("                if pos != tend:")
+                out.append(f"                    raise DecodeError('tagged field {f.name} does not fill its size')")
                 kw = "elif"
             if tagged:
-                out.append("        else:")
+                out.append("            else:")
+                out.append("                if unknown is None:")
+                out.append("                    unknown = {}")
+                out.append("                unknown[tag] = bytes(buf[pos:tend])")
+            else:
                 out.append("            if unknown is None:")
                 out.append("                unknown = {}")
                 out.append("            unknown[tag] = bytes(buf[pos:tend])")
-            else:
-                out.append("        if unknown is None:")
-                out.append("            unknown = {}")
-                out.append("        unknown[tag] = bytes(buf[pos:tend])")
-            out.append("        pos = tend")
+            out.append("            pos = tend")
         args = []
         for f in s.fields:
             args.append(values.get(f.attr) or self.default_expr(f))

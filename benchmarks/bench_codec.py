@@ -1,0 +1,392 @@
+"""Codec figures: kshare's generated codec against kafka-python 3's JSON-spec engine (run by hand).
+
+    /work/venv/bin/python benchmarks/bench_codec.py [--seconds 0.2] [--repeats 5] [--markdown]
+
+Both engines read Kafka's JSON message specs and compile per-version Python functions; kafka-python
+3 ships its own copy of Apache's specs (``kafka/protocol/schemas/resources``) and classes such as
+``kafka.protocol.consumer.FetchResponse``; ``FetchResponse.decode(data, version=v)`` and
+``message.encode()`` are its entry points. Messages:
+
+* FetchRequest v12, 5 topics x 3 partitions;
+* FetchResponse v13, 200 partitions (10 topics x 20), each with a real ~3.8 KiB v2 record batch
+  (12 records of 300-byte values, built with kafka-python's MemoryRecordsBuilder);
+* FetchResponse v16, the same plus a tagged CurrentLeader per partition and tagged NodeEndpoints
+  (what a broker sends after a leader change);
+* MetadataResponse v12, 3 brokers, 50 topics x 10 partitions (3 replicas, 3 ISR each);
+* ShareFetchRequest v1, 5 topics x 3 partitions, each with 3 acknowledgement batches;
+* ShareFetchResponse v1, 10 partitions, 16 KiB of records and 2 acquired ranges each
+  (kafka-python 3 has no share-group APIs: ours only).
+
+Every message is first encoded by kshare; kafka-python decodes those bytes and must re-encode them
+byte for byte (checked) before anything is timed. Each operation runs in a ``time.perf_counter``
+loop sized to about ``--seconds`` after a warm-up, ``--repeats`` times; the table shows the median
+operations per second. "decode" is bytes -> message objects, "encode" is message objects -> bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kshare.protocol.codegen import codec_for  # noqa: E402
+from kshare.protocol.messages import message_class  # noqa: E402
+from kshare.protocol.spec import load_spec  # noqa: E402
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)  # kafka-python's importlib.resources use
+
+RNG = random.Random(932)
+
+
+def uuid_bytes() -> bytes:
+    return RNG.randbytes(16)
+
+
+def record_batch(values: int, value_size: int, base_offset: int) -> bytes:
+    """A real magic-v2 record batch, uncompressed."""
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 24)
+    for i in range(values):
+        builder.append(
+            timestamp=1_700_000_000_000 + i, key=b"key-%d" % i, value=RNG.randbytes(value_size), headers=[]
+        )
+    builder.close()
+    batch = bytearray(builder.buffer())
+    batch[0:8] = base_offset.to_bytes(8, "big")
+    return bytes(batch)
+
+
+# -- messages -------------------------------------------------------------------------------------
+
+
+def fetch_request_v12():
+    C = message_class("FetchRequest")
+    return C(
+        replica_id=-1,
+        max_wait_ms=500,
+        min_bytes=1,
+        max_bytes=52_428_800,
+        isolation_level=1,
+        session_id=0,
+        session_epoch=-1,
+        topics=[
+            C.FetchTopic(
+                topic=f"orders-{t}",
+                partitions=[
+                    C.FetchPartition(
+                        partition=p,
+                        current_leader_epoch=7,
+                        fetch_offset=1_000_000 + p,
+                        last_fetched_epoch=6,
+                        log_start_offset=-1,
+                        partition_max_bytes=1_048_576,
+                    )
+                    for p in range(3)
+                ],
+            )
+            for t in range(5)
+        ],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+
+
+def fetch_response(version: int, *, leader_hints: bool):
+    C = message_class("FetchResponse")
+    batches = [record_batch(12, 300, 1_000 * i) for i in range(8)]  # ~3.8 KiB each, reused
+    topics = []
+    for t in range(10):
+        parts = []
+        for p in range(20):
+            part = C.PartitionData(
+                partition_index=p,
+                error_code=0,
+                high_watermark=5_000_000 + p,
+                last_stable_offset=5_000_000 + p,
+                log_start_offset=0,
+                aborted_transactions=[],
+                preferred_read_replica=-1,
+                records=batches[(t * 20 + p) % len(batches)],
+            )
+            if leader_hints:
+                part.current_leader = C.LeaderIdAndEpoch(leader_id=p % 3, leader_epoch=12)
+            parts.append(part)
+        topics.append(C.FetchableTopicResponse(topic=f"orders-{t}", topic_id=uuid_bytes(), partitions=parts))
+    msg = C(throttle_time_ms=0, error_code=0, session_id=1234, responses=topics)
+    if leader_hints:
+        msg.node_endpoints = [
+            C.NodeEndpoint(node_id=i, host=f"broker-{i}.kafka.svc", port=9092, rack=f"rack-{i}")
+            for i in range(3)
+        ]
+    return msg
+
+
+def metadata_response_v12():
+    C = message_class("MetadataResponse")
+    return C(
+        throttle_time_ms=0,
+        brokers=[
+            C.MetadataResponseBroker(node_id=i, host=f"broker-{i}.kafka.svc", port=9092, rack=None)
+            for i in range(3)
+        ],
+        cluster_id="q9bS7Q3kR2yXk1i1l8Xz0w",
+        controller_id=0,
+        topics=[
+            C.MetadataResponseTopic(
+                error_code=0,
+                name=f"orders-{t}",
+                topic_id=uuid_bytes(),
+                is_internal=False,
+                partitions=[
+                    C.MetadataResponsePartition(
+                        error_code=0,
+                        partition_index=p,
+                        leader_id=p % 3,
+                        leader_epoch=12,
+                        replica_nodes=[p % 3, (p + 1) % 3, (p + 2) % 3],
+                        isr_nodes=[p % 3, (p + 1) % 3, (p + 2) % 3],
+                        offline_replicas=[],
+                    )
+                    for p in range(10)
+                ],
+                topic_authorized_operations=-2147483648,
+            )
+            for t in range(50)
+        ],
+    )
+
+
+def share_fetch_request_v1():
+    C = message_class("ShareFetchRequest")
+    return C(
+        group_id="billing",
+        member_id="kNqj0b3bQ6uXcV3m0h2b4g",
+        share_session_epoch=3,
+        max_wait_ms=500,
+        min_bytes=1,
+        max_bytes=52_428_800,
+        max_records=500,
+        batch_size=500,
+        topics=[
+            C.FetchTopic(
+                topic_id=uuid_bytes(),
+                partitions=[
+                    C.FetchPartition(
+                        partition_index=p,
+                        acknowledgement_batches=[
+                            C.AcknowledgementBatch(
+                                first_offset=b * 500, last_offset=b * 500 + 499, acknowledge_types=[1]
+                            )
+                            for b in range(3)
+                        ],
+                    )
+                    for p in range(3)
+                ],
+            )
+            for _ in range(5)
+        ],
+        forgotten_topics_data=[],
+    )
+
+
+def share_fetch_response_v1():
+    C = message_class("ShareFetchResponse")
+    records = record_batch(52, 300, 0)[:16_384]  # 16 KiB of records per partition
+    return C(
+        throttle_time_ms=0,
+        error_code=0,
+        acquisition_lock_timeout_ms=30_000,
+        responses=[
+            C.ShareFetchableTopicResponse(
+                topic_id=uuid_bytes(),
+                partitions=[
+                    C.PartitionData(
+                        partition_index=p,
+                        current_leader=C.LeaderIdAndEpoch(leader_id=p % 3, leader_epoch=12),
+                        records=records,
+                        acquired_records=[
+                            C.AcquiredRecords(first_offset=0, last_offset=29, delivery_count=1),
+                            C.AcquiredRecords(first_offset=30, last_offset=51, delivery_count=2),
+                        ],
+                    )
+                    for p in range(5)
+                ],
+            )
+            for _ in range(2)
+        ],
+        node_endpoints=[C.NodeEndpoint(node_id=i, host=f"broker-{i}.kafka.svc", port=9092) for i in range(3)],
+    )
+
+
+# (label, spec name, version, builder, kafka-python class path or None)
+CASES = [
+    ("FetchRequest v12 (5x3 partitions)", "FetchRequest", 12, fetch_request_v12, "consumer.FetchRequest"),
+    (
+        "FetchResponse v13 (200 partitions, 3.8 KiB records each)",
+        "FetchResponse",
+        13,
+        lambda: fetch_response(13, leader_hints=False),
+        "consumer.FetchResponse",
+    ),
+    (
+        "FetchResponse v16 (same + tagged CurrentLeader, NodeEndpoints)",
+        "FetchResponse",
+        16,
+        lambda: fetch_response(16, leader_hints=True),
+        "consumer.FetchResponse",
+    ),
+    (
+        "MetadataResponse v12 (50 topics x 10 partitions)",
+        "MetadataResponse",
+        12,
+        metadata_response_v12,
+        "metadata.MetadataResponse",
+    ),
+    (
+        "ShareFetchRequest v1 (5x3 partitions, 3 ack batches each)",
+        "ShareFetchRequest",
+        1,
+        share_fetch_request_v1,
+        None,
+    ),
+    (
+        "ShareFetchResponse v1 (10 partitions, 16 KiB records each)",
+        "ShareFetchResponse",
+        1,
+        share_fetch_response_v1,
+        None,
+    ),
+]
+
+
+# -- timing ---------------------------------------------------------------------------------------
+
+
+def measure(fns: dict[str, Callable[[], object]], seconds: float, repeats: int) -> dict[str, float]:
+    """Operations per second of each function: the median over ``repeats`` perf_counter loops sized
+    to about ``seconds``, after a warm-up. The engines' loops alternate (A B A B ...) so that both
+    see the same machine load."""
+    loops = {}
+    for name, fn in fns.items():
+        for _ in range(3):  # warm-up
+            fn()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 4:
+            fn()
+            n += 1
+        loops[name] = max(1, n * 4)
+    results: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            gc.collect()
+            count = loops[name]
+            start = time.perf_counter()
+            for _ in range(count):
+                fn()
+            results[name].append(count / (time.perf_counter() - start))
+    return {name: statistics.median(r) for name, r in results.items()}
+
+
+def kafka_python_class(path: str) -> type:
+    import importlib
+
+    module, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(f"kafka.protocol.{module}"), name)
+
+
+def fmt(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:,.0f}" if v >= 100 else f"{v:,.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=0.2, help="target length of one timed loop")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = ap.parse_args()
+
+    import kafka
+    import msgspec
+
+    rows = []
+    for label, spec_name, version, build, kp_path in CASES:
+        codec = codec_for(load_spec(spec_name), version)
+        msg = build()
+        data = bytes(codec.encode(msg))
+        decoded, end = codec.decode(data)
+        assert end == len(data) and bytes(codec.encode(decoded)) == data
+
+        fns = {"ours_dec": partial(codec.decode, data), "ours_enc": partial(codec.encode, decoded)}
+        if kp_path is not None:
+            kp_cls = kafka_python_class(kp_path)
+            kp_msg = kp_cls.decode(data, version=version)
+            assert kp_msg.encode() == data, f"kafka-python does not re-encode {label} byte for byte"
+            fns["kp_dec"] = partial(kp_cls.decode, data, version=version)
+            fns["kp_enc"] = kp_msg.encode
+        r = measure(fns, args.seconds, args.repeats)
+        ours_dec, ours_enc, kp_dec, kp_enc = r["ours_dec"], r["ours_enc"], r.get("kp_dec"), r.get("kp_enc")
+        rows.append((label, len(data), ours_dec, kp_dec, ours_enc, kp_enc))
+        print(f"  {label}: done", file=sys.stderr)
+
+    header = (
+        "message",
+        "bytes",
+        "decode/s kshare",
+        "decode/s kafka-python",
+        "x",
+        "encode/s kshare",
+        "encode/s kafka-python",
+        "x",
+    )
+    table = []
+    for label, size, od, kd, oe, ke in rows:
+        table.append(
+            (
+                label,
+                f"{size:,}",
+                fmt(od),
+                fmt(kd),
+                "" if kd is None else f"{od / kd:.1f}",
+                fmt(oe),
+                fmt(ke),
+                "" if ke is None else f"{oe / ke:.1f}",
+            )
+        )
+    env = (
+        f"Python {platform.python_version()} ({platform.machine()}), msgspec {msgspec.__version__}, "
+        f"kafka-python {kafka.__version__}, {os.cpu_count()} CPUs; median of {args.repeats} x ~{args.seconds}s loops"
+    )
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |")
+        for row in table:
+            print("| " + " | ".join(row) + " |")
+        print(f"\n{env}")
+    else:
+        widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
+        for row in [header, *table]:
+            print(
+                "  ".join(
+                    str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
+                )
+            )
+        print(env)
+
+
+if __name__ == "__main__":
+    main()
