@@ -6,6 +6,7 @@ AlterShareGroupOffsets, DeleteShareGroupOffsets, DeleteGroups) and by the metric
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,6 +64,17 @@ async def partition_offsets(service: ShareGroupService, group_id: str, topic: To
         lag = -1 if err else max(0, end - snapshot.start_offset - settled_above_start(snapshot, end))
         out.append(PartitionOffsets(p, snapshot.start_offset, lag))
     return out
+
+
+async def lookup_topic(service: ShareGroupService, name: str, partitions: Iterable[int] = ()) -> TopicInfo | None:
+    """The topic as of recent metadata; refreshed at once when it (or one of ``partitions``) is not known yet,
+    so a topic created a moment ago can be reset or described, as on a Kafka broker."""
+    await service.upstream.refresh_metadata(max_age=5.0)
+    info = service.upstream.topics.get(name)
+    if info is None or any(p >= info.partitions for p in partitions):
+        await service.upstream.refresh_metadata()
+        info = service.upstream.topics.get(name)
+    return info
 
 
 def group_topics(service: ShareGroupService, group_id: str) -> dict[bytes, TopicInfo]:

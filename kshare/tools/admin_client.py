@@ -647,7 +647,11 @@ def _reason(exc: BaseException | None) -> str:
         return "no server"
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return "timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     text = str(exc)
+    if "IncompleteReadError" in text or isinstance(exc, asyncio.IncompleteReadError):
+        return "the server closed the connection: is it a Kafka listener?"
     return text or type(exc).__name__

@@ -118,7 +118,6 @@ def consume(bootstrap_server: str, group: str, topics: tuple[str, ...], ack: str
     previous = signal.signal(signal.SIGTERM, on_signal) if _main_thread() else None
     count = 0
     last_record = time.monotonic()
-    out = click.get_text_stream("stdout")
     failed: str | None = None
     try:
         while not stop:
@@ -142,13 +141,12 @@ def consume(bootstrap_server: str, group: str, topics: tuple[str, ...], ack: str
                 if max_messages is not None and count >= max_messages:
                     consumer.acknowledge(m, AcknowledgeType.RELEASE)
                     continue
-                out.write(format_record(m, print_timestamp=print_timestamp, print_partition=print_partition,
-                                        print_offset=print_offset, print_delivery_count=print_delivery_count,
-                                        print_key=print_key, key_separator=key_separator) + "\n")
+                click.echo(format_record(m, print_timestamp=print_timestamp, print_partition=print_partition,
+                                         print_offset=print_offset, print_delivery_count=print_delivery_count,
+                                         print_key=print_key, key_separator=key_separator))
                 count += 1
                 if explicit:
                     consumer.acknowledge(m, ack_type[ack or "accept"])
-            out.flush()
             if explicit and msgs:
                 consumer.commit_async()
     except KeyboardInterrupt:
@@ -202,9 +200,8 @@ def produce(bootstrap_server: str, topic: str, key_separator: str | None, partit
         if err is not None:
             errors.append(str(err))
 
-    stdin = click.get_text_stream("stdin")
     try:
-        for lineno, raw in enumerate(stdin, 1):
+        for lineno, raw in enumerate(sys.stdin, 1):
             line = raw.rstrip("\r\n")
             key: str | None = None
             value = line

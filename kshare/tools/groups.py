@@ -279,7 +279,7 @@ def groups(bootstrap_server: str, command_config: str | None, list_: bool, descr
         servers = parse_bootstrap(bootstrap_server)
         settings = load_command_config(command_config) if command_config else None
     except AdminError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.ClickException(str(exc)) from None
     client_id = settings.client_id if settings else "kshare-groups"
 
     async def run() -> int:

@@ -25,10 +25,9 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     group = service.coordinator.group(req.group_id)
     if group is not None and group.members:
         return version, Response(error_code=ErrorCode.NON_EMPTY_GROUP, error_message="The group is not empty.")
-    await service.upstream.refresh_metadata(max_age=5.0)
     responses = []
     for t in req.topics:
-        info = service.upstream.topics.get(t.topic_name)
+        info = await admin.lookup_topic(service, t.topic_name, [p.partition_index for p in t.partitions])
         parts = []
         for p in t.partitions:
             if info is None:

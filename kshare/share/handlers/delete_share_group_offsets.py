@@ -28,10 +28,9 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
                                  error_message=f"Group {req.group_id} not found.")
     if group.members:
         return version, Response(error_code=ErrorCode.NON_EMPTY_GROUP, error_message="The group is not empty.")
-    await service.upstream.refresh_metadata(max_age=5.0)
     responses = []
     for t in req.topics:
-        info = service.upstream.topics.get(t.topic_name)
+        info = await admin.lookup_topic(service, t.topic_name)
         if info is None:
             responses.append(Response.DeleteShareGroupOffsetsResponseTopic(
                 topic_name=t.topic_name, topic_id=bytes(16), error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))

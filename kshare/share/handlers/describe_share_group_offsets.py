@@ -32,7 +32,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         else:
             wanted, missing = [], []
             for t in g.topics:
-                info = service.upstream.topics.get(t.topic_name)
+                info = await admin.lookup_topic(service, t.topic_name, t.partitions)
                 (wanted.append((info, list(t.partitions))) if info else missing.append(t))
         topics = []
         for info, partitions in wanted:
