@@ -1,0 +1,390 @@
+"""Helpers for end-to-end share-group tests: kshare (proxy + share-group service) in a thread,
+group configs through the proxy, producers, confluent ShareConsumer loops, raw protocol calls.
+
+Nothing here stands in for the proxy, the broker or the client: ``ShareProxyThread`` runs the
+product's ``KShare`` on uvloop, consumers are librdkafka's ``ShareConsumer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import AcknowledgeType, Consumer, KafkaException, Producer, ShareConsumer
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
+
+from kshare.app import KShare
+from kshare.proxy.config import ProxyConfig, parse_hostports
+from kshare.share.config import BrokerLimits
+
+log = logging.getLogger("kshare.tests.share")
+
+# Broker-level bounds low enough for tests (Kafka's are 45 s session timeout, 5 s heartbeat).
+TEST_LIMITS = BrokerLimits(min_session_timeout_ms=1000, min_heartbeat_interval_ms=100,
+                           min_record_lock_duration_ms=1000)
+
+
+def quiet_logger() -> logging.Logger:
+    return logging.getLogger("kshare.tests.share.librdkafka")
+
+
+# ------------------------------------------------------------------------------------------------
+# kshare in a thread
+
+
+class ShareProxyThread:
+    """``KShare`` (proxy + share-group service with its state on the fronted cluster) on its own
+    uvloop event loop in a background thread."""
+
+    def __init__(self, upstream: str, *, limits: BrokerLimits = TEST_LIMITS, start_timeout: float = 60.0,
+                 **config: object) -> None:
+        config.setdefault("bootstrap_port", 0)
+        config.setdefault("broker_port_base", 0)
+        # A state topic of its own: a store prunes its topic below what *it* knows, so two
+        # instances must not share one (pass ``state_topic`` to restart on the same state).
+        config.setdefault("state_topic", f"__kshare_state_test_{uuid.uuid4().hex[:10]}")
+        config.setdefault("state_topic_partitions", 3)
+        self.config = ProxyConfig(upstream=parse_hostports(upstream), group_limits=limits,
+                                  **config)  # type: ignore[arg-type]
+        self.start_timeout = start_timeout
+        self.app: KShare | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.app is not None and self.app.proxy.bootstrap_port
+        return f"{self.config.advertised}:{self.app.proxy.bootstrap_port}"
+
+    @property
+    def service(self):
+        assert self.app is not None
+        return self.app.service
+
+    def start(self, timeout: float | None = None) -> ShareProxyThread:
+        """Start and wait until the proxy serves and the share state is loaded (TimeoutError if not)."""
+        import uvloop
+
+        timeout = self.start_timeout if timeout is None else timeout
+        started: Future = Future()
+
+        async def main() -> None:
+            try:
+                self.app = KShare(self.config)
+                self._stopped = asyncio.Event()
+                await self.app.start()
+                await self.app.wait_ready(timeout)
+            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
+                started.set_exception(exc)
+                if self.app is not None:
+                    try:
+                        await self.app.stop()
+                    except Exception:  # noqa: BLE001
+                        pass
+                return
+            started.set_result(None)
+            await self._stopped.wait()
+            await self.app.stop()
+
+        def run() -> None:
+            self.loop = uvloop.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            try:
+                self.loop.run_until_complete(main())
+            finally:
+                self.loop.close()
+
+        self._thread = threading.Thread(target=run, name="kshare-share-proxy", daemon=True)
+        self._thread.start()
+        started.result(timeout + 10)
+        return self
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the proxy's loop and return its result (for inspecting state)."""
+        assert self.loop is not None
+        fut: Future = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001
+                fut.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(run)
+        return fut.result(10)
+
+    def run(self, coro_fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
+        """Run the coroutine ``coro_fn(*args)`` on the proxy's loop and return its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro_fn(*args), self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.loop is not None and self._stopped is not None and self._thread is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._stopped.set)
+            except RuntimeError:  # loop already closed
+                pass
+            self._thread.join(30)
+        self._thread = None
+
+    def __enter__(self) -> ShareProxyThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ------------------------------------------------------------------------------------------------
+# admin through the proxy
+
+
+def admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, "logger": quiet_logger(), "socket.timeout.ms": 10000})
+
+
+def set_group_configs(bootstrap: str, group: str, configs: dict[str, object]) -> None:
+    """IncrementalAlterConfigs SET on the GROUP resource (through the proxy for share groups)."""
+    entries = [ConfigEntry(k, str(v), incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()]
+    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    client = admin(bootstrap)  # kept alive until the answer is in (a destroyed handle fails the future)
+    for fut in client.incremental_alter_configs([res]).values():
+        fut.result(30)
+
+
+def describe_group_configs(bootstrap: str, group: str) -> dict[str, str]:
+    res = ConfigResource(ResourceType.GROUP, group)
+    out = {}
+    client = admin(bootstrap)
+    for fut in client.describe_configs([res]).values():
+        out.update({k: v.value for k, v in fut.result(30).items()})
+    return out
+
+
+def share_group(bootstrap: str, group: str, **configs: object) -> None:
+    """Prepare a share group: ``share.auto.offset.reset=earliest`` plus ``configs`` (underscores in
+    keyword names stand for dots)."""
+    settings: dict[str, object] = {"share.auto.offset.reset": "earliest"}
+    settings.update({k.replace("_", "."): v for k, v in configs.items()})
+    set_group_configs(bootstrap, group, settings)
+
+
+# ------------------------------------------------------------------------------------------------
+# producing
+
+
+def produce(bootstrap: str, topic: str, values: Sequence[bytes | str], *, partition: int | None = None,
+            partitions: int | None = None, per_batch: int = 1, keys: Sequence[bytes | None] | None = None,
+            headers: Sequence[list[tuple[str, bytes]]] | None = None) -> None:
+    """Produce ``values`` in producer batches of ``per_batch`` records (linger 0, flush per batch),
+    to ``partition``, or round-robin batch by batch over ``partitions`` partitions."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "logger": quiet_logger(),
+                  "enable.idempotence": False, "acks": "all"})
+    errors: list[Any] = []
+
+    def report(err, _msg) -> None:
+        if err is not None:
+            errors.append(err)
+
+    for i, v in enumerate(values):
+        kw: dict[str, Any] = {"value": v, "on_delivery": report}
+        if partition is not None:
+            kw["partition"] = partition
+        elif partitions is not None:
+            kw["partition"] = (i // per_batch) % partitions
+        if keys is not None:
+            kw["key"] = keys[i]
+        if headers is not None:
+            kw["headers"] = headers[i]
+        p.produce(topic, **kw)
+        if (i + 1) % per_batch == 0:
+            p.flush(30)
+    assert p.flush(30) == 0
+    assert not errors, errors
+
+
+# ------------------------------------------------------------------------------------------------
+# share consumers
+
+
+@dataclass(frozen=True)
+class Got:
+    """One record a share consumer received."""
+
+    consumer: str
+    topic: str
+    partition: int
+    offset: int
+    delivery_count: int
+    key: bytes | None
+    value: bytes | None
+    at: float  # time.monotonic() when polled
+
+
+def share_consumer(bootstrap: str, group: str, *, explicit: bool = False, **conf: object) -> ShareConsumer:
+    config: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "logger": quiet_logger(),
+        "socket.timeout.ms": 10000,
+    }
+    if explicit:
+        config["share.acknowledgement.mode"] = "explicit"
+    config.update(conf)
+    return ShareConsumer(config)
+
+
+def records_of(consumer: ShareConsumer, timeout: float) -> list[Any]:
+    """One poll; the records (messages without error)."""
+    msgs = consumer.poll(timeout)
+    out = []
+    for m in msgs:
+        err = m.error()
+        if err is not None:
+            if err.code() == -191:  # _PARTITION_EOF, informational
+                continue
+            log.info("share consumer error: %s", err)
+            continue
+        out.append(m)
+    return out
+
+
+def got(name: str, m: Any) -> Got:
+    return Got(name, m.topic(), m.partition(), m.offset(), m.delivery_count() or 0, m.key(), m.value(),
+               time.monotonic())
+
+
+class ConsumerLoop:
+    """A ShareConsumer polling in its own thread until stopped; ``action(msg)`` returns the
+    AcknowledgeType for explicit mode (None: leave it unacknowledged -> the loop stops polling)."""
+
+    def __init__(self, name: str, bootstrap: str, group: str, topic: str | Iterable[str], *,
+                 explicit: bool = False, action: Callable[[Any], int | None] | None = None,
+                 poll_timeout: float = 0.5, process_s: float = 0.0, **conf: object) -> None:
+        self.name = name
+        self.topics = [topic] if isinstance(topic, str) else list(topic)
+        self.explicit = explicit
+        self.action = action
+        self.poll_timeout = poll_timeout
+        self.process_s = process_s
+        self.consumer = share_consumer(bootstrap, group, explicit=explicit, **conf)
+        self.received: list[Got] = []
+        self.errors: list[BaseException] = []
+        self.stuck = False  # an action left a record unacknowledged: no more polls
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"share-{name}", daemon=True)
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def start(self) -> ConsumerLoop:
+        self.consumer.subscribe(self.topics)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self.stuck:
+                    time.sleep(0.05)
+                    continue
+                msgs = records_of(self.consumer, self.poll_timeout)
+                for m in msgs:
+                    with self.lock:
+                        self.received.append(got(self.name, m))
+                    if self.process_s:
+                        time.sleep(self.process_s)
+                    if self.explicit:
+                        ack = self.action(m) if self.action is not None else AcknowledgeType.ACCEPT
+                        if ack is None:
+                            self.stuck = True
+                        else:
+                            self.consumer.acknowledge(m, ack)
+                if self.explicit and msgs and not self.stuck:
+                    self.consumer.commit_async()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            log.exception("share consumer %s failed", self.name)
+            self.errors.append(exc)
+
+    def stop(self, *, close: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        if close and not self.closed:
+            self.closed = True
+            try:
+                self.consumer.close()
+            except KafkaException as exc:
+                log.info("closing %s: %s", self.name, exc)
+
+    def values(self) -> list[bytes]:
+        with self.lock:
+            return [g.value for g in self.received]
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str = "condition", interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def poll_until(consumer: ShareConsumer, pred: Callable[[list[Any]], bool], timeout: float, *,
+               name: str = "c", on_record: Callable[[Any], None] | None = None) -> list[Got]:
+    """Poll ``consumer`` (in this thread) until ``pred(all records so far)`` or the timeout."""
+    out: list[Got] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not pred(out):
+        for m in records_of(consumer, 0.5):
+            out.append(got(name, m))
+            if on_record is not None:
+                on_record(m)
+    return out
+
+
+def read_plain(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> list[Any]:
+    """``n`` records of ``topic`` read with a plain (assign, earliest) consumer."""
+    from confluent_kafka import TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"plain-{time.monotonic_ns()}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": quiet_logger()})
+    md = c.list_topics(topic, timeout=10).topics[topic]
+    c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error() is not None:
+                continue
+            out.append(m)
+    finally:
+        c.close()
+    return out
+
+
+@dataclass
+class Tally:
+    """Records seen per value, for 'every record once' checks."""
+
+    counts: dict[bytes, int] = field(default_factory=dict)
+
+    def add(self, values: Iterable[bytes]) -> None:
+        for v in values:
+            self.counts[v] = self.counts.get(v, 0) + 1
+
+    def duplicates(self) -> dict[bytes, int]:
+        return {v: c for v, c in self.counts.items() if c > 1}
