@@ -12,8 +12,10 @@ The structs come from the spec files ``protocol_specs/Share*Key.json`` / ``Share
 
 from __future__ import annotations
 
+import operator
 import struct
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Final
 
 from kshare.protocol.codegen import DecodeError, codec_for
@@ -36,6 +38,7 @@ VALUE_VERSION: Final = 0
 
 #: Delivery states a state batch may carry (Acquired is never persisted).
 DURABLE_STATES: Final = frozenset((0, 2, 4))
+_TERMINAL: Final = frozenset((2, 4))
 
 SNAPSHOT_EPOCH_MODULUS: Final = 1 << 16  # the snapshot epoch is a uint16; it wraps
 
@@ -236,6 +239,55 @@ def _batches(msg, name: str) -> tuple[StateBatch, ...]:
     return tuple(out)
 
 
+# The common case decoded with struct.iter_unpack instead of one object per state batch: no tagged
+# fields anywhere (every batch ends in a zero tag count, and so does the value). Anything else, and
+# anything that fails a check, goes through the spec codec, which also words the error.
+_SNAPSHOT_HEAD = struct.Struct(">hHiiq")  # value version, snapshot epoch, state epoch, leader epoch, start
+_UPDATE_HEAD = struct.Struct(">hHiq")  # value version, snapshot epoch, leader epoch, start offset
+_BATCH = struct.Struct(">qqbhx")  # first, last, delivery state, delivery count, (empty) tagged fields
+_tuple_new = tuple.__new__  # tuple.__new__(StateBatch, row) is what StateBatch._make does, in C
+
+
+def _fast_value(head: struct.Struct, buf: memoryview) -> tuple[tuple, tuple[StateBatch, ...]] | None:
+    pos = head.size
+    if len(buf) < pos + 2:
+        return None
+    fields = head.unpack_from(buf, 0)
+    if fields[0] != VALUE_VERSION:
+        return None
+    n1 = buf[pos]
+    pos += 1
+    if n1 >= 0x80:  # a longer varint
+        shift = 7
+        n1 &= 0x7F
+        while True:
+            if pos >= len(buf) or shift > 28:
+                return None
+            b = buf[pos]
+            pos += 1
+            n1 |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+    if n1 == 0:
+        return None
+    n = n1 - 1
+    end = pos + _BATCH.size * n
+    if end + 1 != len(buf) or buf[end] != 0:
+        return None
+    if not n:
+        return fields, ()
+    if bytes(buf[pos + 19 : end : 20]) != bytes(n):
+        return None
+    rows = list(_BATCH.iter_unpack(buf[pos:end]))
+    firsts, lasts, states, counts = zip(*rows, strict=True)
+    if min(firsts) < 0 or min(counts) < 0 or not DURABLE_STATES.issuperset(states):
+        return None
+    if not all(map(operator.le, firsts, lasts)):
+        return None
+    return fields, tuple(map(_tuple_new, repeat(StateBatch), rows))
+
+
 def decode_record(key: bytes | memoryview | None, value: bytes | memoryview | None) -> StateRecord:
     """Decode one state-topic record; raises StateRecordError for anything it does not understand."""
     record_type, k = decode_key(key)  # type: ignore[arg-type]
@@ -243,6 +295,16 @@ def decode_record(key: bytes | memoryview | None, value: bytes | memoryview | No
         if record_type == RECORD_GROUP:
             return GroupTombstone(k)  # type: ignore[arg-type]
         return ShareTombstone(k)  # type: ignore[arg-type]
+    if record_type == RECORD_SNAPSHOT:
+        fast = _fast_value(_SNAPSHOT_HEAD, memoryview(value))
+        if fast is not None:
+            (_, epoch, state_epoch, leader_epoch, start), batches = fast
+            return SnapshotRecord(k, epoch, state_epoch, leader_epoch, ShareSnapshot(start, batches))  # type: ignore[arg-type]
+    elif record_type == RECORD_UPDATE:
+        fast = _fast_value(_UPDATE_HEAD, memoryview(value))
+        if fast is not None:
+            (_, epoch, leader_epoch, start), batches = fast
+            return UpdateRecord(k, epoch, leader_epoch, ShareUpdate(start, batches))  # type: ignore[arg-type]
     msg = _value(record_type, value)
     if record_type == RECORD_SNAPSHOT:
         snap = ShareSnapshot(msg.start_offset, _batches(msg, "ShareSnapshot"))
@@ -312,6 +374,28 @@ def murmur2(data: bytes) -> int:
     h = (h * m) & 0xFFFFFFFF
     h ^= h >> 15
     return h - (1 << 32) if h & 0x80000000 else h
+
+
+def is_normalized(snapshot: ShareSnapshot) -> bool:
+    """True when :func:`states.normalize` would return ``snapshot`` unchanged (cheap check)."""
+    b = snapshot.state_batches
+    if not b:
+        return True
+    start = snapshot.start_offset
+    first = b[0]
+    if start >= 0 and (
+        first.first_offset < start or (first.first_offset == start and first.delivery_state in _TERMINAL)
+    ):
+        return False
+    if len(b) == 1:
+        return True
+    firsts, lasts, states, counts = zip(*b, strict=True)
+    if not all(map(operator.lt, lasts[:-1], firsts[1:])):  # sorted, no overlap
+        return False
+    # no two touching neighbours with the same state and count (merge_batches would join them)
+    ends = zip(map(operator.add, lasts[:-1], repeat(1)), states[:-1], counts[:-1], strict=True)
+    starts = zip(firsts[1:], states[1:], counts[1:], strict=True)
+    return not any(map(operator.eq, ends, starts))
 
 
 def partition_of_key_bytes(key: bytes, partitions: int) -> int:

@@ -56,6 +56,7 @@ from .state_codec import (
     encode_share_key,
     encode_snapshot_value,
     encode_update_value,
+    is_normalized,
     partition_for,
     partition_for_group,
     snapshot_value_size,
@@ -991,9 +992,8 @@ class TopicStateStore:
             return
         if isinstance(rec, SnapshotRecord):
             stats.snapshots += 1
-            e = _Entry(
-                normalize(rec.snapshot), partition, rec.snapshot_epoch, rec.state_epoch, rec.leader_epoch
-            )
+            snap = rec.snapshot if is_normalized(rec.snapshot) else normalize(rec.snapshot)
+            e = _Entry(snap, partition, rec.snapshot_epoch, rec.state_epoch, rec.leader_epoch)
             e.snapshot_offset = offset
             self._entries[rec.key] = e
         elif isinstance(rec, UpdateRecord):

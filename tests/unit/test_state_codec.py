@@ -292,3 +292,58 @@ def test_in_place_replay_equals_apply_update(start, parts, chain) -> None:
 def test_in_place_replay_rejects_bad_batches() -> None:
     with pytest.raises(ValueError):
         apply_update_in_place(0, [], ShareUpdate(-1, (StateBatch(5, 4, 0, 1),)))
+
+
+# -- the fast decoding path and the normalized check --------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-1, 200), spans)
+def test_is_normalized(start, parts) -> None:
+    raw = build_state(max(start, 0), parts)  # sorted, may be unmerged after re-splitting below
+    split = tuple(
+        piece
+        for b in raw.state_batches
+        for piece in (
+            (b,)
+            if b.first_offset == b.last_offset
+            else (b._replace(last_offset=b.first_offset), b._replace(first_offset=b.first_offset + 1))
+        )
+    )
+    for candidate in (ShareSnapshot(start, raw.state_batches), ShareSnapshot(start, split)):
+        assert sc.is_normalized(candidate) == (normalize(candidate) == candidate)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys, st.integers(0, 2**16 - 1), st.integers(-1, 2**62), batches)
+def test_fast_and_spec_codec_decode_agree(key, epoch, start, bs) -> None:
+    """A value with tagged fields takes the spec codec; without, the fast path: same result."""
+    codec = sc._value_codec(sc.RECORD_SNAPSHOT)
+    cls = codec.cls
+    msg = cls(
+        snapshot_epoch=epoch,
+        state_epoch=1,
+        leader_epoch=2,
+        start_offset=start,
+        state_batches=[
+            cls.StateBatch(
+                first_offset=b[0],
+                last_offset=b[1],
+                delivery_state=b[2],
+                delivery_count=b[3],
+                unknown_tags={9: b"x"},
+            )
+            for b in bs
+        ],
+        unknown_tags={7: b"future"},
+    )
+    tagged = b"\x00\x00" + bytes(codec.encode(msg))
+    plain = sc.encode_snapshot_value(epoch, 1, 2, ShareSnapshot(start, bs))
+    k = sc.encode_share_key(sc.RECORD_SNAPSHOT, key)
+    assert sc._fast_value(sc._SNAPSHOT_HEAD, memoryview(plain)) is not None
+    assert sc._fast_value(sc._SNAPSHOT_HEAD, memoryview(tagged)) is None
+    assert (
+        sc.decode_record(k, tagged)
+        == sc.decode_record(k, plain)
+        == sc.SnapshotRecord(key, epoch, 1, 2, ShareSnapshot(start, bs))
+    )
