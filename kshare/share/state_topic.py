@@ -411,8 +411,8 @@ class TopicStateStore:
         )
         try:
             await self._admin.start()
-            await self._ensure_topic()
-            await self._load()
+            created = await self._ensure_topic()
+            await self._load(empty=created)
             conf: dict[str, Any] = {
                 "acks": "all",
                 "enable_idempotence": True,
@@ -800,12 +800,14 @@ class TopicStateStore:
 
     # -- topic creation --------------------------------------------------------------------------
 
-    async def _ensure_topic(self) -> None:
+    async def _ensure_topic(self) -> bool:
+        """Create the topic if missing (True when this call created it) and check it."""
         from aiokafka.admin import NewTopic
 
         admin = self._admin
         # list_topics, not a metadata request naming the topic: that would auto-create it
         # (auto.create.topics.enable) with the broker's default settings
+        created = False
         if self.topic not in await admin.list_topics():
             cluster = await admin.describe_cluster()
             brokers = len(cluster.get("brokers", ())) or 1
@@ -827,6 +829,7 @@ class TopicStateStore:
                     raise StateStoreError(
                         f"cannot create the state topic {self.topic}: error {code} {message or ''}"
                     )
+            created = not any(t[1] == 36 for t in resp.topic_errors)
             log.info(
                 "created state topic %s: %d partitions, replication factor %d, min.insync.replicas %d",
                 self.topic,
@@ -864,6 +867,7 @@ class TopicStateStore:
             )
             self.partitions = count
         await self._check_topic_configs()
+        return created
 
     async def _describe_topic(self) -> tuple[int, list[tuple[int, int, int]], bool] | None:
         """(error code, [(error, partition, leader)], internal) of the topic, None if it does not exist."""
@@ -907,13 +911,18 @@ class TopicStateStore:
 
     # -- recovery --------------------------------------------------------------------------------
 
-    async def _load(self) -> None:
+    async def _load(self, *, empty: bool = False) -> None:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
         t0 = time.monotonic()
         stats = self.load_stats = LoadStats()
         self._entries.clear()
         self._groups.clear()
+        if empty:  # just created: nothing to replay
+            for p in range(self.partitions):
+                self._start[p] = self._end[p] = 0
+            log.info("state topic %s is new: nothing to load", self.topic)
+            return
         conf: dict[str, Any] = {
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from kshare.share import state_codec as sc
 from kshare.share.partition import FetchedBatch, SharePartition
-from kshare.share.state_topic import StateStoreError, StateWriteError, TopicStateStore
+from kshare.share.state_topic import ALTERNATIVE_TOPIC, StateStoreError, StateWriteError, TopicStateStore
 from kshare.share.states import ShareSnapshot, ShareUpdate, StateBatch
 from kshare.share.store import GroupRecord, SharePartitionKey
 
@@ -627,3 +627,17 @@ def test_created_topic_configs(kafka39, topic_name) -> None:
     md = admin.list_topics(topic=topic_name, timeout=10).topics[topic_name]
     assert len(md.partitions) == 5
     assert all(len(p.replicas) == 1 for p in md.partitions.values())
+
+
+def test_kafka4_reserves_share_group_state(kafka4) -> None:
+    """Apache Kafka 4.x owns __share_group_state: the store says so instead of failing every write."""
+
+    async def main() -> None:
+        with pytest.raises(StateStoreError, match="internal topic|cannot create"):
+            await TopicStateStore(kafka4.bootstrap).start()
+        async with TopicStateStore(kafka4.bootstrap, topic=ALTERNATIVE_TOPIC, prune_interval_s=3600) as store:
+            await store.write([(KEY, ShareSnapshot(5, ()))])
+        fresh = await replayed(kafka4.bootstrap, ALTERNATIVE_TOPIC)
+        assert fresh.share_partitions()[KEY] == ShareSnapshot(5, ())
+
+    run(main())
