@@ -55,10 +55,36 @@ def _blob(n: int) -> bytes:
     return bytes((i * 31 + n) & 0xFF for i in range(n))
 
 
-# Opaque payloads: mostly short random ones; sometimes long enough (128+ bytes) for a multi-byte
-# length varint, generated from one drawn length so they cost one choice, not hundreds.
-BYTES = st.one_of(st.binary(max_size=24), st.integers(100, 400).map(_blob))
-TEXT = st.one_of(st.text(max_size=12), st.integers(40, 200).map(lambda n: "kafka-é€😀"[n % 9 :] * (n // 8)))
+# Strings and byte fields take a value byte from their struct's drawn bytes (see ``_Plan``): a
+# quarter of the time it asks Hypothesis for a random value, otherwise it picks one of these, which
+# sit on the edges of the length encodings (compact lengths are varint(n + 1): 126/127 bytes are
+# the last one-byte lengths, 16382/16383 the last two-byte ones) and of UTF-8 (1-4 byte characters).
+TEXT = st.text(max_size=12)
+BYTES = st.binary(max_size=24)
+STRINGS = [
+    "",
+    "a",
+    "orders-0",
+    "\x00",
+    "é",
+    "€uro",
+    "😀",
+    "a" * 126,
+    "b" * 127,
+    "c" * 128,
+    "é" * 100,
+    "kafka-😀" * 40,
+    "d" * 16382,
+    "e" * 16383,
+]
+BLOBS = [
+    b"",
+    b"\x00",
+    b"\xff" * 3,
+    bytes(range(256)),
+    *(_blob(n) for n in (126, 127, 128, 16382, 16383, 20000)),
+]
+
 
 # Fixed-width values are unpacked from drawn bytes with exactly their wire format, so every value
 # of the type's range (int8 .. int64, uint16, uint32) is reachable and nothing outside it is.
@@ -99,10 +125,11 @@ def _layout(spec: MessageSpec, s: StructSpec, version: int) -> list[tuple[FieldS
 
 class _Plan:
     """How to draw one struct of one version: a single fixed-size byte string supplies every
-    fixed-width value and one control byte per nullable, tagged or array field (null? left at
-    the default? how many elements?) plus one for ``unknown_tags``; strings, bytes, records,
-    arrays of them and nested structs are drawn separately. Hypothesis draws a few choices per
-    struct instead of one per field, which keeps 250 (message, version) cases fast, and still
+    fixed-width value, one control byte per nullable, tagged or array field (null? left at the
+    default? how many elements?), one value byte per string, bytes or records field (which value,
+    or a random one from Hypothesis) and one byte for ``unknown_tags``; array elements other than
+    fixed-width ones and nested structs are drawn separately. Hypothesis makes a few choices per
+    struct instead of several per field, which keeps 250 (message, version) cases fast, and still
     shrinks well: all-zero bytes mean zero values, nulls, tagged fields set, empty arrays."""
 
     def __init__(self, spec: MessageSpec, s: StructSpec, version: int) -> None:
@@ -115,6 +142,8 @@ class _Plan:
                 fmt += "B"
             if f.type in FIXED and not f.is_array:
                 fmt += FIXED[f.type][0]
+            elif f.struct is None and not f.is_array:
+                fmt += "B"  # the value byte of a string, bytes or records field
         self.unknown = _flexible(spec, version)
         if self.unknown:
             fmt += "B"
@@ -154,20 +183,22 @@ def _draw_struct(draw, spec: MessageSpec, s: StructSpec, version: int, unknown: 
     kwargs = {}
     for f, tagged in plan.fields:
         control = next(raw) if tagged or f.is_array or version in f.nullable else 0
+        scalar = next(raw) if f.struct is None and not f.is_array else None
         if tagged and control & 1:
-            if f.type in FIXED and not f.is_array:
-                next(raw)
             continue  # omitted: the class default, which the encoder leaves out
         if version in f.nullable and (control >> 1) & 3 == 0:
             value = None
-            if f.type in FIXED and not f.is_array:
-                next(raw)
         elif f.is_array:
             value = [_draw_element(draw, spec, f, version, unknown) for _ in range((control >> 3) & 3)]
+        elif f.struct is not None:
+            value = _draw_struct(draw, spec, f.struct, version, unknown)
         elif f.type in FIXED:
-            value = _fixed(f.type, next(raw))
-        else:
+            value = _fixed(f.type, scalar)
+        elif scalar < 64:
             value = _draw_element(draw, spec, f, version, unknown)
+        else:
+            table = STRINGS if f.type == "string" else BLOBS
+            value = table[scalar % len(table)]
         kwargs[f.attr] = value
     if plan.unknown and next(raw) & 3 == 3 and unknown:
         kwargs["unknown_tags"] = draw(plan.unknown_tags)
@@ -202,26 +233,22 @@ def _records(spec: MessageSpec, s: StructSpec, obj: object):
 # -- properties -----------------------------------------------------------------------------------------
 
 
+CUTS = struct.Struct(">12H")  # up to 12 random cut points
+MUTATIONS = struct.Struct(">B" + "HB" * 3)  # how many (1-3), then (position, new byte) pairs
+
+
 @cache
 def scenario(name: str, version: int) -> st.SearchStrategy:
-    """A message plus the random choices the properties need, drawn as one strategy (cheaper than
-    several ``data.draw`` calls). Positions are taken modulo the encoding's length."""
-    return st.fixed_dictionaries(
-        {
-            "message": message(name, version),
-            "head": st.binary(max_size=8),
-            "tail": st.binary(max_size=8),
-            "cuts": st.lists(st.integers(0, 1 << 16), max_size=12),
-            "mutations": st.lists(
-                st.tuples(
-                    st.integers(0, 1 << 16),
-                    st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF]) | st.integers(0, 255),
-                ),
-                min_size=1,
-                max_size=3,
-            ),
-            "garbage": st.binary(max_size=64),
-        }
+    """A message plus the random choices the properties need, drawn as one strategy: fixed-size
+    byte strings stand for the cut points and overwritten bytes (positions are taken modulo the
+    encoding's length), one choice each instead of one per number."""
+    return st.tuples(
+        message(name, version),
+        st.binary(max_size=8),  # bytes before the message in the buffer
+        st.binary(max_size=8),  # bytes after it
+        st.binary(min_size=CUTS.size, max_size=CUTS.size),
+        st.binary(min_size=MUTATIONS.size, max_size=MUTATIONS.size),
+        st.binary(max_size=64),  # garbage
     )
 
 
@@ -231,8 +258,7 @@ def scenario(name: str, version: int) -> st.SearchStrategy:
 def test_codec_properties(name: str, version: int, data: st.DataObject) -> None:
     spec = load_spec(name)
     codec = codec_for(spec, version)
-    case = data.draw(scenario(name, version), label="case")
-    x = case["message"]
+    x, head, tail, cut_bytes, mutation_bytes, garbage = data.draw(scenario(name, version), label="case")
 
     # decode(encode(x)) == x, consuming exactly the encoding; encode(decode(b)) == b
     b = bytes(codec.encode(x))
@@ -247,7 +273,6 @@ def test_codec_properties(name: str, version: int, data: st.DataObject) -> None:
         assert rec.obj is b
 
     # in the middle of a larger buffer, appending to an existing bytearray
-    head, tail = case["head"], case["tail"]
     framed = codec.encode(x, bytearray(head)) + tail
     z, end = codec.decode(framed, len(head))
     assert end == len(head) + len(b)
@@ -258,7 +283,7 @@ def test_codec_properties(name: str, version: int, data: st.DataObject) -> None:
     if len(b) <= 48:
         cuts = range(len(b))
     else:
-        cuts = sorted({0, len(b) - 1} | {c % len(b) for c in case["cuts"]})
+        cuts = sorted({0, len(b) - 1} | {c % len(b) for c in CUTS.unpack(cut_bytes)})
     for k in cuts:
         try:
             codec.decode(b[:k])
@@ -269,12 +294,13 @@ def test_codec_properties(name: str, version: int, data: st.DataObject) -> None:
     # a valid encoding with a few bytes overwritten gets deep into the decoder before going wrong
     if b:
         bad = bytearray(b)
-        for at, byte in case["mutations"]:
-            bad[at % len(b)] = byte
+        count, *pairs = MUTATIONS.unpack(mutation_bytes)
+        for i in range(count % 3 + 1):
+            bad[pairs[2 * i] % len(b)] = pairs[2 * i + 1]
         _decodes_or_decode_error(codec, bytes(bad))
 
     # random bytes (h11's rule: whatever a peer sends either parses or raises DecodeError)
-    _decodes_or_decode_error(codec, case["garbage"])
+    _decodes_or_decode_error(codec, garbage)
 
 
 def _decodes_or_decode_error(codec, buf: bytes) -> None:
