@@ -208,11 +208,15 @@ def lines_for(
 
 
 def unexpected_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """ERROR records and anything asyncio/uvloop reported (exceptions in callbacks, fatal errors,
-    writes to closed sockets): none of these may happen, whatever the clients send."""
+    """ERROR records of kshare and anything asyncio/uvloop reported (exceptions in callbacks, fatal
+    errors, writes to closed sockets): none of these may happen, whatever the clients send. (The
+    test clients' own logs, ``kshare.tests.*``, are theirs.)"""
     out = []
     for r in list(caplog.records):
-        if r.levelno >= logging.ERROR or (r.name == "asyncio" and r.levelno >= logging.WARNING) or r.exc_info:
+        ours = r.name.startswith("kshare") and not r.name.startswith("kshare.tests")
+        if (ours and (r.levelno >= logging.ERROR or r.exc_info)) or (
+            r.name == "asyncio" and r.levelno >= logging.WARNING
+        ):
             out.append(f"{r.name} {r.levelname} {r.getMessage()}")
     return out
 
@@ -283,7 +287,11 @@ class MetadataLoop:
         self._stop.set()
         self._thread.join(15)
 
-    def check(self, at_least: int = 1) -> None:
+    def check(self, at_least: int = 1, timeout: float = 10.0) -> None:
+        """No error so far, and (waiting up to ``timeout`` s for them) ``at_least`` answers."""
+        deadline = time.monotonic() + timeout
+        while self.count < at_least and not self.errors and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert self.errors == [], self.errors
         assert self.count >= at_least, f"only {self.count} Metadata answers"
 
@@ -550,7 +558,7 @@ def _check_proxy_outcome(case: Case, got: Exchange, caplog: pytest.LogCaptureFix
         return
     assert got.closed, f"{case.name}: the proxy left the connection open"
     assert got.data == b"", f"{case.name}: the proxy answered {got.data!r}"
-    assert got.seconds < 3, f"{case.name}: closed only after {got.seconds:.1f} s"
+    assert got.seconds < 5, f"{case.name}: closed only after {got.seconds:.1f} s"
     lines = lines_for(caplog, got.peer)
     assert len(lines) == 1, [r.getMessage() for r in lines]
     (line,) = lines
@@ -586,8 +594,7 @@ def test_bad_frame_handled_like_kafka(case: Case, kafka39, kafka_proxy: ProxyThr
         )
         _check_proxy_outcome(case, proxied, logs)
         assert kafka_proxy.proxy.stats.rejected == before + (case.outcome == "rejected")
-        time.sleep(0.1)
-    other.check(at_least=5)
+        other.check(at_least=other.count + 5)  # still answered after the bad frame
     # Kafka did the same
     assert direct.closed == proxied.closed, f"Kafka {'closed' if direct.closed else 'kept'} the connection"
     if case.outcome == "answered":
@@ -613,8 +620,7 @@ def test_bad_frame_handled_in_front_of_tansu(case: Case, tansu, logs) -> None:
             expect_frames=1 if case.outcome == "answered" else 0,
         )
         _check_proxy_outcome(case, got, logs)
-        time.sleep(0.1)
-    other.check(at_least=3)
+        other.check(at_least=other.count + 5)  # still answered after the bad frame
 
 
 def test_truncated_frame_waits_like_kafka(kafka39, kafka_proxy: ProxyThread, logs) -> None:
@@ -759,7 +765,7 @@ def test_oversize_frame_one_warning_other_connections_unaffected(kafka39, logs) 
         assert producer.flush(30) == 0
         assert errors == []
         other.check(at_least=10)
-    warnings = [r for r in logs.records if r.name.startswith("kshare") and r.levelno >= logging.WARNING]
+    warnings = [r for r in logs.records if r.name == PROXY_LOGGER and r.levelno >= logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert _count_records(kafka39.bootstrap, topic, 2) == 2
 
