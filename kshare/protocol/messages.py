@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .codegen import DecodeError, VersionCodec, classes_for, codec_for
+from .codegen import DecodeError, VersionCodec, _uvarint, classes_for, codec_for
 from .spec import MessageSpec, load_spec, specs_dir, strip_comments
 
 
@@ -143,8 +143,6 @@ def parse_request_header(frame: memoryview) -> RequestHeader:
 
 
 def skip_tagged_fields(buf: memoryview, pos: int) -> int:
-    from .codegen import _uvarint
-
     try:
         count, pos = _uvarint(buf, pos)
         for _ in range(count):

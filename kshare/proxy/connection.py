@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..metrics import METRICS
 from ..protocol import messages
-from ..protocol.codegen import DecodeError
+from ..protocol.codegen import DecodeError, _uvarint
 from . import filters
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ log = logging.getLogger("kshare.proxy")
 _SIZE = struct.Struct(">i")
 REQUEST_SECONDS = METRICS.request_seconds
 _HEAD = struct.Struct(">ihhi")  # size, api key, api version, correlation id
+_VERSION = struct.Struct(">h")
 _I16 = struct.Struct(">h")
 _ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id never needs more
 # Correlation ids of acks=0 Produce requests remembered per connection, in case the broker answers
@@ -56,7 +57,7 @@ class Slot:
         self.started = perf_counter()
 
     def answered(self) -> None:
-        REQUEST_SECONDS.observe(perf_counter() - self.started, api=_api_name(self.api_key))
+        REQUEST_SECONDS.observe(perf_counter() - self.started, api=_api_label(self.api_key))
 
 
 def produce_acks(frame: memoryview, version: int) -> int | None:
@@ -69,8 +70,6 @@ def produce_acks(frame: memoryview, version: int) -> int | None:
         pos = header.body_offset
         if version >= 3:  # transactional_id comes first
             if version >= 9:
-                from ..protocol.codegen import _uvarint
-
                 n, pos = _uvarint(frame, pos)
                 pos += max(n - 1, 0)
             else:
@@ -259,6 +258,14 @@ class ClientConnection(asyncio.Protocol):
             if bad is not None:
                 self._reject(bad)
                 return
+            if api_key == filters.FETCH and version > filters.FETCH_SERVED_AS:
+                # Fetch v16+ responses differ from v15 only by the new leaders' NodeEndpoints. Asking
+                # the broker for v15 gives a body that is also a valid v16+ answer without them, so the
+                # response can stream through untouched (no buffering or decoding on the consume hot
+                # path) and never carries a broker address; leader changes still reach the client
+                # through the per-partition CurrentLeader and a Metadata refresh.
+                _VERSION.pack_into(buf, 6, filters.FETCH_SERVED_AS)
+                version = filters.FETCH_SERVED_AS
             expects_response = True
             if api_key == filters.PRODUCE:
                 acks = produce_acks(memoryview(buf)[4 : 4 + size], version)
@@ -515,6 +522,16 @@ class UpstreamConnection(asyncio.Protocol):
         struct.pack_into(">i", out, 0, len(out) - 4)
         slot.data = out
         self.client.flush()
+
+
+_LABELS: dict[int, str] = {}
+
+
+def _api_label(key: int) -> str:
+    label = _LABELS.get(key)
+    if label is None:
+        label = _LABELS[key] = _api_name(key)
+    return label
 
 
 def _api_name(key: int) -> str:

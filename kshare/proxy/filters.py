@@ -25,6 +25,9 @@ FIND_COORDINATOR = 10
 API_VERSIONS = 18
 DESCRIBE_CLUSTER = 60
 
+# Fetch requests newer than this are sent to the broker as this version (see ClientConnection).
+FETCH_SERVED_AS = 15
+
 
 @dataclass(frozen=True, slots=True)
 class ResponseFilter:
@@ -40,6 +43,8 @@ RESPONSE_FILTERS: dict[int, ResponseFilter] = {
     FIND_COORDINATOR: ResponseFilter(rewrite.rewrite_find_coordinator),
     DESCRIBE_CLUSTER: ResponseFilter(rewrite.rewrite_describe_cluster),
     PRODUCE: ResponseFilter(rewrite.rewrite_node_endpoints, 10, rewrite.needs_node_endpoint_rewrite),
+    # Fetch v16+ never reaches the broker (it is asked as v15), so its responses carry no
+    # NodeEndpoints; the filter stays for a broker that sends them anyway.
     FETCH: ResponseFilter(rewrite.rewrite_node_endpoints, 16, rewrite.needs_node_endpoint_rewrite),
     API_VERSIONS: ResponseFilter(rewrite.rewrite_api_versions),
 }
