@@ -14,7 +14,6 @@ only walks offset ranges (``kshare.share.ranges``) and applies them.
 from __future__ import annotations
 
 import heapq
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
@@ -65,7 +64,6 @@ _ACK_TRANSITIONS: dict[int, Transition] = {
     ack_type: TRANSITIONS[(_ACQUIRED, event)] for ack_type, event in ACK_TYPE_EVENTS.items()
 }
 _VALID_ACK_TYPES = bytes(sorted(ACK_TYPE_EVENTS))
-_RUNS = re.compile(rb"(.)\1*", re.DOTALL)  # runs of one acknowledge type, found in C
 
 
 def _monotonic_ms() -> int:
@@ -151,8 +149,6 @@ class SharePartition:
         self._touch_lo = 0
         self._touch_hi = -1
         self._changes: list[StateBatch] = []
-        # Ranges the last operation archived after delivering them: (first, last, delivery count).
-        self._archived: list[tuple[int, int, int]] = []
         self.delivery_count_limit = delivery_count_limit
         self.max_record_locks = max_record_locks
         self.record_lock_duration_ms = record_lock_duration_ms
@@ -172,16 +168,6 @@ class SharePartition:
         self._limit = value
 
     # ------------------------------------------------------------------ queries
-
-    @property
-    def archived(self) -> list[tuple[int, int, int]]:
-        """(first, last, delivery count) of the delivered records the last operation archived
-        (rejected, or released / timed out / given back at the delivery count limit).
-
-        The durable update cannot tell: when the SPSO moves past an archived record the update
-        only carries the new start offset. The dead-letter queue needs exactly these records.
-        """
-        return self._archived
 
     @property
     def start_offset(self) -> int:
@@ -533,13 +519,8 @@ class SharePartition:
         old_start = self._begin()
         self._expire(now)
         plan, error = self._plan_acknowledgements(member_id, batches)
-        if error == ErrorCode.NONE:
-            deadline = now + self.record_lock_duration_ms
-            for first, last, ack_type in plan:
-                transition = _ACK_TRANSITIONS[ack_type]
-                self._transition_span(first, last, transition, member_id, deadline)
-                if ack_type == AcknowledgeType.RENEW:
-                    heapq.heappush(self._locks, (deadline, first, last))
+        if error == ErrorCode.NONE and plan:
+            self._apply_plan(plan, member_id, now + self.record_lock_duration_ms)
         return AcknowledgeResult(int(error), self._finish(old_start))
 
     def _plan_acknowledgements(
@@ -569,8 +550,8 @@ class SharePartition:
             if len(codes) == 1:
                 plan.append((first, last, codes[0]))
             else:
-                for m in _RUNS.finditer(codes):
-                    plan.append((first + m.start(), first + m.end() - 1, codes[m.start()]))
+                for start, end, ack_type in _type_runs(codes):
+                    plan.append((first + start, first + end, ack_type))
             spans.append((first, last))
         spans.sort()
         for k in range(1, len(spans)):
@@ -597,19 +578,25 @@ class SharePartition:
             i += 1
         return True
 
-    def _transition_span(
-        self, first: int, last: int, t: Transition, member: str | None, deadline: int
-    ) -> None:
-        """Apply one transition to every range piece of first..last (validated beforehand)."""
+    def _apply_plan(self, plan: list[tuple[int, int, int]], member: str, deadline: int) -> None:
+        """Apply validated, sorted (first, last, type) runs in one walk over the ranges."""
         ranges = self._ranges
-        i = index_of(ranges, first)
-        while i < len(ranges):
-            r = ranges[i]
-            if r.first > last:
-                break
-            i = isolate(ranges, i, max(r.first, first), min(r.last, last))
-            self._apply(ranges[i], t, member, deadline)
-            i += 1
+        i = index_of(ranges, plan[0][0])
+        for first, last, ack_type in plan:
+            t = _ACK_TRANSITIONS[ack_type]
+            while ranges[i].last < first:
+                i += 1
+            while i < len(ranges):
+                r = ranges[i]
+                if r.first > last:
+                    break
+                if r.first < first or r.last > last:
+                    i = isolate(ranges, i, max(r.first, first), min(r.last, last))
+                    r = ranges[i]
+                self._apply(r, t, member, deadline)
+                i += 1
+            if ack_type == AcknowledgeType.RENEW:
+                heapq.heappush(self._locks, (deadline, first, last))
 
     # ------------------------------------------------------------------ locks and members
 
@@ -688,7 +675,6 @@ class SharePartition:
         self._touch_lo = self._speo
         self._touch_hi = -1
         self._changes = []
-        self._archived = []
         return self._spso
 
     def _apply(self, r: StateRange, t: Transition, member: str | None, deadline: int) -> None:
@@ -700,8 +686,6 @@ class SharePartition:
             target = t.target
             r.count += t.delivery_increment
         r.state = target
-        if target == _ARCHIVED and r.count > 0:
-            self._archived.append((r.first, r.last, r.count))
         if target == _ACQUIRED:
             if t.new_lock:
                 r.deadline = deadline
@@ -734,7 +718,7 @@ class SharePartition:
         new_start = self._spso
         if not changes:
             return None if new_start == old_start else ShareUpdate(new_start, ())
-        batches = merge_batches(changes if len(changes) == 1 else overlay((), changes))
+        batches = merge_batches(changes if _sorted_disjoint(changes) else overlay((), changes))
         if new_start == old_start:
             return ShareUpdate(-1, tuple(batches))
         # The SPSO moved. When the records it moved past are exactly the ones this update
@@ -776,6 +760,46 @@ def _add_piece(pieces: list[list[int]], first: int, last: int, count: int) -> No
             p[1] = last
             return
     pieces.append([first, last, count])
+
+
+def _type_runs(codes: bytes) -> list[tuple[int, int, int]]:
+    """Runs of equal acknowledge types as (start, end inclusive, type), found with bytes.find.
+
+    Each type's next occurrence is searched in C and cached, so a 500-offset batch with a
+    few releases costs a handful of calls instead of a Python step per offset.
+    """
+    n = len(codes)
+    present = [t for t in _VALID_ACK_TYPES if t in codes]
+    if len(present) == 1:
+        return [(0, n - 1, present[0])]
+    next_at = dict.fromkeys(present, -1)
+    runs = []
+    p = 0
+    while p < n:
+        current = codes[p]
+        q = n
+        for t in present:
+            if t != current:
+                at = next_at[t]
+                if at < p:
+                    at = codes.find(t, p)
+                    if at < 0:
+                        at = n
+                    next_at[t] = at
+                if at < q:
+                    q = at
+        runs.append((p, q - 1, current))
+        p = q
+    return runs
+
+
+def _sorted_disjoint(batches: Sequence[StateBatch]) -> bool:
+    prev = -1
+    for b in batches:
+        if b.first_offset <= prev:
+            return False
+        prev = b.last_offset
+    return True
 
 
 def _covers(batches: Sequence[StateBatch], first: int, end: int) -> bool:

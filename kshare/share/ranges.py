@@ -28,7 +28,7 @@ class StateRange:
         deadline: int = 0,
     ) -> None:
         self.first = first
-        self.last = last
+        self.last = first if last == first else last  # one int object for single offsets
         self.state = state
         self.count = count
         self.member = member  # acquiring member id, only while Acquired
@@ -67,14 +67,14 @@ def isolate(ranges: list[StateRange], i: int, first: int, last: int) -> int:
     r = ranges[i]
     if first > r.first:
         left = r.copy()
-        left.last = first - 1
+        left.last = left.first if left.first == first - 1 else first - 1
         r.first = first
         ranges.insert(i, left)
         i += 1
     if last < r.last:
         right = r.copy()
         right.first = last + 1
-        r.last = last
+        r.last = r.first if r.first == last else last
         ranges.insert(i + 1, right)
     return i
 
@@ -86,12 +86,19 @@ def merge_between(ranges: list[StateRange], lo: int, hi: int) -> None:
     if hi - lo < 2:
         return
     merged: list[StateRange] = []
+    p: StateRange | None = None
     for r in ranges[lo:hi]:
-        if merged:
-            p = merged[-1]
-            if p.last + 1 == r.first and p.same_state(r):
-                p.last = r.last
-                continue
+        if (
+            p is not None
+            and p.state == r.state
+            and p.count == r.count
+            and p.member == r.member
+            and p.deadline == r.deadline
+            and p.last + 1 == r.first
+        ):
+            p.last = r.last
+            continue
         merged.append(r)
+        p = r
     if len(merged) != hi - lo:
         ranges[lo:hi] = merged
