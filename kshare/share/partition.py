@@ -149,6 +149,8 @@ class SharePartition:
         self._touch_lo = 0
         self._touch_hi = -1
         self._changes: list[StateBatch] = []
+        # Ranges the last operation archived after delivering them: (first, last, delivery count).
+        self._archived: list[tuple[int, int, int]] = []
         self.delivery_count_limit = delivery_count_limit
         self.max_record_locks = max_record_locks
         self.record_lock_duration_ms = record_lock_duration_ms
@@ -168,6 +170,17 @@ class SharePartition:
         self._limit = value
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def archived(self) -> list[tuple[int, int, int]]:
+        """(first, last, delivery count) of the delivered records the last operation archived
+        (rejected, acknowledged as gaps, or released / timed out / given back / re-acquired at
+        the delivery count limit). Records skipped because they are gone upstream are not here.
+
+        The durable update cannot tell: when the SPSO moves past an archived record the update
+        only carries the new start offset. The dead-letter queue needs exactly these records.
+        """
+        return self._archived
 
     @property
     def start_offset(self) -> int:
@@ -675,6 +688,7 @@ class SharePartition:
         self._touch_lo = self._speo
         self._touch_hi = -1
         self._changes = []
+        self._archived = []
         return self._spso
 
     def _apply(self, r: StateRange, t: Transition, member: str | None, deadline: int) -> None:
@@ -686,6 +700,8 @@ class SharePartition:
             target = t.target
             r.count += t.delivery_increment
         r.state = target
+        if target == _ARCHIVED and r.count > 0 and t is not _T_SKIP:
+            self._archived.append((r.first, r.last, r.count))
         if target == _ACQUIRED:
             if t.new_lock:
                 r.deadline = deadline
