@@ -611,3 +611,23 @@ def test_ranges_merge_back_after_divergence() -> None:
     assert states(sp)[0] == (0, 9, ACQUIRED, 2)
     sp.acknowledge("n", [(0, 9, ACCEPT)])
     assert states(sp) == [(13, 99, ACQUIRED, 1)]
+
+
+def test_archived_lists_delivered_records_the_operation_archived() -> None:
+    """For the dead-letter queue: the update alone misses records the SPSO moved past."""
+    sp, _ = make(delivery_count_limit=2)
+    sp.acquire("m", [FB(0, 9)], 500)
+    assert sp.acknowledge("m", [(0, 9, [REJECT, ACCEPT, GAP] + [RELEASE] * 7)]).error_code == 0
+    assert sp.archived == [(0, 0, 1), (2, 2, 1)]
+    sp.acquire("m", [FB(0, 9)], 500)  # 3-9 again, delivery count 2 = the limit
+    assert sp.archived == []
+    result = sp.acknowledge("m", [(3, 9, RELEASE)])
+    assert result.update == upd(10)  # the update does not name them ...
+    assert sp.archived == [(3, 9, 2)]  # ... archived does
+    # Records gone upstream (skipped) are not archived deliveries.
+    sp2, _ = make()
+    sp2.acquire("m", [FB(0, 4)], 500)
+    sp2.acknowledge("m", [(0, 4, RELEASE)])
+    sp2.acquire("m", [FB(5, 9)], 500, fetch_offset=0)
+    assert sp2.archived == []
+    assert sp2.start_offset == 5

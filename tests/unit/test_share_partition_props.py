@@ -87,22 +87,33 @@ class Model:
     now: int = 0
     speo: int = -1
     recs: dict[int, Rec] = field(default_factory=dict)
+    archived: list[tuple[int, int]] = field(default_factory=list)  # (offset, count) this operation
 
     def __post_init__(self) -> None:
         self.speo = self.spso
 
     # -- helpers
 
-    def _release(self, r: Rec) -> None:
-        r.state = ARCHIVED if r.count >= self.limit else AVAILABLE
+    def _archive(self, o: int) -> None:
+        """A delivered record ends its life here (not a skip of something gone upstream)."""
+        self.recs[o].state = ARCHIVED
+        self.archived.append((o, self.recs[o].count))
+
+    def _release(self, o: int) -> None:
+        r = self.recs[o]
+        if r.count >= self.limit:
+            self._archive(o)
+        else:
+            r.state = AVAILABLE
         r.member = r.deadline = None
 
     def _expire(self) -> None:
-        for r in self.recs.values():
+        for o, r in self.recs.items():
             if r.state == ACQUIRED and r.deadline <= self.now:  # type: ignore[operator]
-                self._release(r)
+                self._release(o)
 
     def _begin(self) -> tuple[int, dict[int, tuple[int, int] | None]]:
+        self.archived = []
         return self.spso, {o: durable(r) for o, r in self.recs.items()}
 
     def _finish(self, old: int, before: dict[int, tuple[int, int] | None]) -> ShareUpdate | None:
@@ -180,7 +191,7 @@ class Model:
                     if r.state != AVAILABLE:
                         continue
                     if r.count >= self.limit:
-                        r.state = ARCHIVED
+                        self._archive(o)
                         continue
                     if record_limit and budget <= 0:
                         cut = True
@@ -217,9 +228,9 @@ class Model:
                 if t == 1:
                     r.state = ACKED
                 elif t == 2:
-                    self._release(r)
+                    self._release(o)
                 elif t in (0, 3):
-                    r.state = ARCHIVED
+                    self._archive(o)
                 elif t == 4:
                     r.deadline = self.now + self.lock_ms
                 if r.state != ACQUIRED:
@@ -254,9 +265,9 @@ class Model:
     def release_member(self, member):
         old, before = self._begin()
         self._expire()
-        for r in self.recs.values():
+        for o, r in self.recs.items():
             if r.state == ACQUIRED and r.member == member:
-                self._release(r)
+                self._release(o)
         return self._finish(old, before)
 
     def expire_locks(self):
@@ -356,6 +367,10 @@ class Clock:
         return self.now
 
 
+def archived_offsets(sp: SharePartition) -> list[tuple[int, int]]:
+    return sorted((o, count) for first, last, count in sp.archived for o in range(first, last + 1))
+
+
 def expand(sp: SharePartition) -> dict[int, Rec]:
     out: dict[int, Rec] = {}
     for r in sp.in_flight():
@@ -422,6 +437,7 @@ class EngineVersusModel(RuleBasedStateMachine):
             member, batches, max_records, record_limit, fetch_offset, lso, aborted, lock_ms
         )
         assert (got.records, got.count, got.update) == want
+        assert archived_offsets(self.sp) == sorted(self.model.archived)
         self._record(got.update)
 
     def do_acknowledge_owned(self, data: st.DataObject) -> None:
@@ -469,6 +485,7 @@ class EngineVersusModel(RuleBasedStateMachine):
         got = self.sp.acknowledge(member, batches)
         want = self.model.acknowledge(member, batches)
         assert (got.error_code, got.update) == want
+        assert archived_offsets(self.sp) == sorted(self.model.archived)
         self._record(got.update)
 
     def do_tick(self, data: st.DataObject) -> None:
@@ -477,12 +494,14 @@ class EngineVersusModel(RuleBasedStateMachine):
         if data.draw(st.booleans()):
             got = self.sp.expire_locks()
             assert got == self.model.expire_locks()
+            assert archived_offsets(self.sp) == sorted(self.model.archived)
             self._record(got)
 
     def do_release_member(self, data: st.DataObject) -> None:
         member = data.draw(st.sampled_from(MEMBERS))
         got = self.sp.release_member(member)
         assert got == self.model.release_member(member)
+        assert archived_offsets(self.sp) == sorted(self.model.archived)
         self._record(got)
 
     def do_change_limit(self, data: st.DataObject) -> None:
