@@ -662,6 +662,22 @@ class SharePartition:
                 self._apply(r, _T_MEMBER_GONE, None, 0)
         return self._finish(old_start)
 
+    # ------------------------------------------------------------------ SPSO movement
+
+    def skip_to_log_start(self, log_start_offset: int) -> ShareUpdate | None:
+        """Records below the upstream log start are gone (retention, DeleteRecords): skip them.
+
+        Available offsets below it are archived without a delivery and the SPSO moves up to
+        it (one range, however far). Acquired ones keep their lock, since their member may
+        still acknowledge them, and are skipped when they come back. Unlike
+        ``reset_start_offset`` this works while records are acquired.
+        """
+        old_start = self._begin()
+        self._expire(self._clock())
+        if log_start_offset > self._spso:
+            self._skip_span(self._spso, log_start_offset - 1)
+        return self._finish(old_start)
+
     # ------------------------------------------------------------------ SPSO reset
 
     def reset_start_offset(self, offset: int) -> ResetResult:

@@ -492,6 +492,20 @@ def test_reset_refused_while_acquired() -> None:
     assert sp.acquire("m", [FB(50, 59)], 500).records == [AcquiredRange(50, 59, 1)]
 
 
+def test_skip_to_log_start_keeps_acquired_records() -> None:
+    sp, clock = make(100, record_lock_duration_ms=1_000)
+    sp.acquire("m", [FB(100, 109)], 500)
+    sp.acknowledge("m", [(100, 104, RELEASE)])  # 100-104 Available (count 1), 105-109 acquired
+    assert sp.skip_to_log_start(107) == upd(105)  # 100-104 archived, nothing durable left in flight
+    assert sp.archived == []  # gone upstream: nothing to dead-letter
+    assert states(sp) == [(105, 109, ACQUIRED, 1)]
+    assert sp.acknowledge("m", [(105, 109, ACCEPT)]).update == upd(110)
+    # Far past the window: one range, SPSO = SPEO = log start.
+    assert sp.skip_to_log_start(10**12) == upd(10**12)
+    assert (sp.start_offset, sp.end_offset, states(sp)) == (10**12, 10**12, [])
+    assert sp.skip_to_log_start(5) is None
+
+
 def test_reset_forwards_after_release() -> None:
     sp, _ = make()
     sp.acquire("m", [FB(0, 9)], 500)

@@ -30,7 +30,7 @@ OPS = (
     + ["acknowledge_owned"] * 10
     + ["acknowledge_random"] * 2
     + ["tick"] * 5
-    + ["release_member", "change_limit", "toggle_renew", "reset", "restart", "restart"]
+    + ["release_member", "change_limit", "toggle_renew", "reset", "skip_to_log_start", "restart", "restart"]
 )
 
 
@@ -273,6 +273,13 @@ class Model:
     def expire_locks(self):
         old, before = self._begin()
         self._expire()
+        return self._finish(old, before)
+
+    def skip_to_log_start(self, offset):
+        old, before = self._begin()
+        self._expire()
+        if offset > self.spso:
+            self._skip(self.spso, offset - 1)
         return self._finish(old, before)
 
     def reset(self, offset):
@@ -518,6 +525,12 @@ class EngineVersusModel(RuleBasedStateMachine):
         if got.snapshot is not None:
             self.base, self.writes = got.snapshot, []
         self._record(got.update)
+
+    def do_skip_to_log_start(self, data: st.DataObject) -> None:
+        offset = max(0, self.model.spso + data.draw(st.integers(-2, 12)))
+        got = self.sp.skip_to_log_start(offset)
+        assert got == self.model.skip_to_log_start(offset)
+        self._record(got)
 
     def do_restart(self, data: st.DataObject) -> None:
         durable_state = replay(self.base, self.writes)
