@@ -247,7 +247,7 @@ def kafka_python_consume(bootstrap: str, topic: str, group: str, n: int) -> Cons
     deadline = time.monotonic() + CONSUME_TIMEOUT
     try:
         while len(out) < n and time.monotonic() < deadline:
-            for batch in consumer.poll(timeout_ms=200).values():
+            for batch in consumer.poll(timeout_ms=1000).values():  # returns as soon as records come
                 for m in batch:
                     out.append(
                         Rec(m.topic, m.partition, m.offset, m.key, m.value, _headers(m.headers), m.timestamp)
@@ -267,8 +267,15 @@ def kafka_python_consume(bootstrap: str, topic: str, group: str, n: int) -> Cons
         consumer.close()
 
 
-def _kafka_python_commit(consumer, timeout: float = 30.0) -> None:
-    """Commit the positions; a rebalance in progress (seen directly too) is completed by polling."""
+def _kafka_python_commit(consumer, timeout: float = 10.0) -> bool:
+    """Commit the positions; True if committed.
+
+    kafka-python 3.0.12 often rebalances right after its first assignment, and now and then never
+    completes that rebalance: the SyncGroup response arrives but the consumer stays "rebalancing"
+    (seen directly against Kafka 3.9 as often as through the proxy). Its commits then fail with
+    RebalanceInProgressError; polling gives the rebalance a chance to finish, and after ``timeout``
+    the commit is given up (the records read are what the tests compare).
+    """
     from kafka.errors import CommitFailedError, RebalanceInProgressError
 
     positions = {tp: consumer.position(tp) for tp in consumer.assignment()}
@@ -276,11 +283,14 @@ def _kafka_python_commit(consumer, timeout: float = 30.0) -> None:
     while True:
         try:
             consumer.commit()
-            return
-        except (RebalanceInProgressError, CommitFailedError):
+            return True
+        except (RebalanceInProgressError, CommitFailedError) as exc:
             if time.monotonic() > deadline:
-                raise
-            consumer.poll(timeout_ms=100, max_records=1, update_offsets=False)
+                log.warning(
+                    "kafka-python consumer still rebalancing after %.0f s, not committing: %s", timeout, exc
+                )
+                return False
+            consumer.poll(timeout_ms=1000, max_records=1, update_offsets=False)
             for tp, offset in positions.items():
                 if tp in consumer.assignment():
                     consumer.seek(tp, offset)

@@ -681,6 +681,28 @@ def test_api_versions(side: Side) -> None:
         assert proxied == direct
 
 
+def test_api_versions_capped_at_codec_versions(kafka4) -> None:
+    """Kafka 4.4 speaks Produce/Fetch versions newer than the codec's specs: through the proxy a
+    client is offered only versions whose responses the proxy can decode and rewrite."""
+    with ProxyThread(kafka4.bootstrap) as proxy:
+        direct, proxied = _versions(kafka4.bootstrap), _versions(proxy.bootstrap)
+        served = proxy.call(proxy.proxy.served_versions)
+    capped = [
+        key
+        for key in filters.RESPONSE_FILTERS
+        if key in direct and direct[key][1] > messages.api(key).max_version
+    ]
+    assert capped, f"Kafka {kafka4.version} speaks no version newer than the codec: nothing to check"
+    for key in filters.RESPONSE_FILTERS:
+        if key in direct and key not in served:
+            spec = messages.api(key)
+            expect = (max(direct[key][0], spec.min_version), min(direct[key][1], spec.max_version))
+            assert proxied[key] == expect, (messages.api(key).name, direct[key], proxied[key])
+    assert {k: v for k, v in proxied.items() if k not in filters.RESPONSE_FILTERS and k not in served} == {
+        k: v for k, v in direct.items() if k not in filters.RESPONSE_FILTERS and k not in served
+    }
+
+
 def _raw_api_versions(address: tuple[str, int], version: int) -> bytes:
     """An ApiVersions request at ``version`` (v3+ body, header v2); the raw response frame."""
     client_id = b"kshare-test"
