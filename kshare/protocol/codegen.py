@@ -74,6 +74,13 @@ _FIXED = {
     "uuid": ("16s", 16),
 }
 
+# Arrays of fixed-width primitives (replica lists, partition ids, acknowledge types) are read and
+# written with one precompiled Struct per element count; longer ones format their own.
+_SMALL_ARRAY = 32
+_ARRAYS = {
+    fmt: tuple(struct.Struct(f">{n}{fmt}") for n in range(_SMALL_ARRAY)) for fmt, _ in _FIXED.values() if fmt != "16s"
+}
+
 _PY_TYPES = {
     "bool": bool,
     "int8": int,
@@ -207,7 +214,11 @@ class _Gen:
             out.append(f"{ind2}    raise DecodeError('array {f.name} longer than frame')")
             if f.type in _FIXED and f.type != "uuid":
                 fmt, size = _FIXED[f.type]
-                out.append(f"{ind2}{target} = list(_unpack('>%d{fmt}' % {n}, buf, pos))")
+                table = self.const(_ARRAYS[fmt], "A")
+                out.append(f"{ind2}if {n} < {_SMALL_ARRAY}:")
+                out.append(f"{ind2}    {target} = list({table}[{n}].unpack_from(buf, pos))")
+                out.append(f"{ind2}else:")
+                out.append(f"{ind2}    {target} = list(_unpack('>%d{fmt}' % {n}, buf, pos))")
                 out.append(f"{ind2}pos += {n} * {size}")
             else:
                 item = self.var("it")
@@ -370,7 +381,11 @@ class _Gen:
                 out.append(f"{ind2}{buf} += _I32.pack(len({v}))")
             if f.type in _FIXED and f.type != "uuid":
                 fmt = _FIXED[f.type][0]
-                out.append(f"{ind2}{buf} += _pack('>%d{fmt}' % len({v}), *{v})")
+                table = self.const(_ARRAYS[fmt], "A")
+                out.append(f"{ind2}if len({v}) < {_SMALL_ARRAY}:")
+                out.append(f"{ind2}    {buf} += {table}[len({v})].pack(*{v})")
+                out.append(f"{ind2}else:")
+                out.append(f"{ind2}    {buf} += _pack('>%d{fmt}' % len({v}), *{v})")
             else:
                 item = self.var("it")
                 out.append(f"{ind2}for {item} in {v}:")

@@ -364,3 +364,25 @@ def test_unknown_tags_survive_and_sort_with_known_ones() -> None:
     assert tail[14:16] == b"\x04\x00"
     assert tail[16:19] == b"\xd0\x0f\x03"
     assert codec.decode(b) == (x, len(b))
+
+
+@pytest.mark.parametrize("version", [0, 12])
+def test_fixed_width_arrays_of_any_length(version: int) -> None:
+    """Arrays of fixed-width values use one precompiled Struct per small length, and format their
+    own beyond: both sides of the boundary, in classic (int32 count) and compact encodings."""
+    spec = load_spec("MetadataResponse")
+    classes = classes_for(spec)
+    codec = codec_for(spec, version)
+    for n in (0, 1, 31, 32, 33, 1000):
+        replicas = list(range(-(n // 2), n - n // 2))
+        partition = classes["MetadataResponsePartition"](replica_nodes=replicas, isr_nodes=replicas[:1])
+        x = classes["MetadataResponse"](
+            topics=[classes["MetadataResponseTopic"](name="t", partitions=[partition])]
+        )
+        b = bytes(codec.encode(x))
+        y, end = codec.decode(b)
+        assert (y, end) == (x, len(b))
+        assert y.topics[0].partitions[0].replica_nodes == replicas
+        for k in {len(b) - 1, len(b) - 4 * n} - {len(b)}:
+            with pytest.raises(DecodeError):
+                codec.decode(b[:k])
