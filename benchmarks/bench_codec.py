@@ -1,6 +1,6 @@
 """Codec figures: kshare's generated codec against kafka-python 3's JSON-spec engine (run by hand).
 
-    /work/venv/bin/python benchmarks/bench_codec.py [--seconds 0.2] [--repeats 5] [--markdown]
+    /work/venv/bin/python benchmarks/bench_codec.py [--seconds 0.2] [--repeats 5] [--markdown] [--scaling]
 
 Both engines read Kafka's JSON message specs and compile per-version Python functions; kafka-python
 3 ships its own copy of Apache's specs (``kafka/protocol/schemas/resources``) and classes such as
@@ -21,6 +21,9 @@ Every message is first encoded by kshare; kafka-python decodes those bytes and m
 byte for byte (checked) before anything is timed. Each operation runs in a ``time.perf_counter``
 loop sized to about ``--seconds`` after a warm-up, ``--repeats`` times; the table shows the median
 operations per second. "decode" is bytes -> message objects, "encode" is message objects -> bytes.
+
+``--scaling`` adds decode time per partition of FetchResponse v16 (tagged CurrentLeader on every
+partition) from 50 to 800 partitions.
 """
 
 from __future__ import annotations
@@ -103,13 +106,13 @@ def fetch_request_v12():
     )
 
 
-def fetch_response(version: int, *, leader_hints: bool):
+def fetch_response(version: int, *, leader_hints: bool, partitions_per_topic: int = 20):
     C = message_class("FetchResponse")
     batches = [record_batch(12, 300, 1_000 * i) for i in range(8)]  # ~3.8 KiB each, reused
     topics = []
     for t in range(10):
         parts = []
-        for p in range(20):
+        for p in range(partitions_per_topic):
             part = C.PartitionData(
                 partition_index=p,
                 error_code=0,
@@ -118,7 +121,7 @@ def fetch_response(version: int, *, leader_hints: bool):
                 log_start_offset=0,
                 aborted_transactions=[],
                 preferred_read_replica=-1,
-                records=batches[(t * 20 + p) % len(batches)],
+                records=batches[(t * partitions_per_topic + p) % len(batches)],
             )
             if leader_hints:
                 part.current_leader = C.LeaderIdAndEpoch(leader_id=p % 3, leader_epoch=12)
@@ -312,11 +315,45 @@ def fmt(v: float | None) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:,.1f}"
 
 
+def scaling(seconds: float, repeats: int, markdown: bool) -> None:
+    """Decode time per partition of FetchResponse v16 with a tagged CurrentLeader on every partition,
+    as the message grows: kafka-python copies the rest of the buffer into a BytesIO for every struct
+    that has tagged fields, so its time per partition grows with the message (quadratic in total)."""
+    from kafka.protocol.consumer import FetchResponse
+
+    codec = codec_for(load_spec("FetchResponse"), 16)
+    rows = []
+    for per_topic in (5, 10, 20, 40, 80):
+        data = bytes(codec.encode(fetch_response(16, leader_hints=True, partitions_per_topic=per_topic)))
+        assert FetchResponse.decode(data, version=16).encode() == data
+        r = measure(
+            {"ours": partial(codec.decode, data), "kp": partial(FetchResponse.decode, data, version=16)},
+            seconds,
+            repeats,
+        )
+        n = 10 * per_topic
+        rows.append((n, len(data), 1e6 / r["ours"] / n, 1e6 / r["kp"] / n))
+    header = ("partitions", "bytes", "kshare us/partition", "kafka-python us/partition")
+    lines = [(f"{n:,}", f"{size:,}", f"{o:.1f}", f"{k:.1f}") for n, size, o, k in rows]
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("| ---: | ---: | ---: | ---: |")
+        for row in lines:
+            print("| " + " | ".join(row) + " |")
+    else:
+        widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
+        for row in [header, *lines]:
+            print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=0.2, help="target length of one timed loop")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument(
+        "--scaling", action="store_true", help="also: decode time per partition as FetchResponse grows"
+    )
     args = ap.parse_args()
 
     import kafka
@@ -386,6 +423,9 @@ def main() -> None:
                 )
             )
         print(env)
+    if args.scaling:
+        print()
+        scaling(args.seconds, args.repeats, args.markdown)
 
 
 if __name__ == "__main__":
