@@ -40,12 +40,18 @@ from kshare.share.states import (
 
 __all__ = [
     "AcknowledgeResult",
+    "AcknowledgeType",
+    "AcquireMode",
     "AcquireResult",
     "AcquiredRange",
     "FetchedBatch",
     "InFlightRange",
+    "RecordState",
     "ResetResult",
     "SharePartition",
+    "ShareSnapshot",
+    "ShareUpdate",
+    "StateBatch",
 ]
 
 DEFAULT_DELIVERY_COUNT_LIMIT = 5
