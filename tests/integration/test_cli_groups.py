@@ -591,6 +591,18 @@ def test_native_kafka4(kafka4, topic_name, group):
     assert group not in groups_ok(k4, "--list").split()
     assert groups_err(k4, "--describe", "--group", group) == f"Error: group {group} does not exist"
 
+    # a classic consumer group of the same cluster is not taken for a share group
+    from confluent_kafka import Consumer, TopicPartition
+
+    classic = f"classic-{group}"
+    c = Consumer({"bootstrap.servers": k4, "group.id": classic, "logger": _quiet()})
+    try:
+        c.commit(offsets=[TopicPartition(topic_name, 0, 3)], asynchronous=False)
+    finally:
+        c.close()
+    assert groups_err(k4, "--describe", "--group", classic) == f"Error: group {classic} is not a share group"
+    assert classic not in groups_ok(k4, "--list").split()
+
 
 # ------------------------------------------------------------------------------------------------
 # Apache Kafka's ShareGroupCommand through kshare
