@@ -8,7 +8,6 @@ and share group.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
