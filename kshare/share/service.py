@@ -397,13 +397,11 @@ class ShareGroupService:
         engine = sp.engine
         if engine is None or log_start <= engine.start_offset:
             return
-        result = engine.reset_start_offset(log_start)
-        if result.snapshot is not None:
+        update = engine.skip_to_log_start(log_start)
+        if update is not None:
             log.info("share-partition %s %s-%d: records below %d were deleted upstream; SPSO moves there",
                      sp.key.group_id, sp.topic.name, sp.key.partition, log_start)
-            self.persist(sp, result.snapshot).add_done_callback(_ignore_failure)
-        elif result.update is not None:
-            self.persist(sp, result.update).add_done_callback(_ignore_failure)
+            self.persist(sp, update).add_done_callback(_ignore_failure)
 
     async def classic_group_exists(self, group_id: str) -> bool:
         """Whether the cluster has a consumer (or classic) group with this id, which a share group
