@@ -262,8 +262,10 @@ class ClientConnection(asyncio.Protocol):
                 # Fetch v16+ responses differ from v15 only by the new leaders' NodeEndpoints. Asking
                 # the broker for v15 gives a body that is also a valid v16+ answer without them, so the
                 # response can stream through untouched (no buffering or decoding on the consume hot
-                # path) and never carries a broker address; leader changes still reach the client
-                # through the per-partition CurrentLeader and a Metadata refresh.
+                # path) and never carries a broker address. Kafka fills CurrentLeader as well only
+                # for v16+ (KafkaApis: versionId >= 16), so after a leader change the client learns
+                # the new leader from NOT_LEADER_OR_FOLLOWER and a Metadata refresh, as before KIP-951
+                # (tests/integration/test_passthrough.py::test_node_endpoints_point_at_proxy).
                 _VERSION.pack_into(buf, 6, filters.FETCH_SERVED_AS)
                 version = filters.FETCH_SERVED_AS
             expects_response = True
