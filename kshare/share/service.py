@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import random
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -374,12 +375,27 @@ class ShareGroupService:
             headers = dead_letter.context_headers(group.group_id, sp.topic.name, sp.key.partition, d)
             if cfg.dlq_copy_record and d.headers:
                 headers = d.headers + headers
-            sends.append(await producer.send(cfg.dlq_topic, value=d.value if cfg.dlq_copy_record else None,
-                                             key=d.key if cfg.dlq_copy_record else None, headers=headers))
+            key = d.key if cfg.dlq_copy_record else None
+            value = d.value if cfg.dlq_copy_record else None
+            if key is None and value is None:
+                # context headers only (or a copied record without key and value): aiokafka's send()
+                # refuses such a record, a batch of our own carries it
+                sends.append(await self._send_null_record(producer, cfg.dlq_topic, headers))
+            else:
+                sends.append(await producer.send(cfg.dlq_topic, value=value, key=key, headers=headers))
         for fut in sends:
             await fut
         log.info("share group %s: %d record(s) of %s-%d dead-lettered to %s", group.group_id, len(items),
                  sp.topic.name, sp.key.partition, cfg.dlq_topic)
+
+    @staticmethod
+    async def _send_null_record(producer, topic: str, headers: list[tuple[str, bytes]]) -> asyncio.Future:
+        """Produce a record with null key and null value (only headers) to a random partition."""
+        partitions = sorted(await producer.partitions_for(topic))
+        batch = producer.create_batch()
+        batch.append(key=None, value=None, timestamp=None, headers=headers)
+        batch.close()
+        return await producer.send_batch(batch, topic, partition=random.choice(partitions))
 
     async def _dlq_producer(self):
         if self._producer is None:
