@@ -665,6 +665,87 @@ def test_misbehaving_clients_get_protocol_errors_and_others_are_served(kafka39, 
     assert Counter(side.values()) == Counter(side_values)
 
 
+async def _hold_until_archived(bootstrap: str, group_id: str, topic: str) -> list[tuple[str, int]]:
+    """A raw client takes records and never acknowledges them (delivery count limit 2, 1 s locks):
+    offset 0 runs out of deliveries by lock expiry, offset 1 by its holder leaving the group."""
+    host, _, port = bootstrap.rpartition(":")
+    conn = await KafkaConnection.open(host, int(port), client_id="holder")
+    steps = []
+    try:
+        tid = await _topic_id(conn, topic)
+        member = str(uuid.uuid4())
+        joined = await conn.request(HEARTBEAT, 1, _hb(group_id, member, 0, [topic]))
+        assert joined.error_code == 0
+        session = 0
+
+        async def take(offset: int) -> int:
+            nonlocal session
+            for _ in range(20):
+                r = await conn.request(SHARE_FETCH, 1, _fetch(group_id, member, session, {tid: [0]}, max_wait_ms=1000))
+                session += 1
+                assert r.error_code == 0, r
+                for p in _partitions(r).values():
+                    for a in p.acquired_records:
+                        if a.first_offset <= offset <= a.last_offset:
+                            steps.append((f"acquired {offset}", a.delivery_count))
+                            return a.delivery_count
+            raise AssertionError(f"offset {offset} never acquired")
+
+        assert await take(0) == 1
+        await asyncio.sleep(1.3)  # lock expired: available again
+        assert await take(0) == 2
+        await asyncio.sleep(1.3)  # expired at the limit: archived, dead-lettered
+        steps.append(("produce 1", 0))
+        return steps, tid, member, session, conn
+    except BaseException:
+        await conn.close()
+        raise
+
+
+def test_dead_letters_for_lock_expiry_and_leave_at_the_limit(kafka39, kshare39, topic_name, group):
+    """Records archived at the delivery count limit by a lock expiry, and by their holder leaving
+    the group, reach the dead-letter topic like released ones."""
+    kafka39.create_topic(topic_name, partitions=1)
+    dlq = f"dlq.{topic_name}"[:249]
+    kafka39.create_topic(dlq, partitions=1)
+    share_group(kshare39.bootstrap, group, **{
+        "share.delivery.count.limit": 2,
+        "share.record.lock.duration.ms": 1000,
+        "errors.deadletterqueue.topic.name": dlq,
+    })
+    produce(kshare39.bootstrap, topic_name, [b"expires"])
+
+    async def scenario() -> None:
+        steps, tid, member, session, conn = await _hold_until_archived(kshare39.bootstrap, group, topic_name)
+        try:
+            await asyncio.to_thread(produce, kshare39.bootstrap, topic_name, [b"left-behind"])
+            for expected_count in (1, 2):
+                for _ in range(20):
+                    r = await conn.request(SHARE_FETCH, 1, _fetch(group, member, session, {}, max_wait_ms=1000))
+                    session += 1
+                    got = [a for p in _partitions(r).values() for a in p.acquired_records if a.first_offset <= 1 <= a.last_offset]
+                    if got:
+                        assert got[0].delivery_count == expected_count
+                        break
+                else:
+                    raise AssertionError("offset 1 never acquired")
+                if expected_count == 1:
+                    await asyncio.sleep(1.3)
+            # holding offset 1 at its last delivery, the member leaves: archived, dead-lettered
+            left = await conn.request(HEARTBEAT, 1, _hb(group, member, -1, None))
+            assert left.error_code == 0
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())
+    letters = read_plain(kafka39.bootstrap, dlq, 2)
+    assert len(letters) == 2, [(m.offset(), m.headers()) for m in letters]
+    headers = sorted((dict(m.headers())[HEADER_PREFIX + "offset"], dict(m.headers())[HEADER_PREFIX + "reason"],
+                      dict(m.headers())[HEADER_PREFIX + "delivery.count"]) for m in letters)
+    assert headers == [(b"0", REASON_DELIVERY_LIMIT.encode(), b"2"), (b"1", REASON_DELIVERY_LIMIT.encode(), b"2")]
+    assert all(m.value() is None for m in letters)  # copy.record.enable is off: context headers only
+
+
 # ------------------------------------------------------------------------------------------------
 # durability
 
