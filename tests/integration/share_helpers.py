@@ -440,11 +440,14 @@ def java_share_driver(timeout: float = 600.0) -> list[str]:
             if mvn is None:
                 raise RuntimeError("Maven (mvn) is not on PATH; it is needed to fetch kafka-clients")
             partial = root / "libs.partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            proc = subprocess.run(
-                [mvn, "-B", "-q", "-f", str(JAVA_DIR / "pom.xml"), "dependency:copy-dependencies",
-                 "-DincludeScope=runtime", f"-DoutputDirectory={partial}"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+            for offline in (True, False):  # from the local Maven repository if it has it all (faster)
+                shutil.rmtree(partial, ignore_errors=True)
+                proc = subprocess.run(
+                    [mvn, "-B", "-q", *(["-o"] if offline else []), "-f", str(JAVA_DIR / "pom.xml"),
+                     "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={partial}"],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+                if proc.returncode == 0 and list(partial.glob("kafka-clients-*.jar")):
+                    break
             if proc.returncode != 0 or not list(partial.glob("kafka-clients-*.jar")):
                 raise RuntimeError(f"Maven failed to fetch kafka-clients (exit {proc.returncode}):\n"
                                    + "\n".join(proc.stdout.splitlines()[-30:]))
