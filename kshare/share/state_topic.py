@@ -138,26 +138,41 @@ def apply_update_in_place(start: int, batches: list[StateBatch], update: ShareUp
         first, last = b.first_offset, b.last_offset
         if first > last:
             raise ValueError(f"state batch with first offset {first} > last offset {last}")
-        lo = bisect_left(batches, first, key=_last_offset)  # first batch ending at or after `first`
+        # first batch ending at or after `first`: batches are sorted, non-overlapping tuples, so
+        # compare whole tuples (in C) against (first,) and step back onto a batch covering `first`
+        lo = bisect_left(batches, (first,))
+        if lo and batches[lo - 1].last_offset >= first:
+            lo -= 1
         hi = lo
         n = len(batches)
         while hi < n and batches[hi].first_offset <= last:
             hi += 1
-        replacement: list[StateBatch] = []
-        if lo < hi and batches[lo].first_offset < first:
-            replacement.append(batches[lo]._replace(last_offset=first - 1))
-        replacement.append(StateBatch(first, last, b.delivery_state, b.delivery_count))
-        if lo < hi and batches[hi - 1].last_offset > last:
-            replacement.append(batches[hi - 1]._replace(first_offset=last + 1))
-        batches[lo:hi] = replacement
+        new = StateBatch(first, last, b.delivery_state, b.delivery_count)
+        if lo < hi:
+            head, tail = batches[lo], batches[hi - 1]
+            replacement = [new]
+            if head.first_offset < first:
+                replacement.insert(0, head._replace(last_offset=first - 1))
+            if tail.last_offset > last:
+                replacement.append(tail._replace(first_offset=last + 1))
+            batches[lo:hi] = replacement
+            width = len(replacement)
+        else:
+            batches.insert(lo, new)
+            width = 1
         i = lo - 1 if lo > 0 else 0
-        j = min(lo + len(replacement) + 1, len(batches))
-        batches[i:j] = merge_batches(batches[i:j])
+        j = lo + width + 1
+        window = batches[i:j]
+        merged = merge_batches(window)
+        if len(merged) != len(window):
+            batches[i:j] = merged
     if update.start_offset != -1:
         start = update.start_offset
     if start < 0:
         return start
-    k = bisect_left(batches, start, key=_last_offset)
+    k = bisect_left(batches, (start,))  # first batch starting at or after the start
+    if k and batches[k - 1].last_offset >= start:
+        k -= 1
     if k:
         del batches[:k]
     if batches and batches[0].first_offset < start:
@@ -170,10 +185,6 @@ def apply_update_in_place(start: int, batches: list[StateBatch], update: ShareUp
     if i:
         del batches[:i]
     return start
-
-
-def _last_offset(b: StateBatch) -> int:
-    return b.last_offset
 
 
 _ENTRY_FIELDS = (
@@ -300,6 +311,8 @@ def _check_batches(batches: Iterable[StateBatch], what: str) -> None:
 def _check_key(key: SharePartitionKey) -> None:
     if not isinstance(key, SharePartitionKey):
         raise TypeError(f"expected a SharePartitionKey, got {type(key).__name__}")
+    if not isinstance(key.group_id, str):
+        raise TypeError("the group id must be a str")
     if not isinstance(key.topic_id, bytes | bytearray) or len(key.topic_id) != 16:
         raise ValueError(f"{key}: the topic id must be 16 bytes")
     if not (0 <= key.partition <= 0x7FFFFFFF):
@@ -519,7 +532,9 @@ class TopicStateStore:
         """Persist a group record (durable on return)."""
         if not isinstance(record, GroupRecord):
             raise TypeError(f"expected a GroupRecord, got {type(record).__name__}")
-        for tid in record.topics:
+        if not isinstance(record.group_id, str):
+            raise TypeError("the group id must be a str")
+        for tid in (*record.topics, *record.topic_partitions):
             if len(tid) != 16:
                 raise ValueError("topic ids must be 16 bytes")
         await self._submit([(_GROUP, _copy_group(record))])
@@ -563,6 +578,9 @@ class TopicStateStore:
                     await self._round(items)
                 except Exception as exc:  # noqa: BLE001 - never let the flusher die
                     log.exception("state store: produce round failed")
+                    for ref in list(self._undo):
+                        self._roll_back(ref)
+                    self._undo.clear()
                     for it in items:
                         if not it.future.done():
                             it.future.set_exception(StateWriteError(f"state write failed: {exc!r}"))
@@ -579,16 +597,23 @@ class TopicStateStore:
         sends: list[asyncio.Future | None] = []
         deadline = time.monotonic() + self.write_timeout_s
         producer = self._producer
-        for rec in out:
-            try:
-                fut = await asyncio.wait_for(
-                    producer.send(self.topic, value=rec.value, key=rec.key, partition=rec.partition),
-                    max(0.001, deadline - time.monotonic()),
-                )
-            except Exception as exc:  # noqa: BLE001 - reported to the caller
-                rec.error = StateWriteError(f"state record not sent: {exc!r}")
-                fut = None
-            sends.append(fut)
+        try:
+            # send() only waits when the producer's buffer for a partition is full
+            async with asyncio.timeout(self.write_timeout_s):
+                for rec in out:
+                    try:
+                        fut = await producer.send(
+                            self.topic, value=rec.value, key=rec.key, partition=rec.partition
+                        )
+                    except Exception as exc:  # noqa: BLE001 - reported to the caller
+                        rec.error = StateWriteError(f"state record not sent: {exc!r}")
+                        fut = None
+                    sends.append(fut)
+        except TimeoutError:
+            pass
+        for rec in out[len(sends) :]:
+            rec.error = StateWriteError(f"state record not sent within {self.write_timeout_s:.0f} s")
+            sends.append(None)
         pending = [f for f in sends if f is not None]
         if pending:
             _, not_done = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
@@ -1043,12 +1068,21 @@ class TopicStateStore:
     def prune_points(self) -> dict[int, int]:
         """Per partition: the lowest offset replay still needs (everything below may go)."""
         low: dict[int, int] = {p: self._end.get(p, 0) for p in range(self.partitions)}
-        for e in self._entries.values():
-            if e.snapshot_offset is not None and e.snapshot_offset < low.get(e.partition, 1 << 62):
-                low[e.partition] = e.snapshot_offset
-        for g in self._groups.values():
-            if g.offset is not None and g.offset < low.get(g.partition, 1 << 62):
-                low[g.partition] = g.offset
+        pins: list[tuple[int, int | None]] = [
+            (e.partition, e.snapshot_offset) for e in self._entries.values()
+        ]
+        pins += [(g.partition, g.offset) for g in self._groups.values()]
+        # what a round in flight changed or deleted still counts until it is acknowledged
+        for ref, saved in self._undo.items():
+            if saved is None:
+                continue
+            if isinstance(ref, SharePartitionKey):
+                pins.append((saved[0].partition, saved[3 + _ENTRY_FIELDS.index("snapshot_offset")]))
+            else:
+                pins.append((saved[0].partition, saved[2]))
+        for partition, offset in pins:
+            if offset is not None and offset < low.get(partition, 1 << 62):
+                low[partition] = offset
         return low
 
     async def refresh_idle(self) -> int:
