@@ -221,6 +221,7 @@ class _Entry:
         "update_bytes",
         "snapshot_offset",
         "resync",
+        "cached",
     )
 
     def __init__(
@@ -241,14 +242,22 @@ class _Entry:
         self.update_bytes = 0
         self.snapshot_offset: int | None = None  # offset of the latest acknowledged snapshot
         self.resync = False  # a write failed: the next write must be a snapshot
+        self.cached: ShareSnapshot | None = state  # ``state``, until start/batches change
 
     @property
     def state(self) -> ShareSnapshot:
-        return ShareSnapshot(self.start, tuple(self.batches))
+        if self.cached is None:
+            self.cached = ShareSnapshot(self.start, tuple(self.batches))
+        return self.cached
 
     def set_state(self, state: ShareSnapshot) -> None:
         self.start = state.start_offset
         self.batches = list(state.state_batches)
+        self.cached = state
+
+    def apply(self, update: ShareUpdate) -> None:
+        self.cached = None
+        self.start = apply_update_in_place(self.start, self.batches, update)
 
 
 class _Group:
@@ -484,8 +493,17 @@ class TopicStateStore:
     # -- reads -----------------------------------------------------------------------------------
 
     def share_partitions(self) -> dict[SharePartitionKey, ShareSnapshot]:
-        """Durable state of every share-partition: replayed at start, then with every write applied."""
+        """Durable state of every share-partition: replayed at start, then with every write applied.
+
+        After a failed write: the last acknowledged state of the share-partitions it touched.
+        Cheap to call repeatedly (each state is built once per change).
+        """
         return {k: e.state for k, e in self._entries.items()}
+
+    def share_partition(self, key: SharePartitionKey) -> ShareSnapshot | None:
+        """``share_partitions().get(key)`` without building the dict."""
+        e = self._entries.get(key)
+        return None if e is None else e.state
 
     def groups(self) -> dict[str, GroupRecord]:
         return {g: _copy_group(v.record) for g, v in self._groups.items()}
@@ -640,7 +658,7 @@ class TopicStateStore:
             return
         if isinstance(ref, SharePartitionKey):
             e = self._entries.get(ref)
-            self._undo[ref] = None if e is None else (e, e.start, list(e.batches), *_entry_fields(e))
+            self._undo[ref] = None if e is None else (e, e.state, *_entry_fields(e))
         else:
             g = self._groups.get(ref[1])
             self._undo[ref] = None if g is None else (g, g.record, g.offset)
@@ -652,8 +670,9 @@ class TopicStateStore:
             if saved is None:
                 self._entries.pop(ref, None)
                 return
-            e, e.start, e.batches = saved[0], saved[1], saved[2]
-            _set_entry_fields(e, saved[3:])
+            e = saved[0]
+            e.set_state(saved[1])
+            _set_entry_fields(e, saved[2:])
             e.resync = True
             self._entries[ref] = e
         else:
@@ -795,7 +814,7 @@ class TopicStateStore:
             e = self._entries[key] = _Entry(state, partition_for(key, self.partitions))
             self._emit_snapshot(item, key, e, out)
             return
-        e.start = apply_update_in_place(e.start, e.batches, content)
+        e.apply(content)
         usize = update_value_size(len(content.state_batches))
         ssize = snapshot_value_size(len(e.batches))
         slack = self.snapshot_slack_bytes
@@ -1045,7 +1064,7 @@ class TopicStateStore:
                 )
                 return
             try:
-                e.start = apply_update_in_place(e.start, e.batches, rec.update)
+                e.apply(rec.update)
             except ValueError as exc:
                 self._skip(partition, offset, exc)
                 return
@@ -1077,7 +1096,7 @@ class TopicStateStore:
             if saved is None:
                 continue
             if isinstance(ref, SharePartitionKey):
-                pins.append((saved[0].partition, saved[3 + _ENTRY_FIELDS.index("snapshot_offset")]))
+                pins.append((saved[0].partition, saved[2 + _ENTRY_FIELDS.index("snapshot_offset")]))
             else:
                 pins.append((saved[0].partition, saved[2]))
         for partition, offset in pins:

@@ -641,3 +641,44 @@ def test_kafka4_reserves_share_group_state(kafka4) -> None:
         assert fresh.share_partitions()[KEY] == ShareSnapshot(5, ())
 
     run(main())
+
+
+def test_failed_write_rolls_back_and_resyncs(kafka39, topic_name) -> None:
+    """A write the cluster refuses (a record over the size limit) raises, leaves the store at the
+    last acknowledged state, and the share-partition's next write is a full snapshot."""
+    bs = kafka39.bootstrap
+    other = SharePartitionKey("g2", TOPIC_ID, 5)
+
+    async def main() -> None:
+        store = TopicStateStore(
+            bs, topic=topic_name, partitions=2, prune_interval_s=3600, snapshot_slack_bytes=None
+        )
+        await store.start()
+        try:
+            await store.write([(KEY, ShareSnapshot(0, ())), (other, ShareSnapshot(0, ()))])
+            await store.write([(KEY, update(-1, (0, 0, AVAILABLE, 1)))])
+            acknowledged = store.share_partitions()
+            epoch = store.snapshot_epoch(KEY)
+            # 60,000 ranges: a 1.2 MB record, over the producer's 1 MiB limit
+            huge = update(-1, *((o, o, AVAILABLE if o % 2 else ACKED, 1) for o in range(10, 60_010)))
+            with pytest.raises(StateWriteError, match="not sent"):
+                await store.write([(KEY, huge), (other, update(-1, (3, 3, ARCHIVED, 1)))])
+            # the other share-partition's record landed: it keeps its new state
+            assert store.share_partitions() == {
+                KEY: acknowledged[KEY],
+                other: ShareSnapshot(0, (StateBatch(3, 3, ARCHIVED, 1),)),
+            }
+            assert store.snapshot_epoch(KEY) == epoch
+            updates_before = store.stats.updates
+            await store.write([(KEY, update(-1, (1, 1, AVAILABLE, 2)))])
+            assert store.stats.updates == updates_before  # written as a snapshot (resync)
+            assert store.snapshot_epoch(KEY) == epoch + 1
+            expected = store.share_partitions()
+            assert expected[KEY] == ShareSnapshot(0, (StateBatch(0, 0, 0, 1), StateBatch(1, 1, 0, 2)))
+        finally:
+            await store.close()
+        fresh = await replayed(bs, topic_name)
+        assert fresh.share_partitions() == expected
+        assert fresh.load_stats.skipped == 0
+
+    run(main())
