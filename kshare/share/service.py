@@ -436,8 +436,9 @@ class ShareGroupService:
         except Exception as exc:  # noqa: BLE001 - cannot tell: let the share group proceed
             log.debug("checking group %s upstream failed: %r", group_id, exc)
             return False
+        # A group that does not exist is "Dead" on Kafka and "Empty" with no protocol on Tansu.
         return any(g.group_id == group_id and g.error_code == 0 and g.group_state not in ("Dead", "")
-                   for g in groups)
+                   and (g.protocol_type or g.members) for g in groups)
 
     def register(self, proxy: Proxy) -> None:
         """Serve the share-group APIs on the proxy (and advertise them in ApiVersions)."""

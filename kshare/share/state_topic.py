@@ -421,7 +421,6 @@ class TopicStateStore:
         """Connect, create the topic if missing and replay it (the durable state is then loaded)."""
         if self._started:
             return
-        from aiokafka import AIOKafkaProducer
         from aiokafka.admin import AIOKafkaAdminClient
 
         self._wake = asyncio.Event()
@@ -435,19 +434,14 @@ class TopicStateStore:
             await self._admin.start()
             created = await self._ensure_topic()
             await self._load(empty=created)
-            conf: dict[str, Any] = {
-                "acks": "all",
-                "enable_idempotence": True,
-                "linger_ms": 0,
-                "max_batch_size": 512 * 1024,
-                "max_request_size": 1024 * 1024,
-                "request_timeout_ms": int(self.write_timeout_s * 1000),
-            }
-            conf.update(self._producer_config)
-            self._producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap_servers, client_id=self.client_id, **conf
-            )
-            await self._producer.start()
+            try:
+                await self._start_producer(idempotent=await _cluster_has_init_producer_id(self.bootstrap_servers))
+            except Exception as exc:  # noqa: BLE001 - e.g. Tansu lists InitProducerId but cannot serve it
+                log.warning(
+                    "the idempotent producer could not start (%r): state writes use acks=all without "
+                    "idempotence, so a retried write may repeat on the topic; "
+                    "replaying a repeated record gives the same state", exc)
+                await self._start_producer(idempotent=False)
         except BaseException:
             await self._close_clients()
             raise
@@ -455,6 +449,27 @@ class TopicStateStore:
         self._closing = False
         self._flusher = asyncio.create_task(self._flush_loop(), name="kshare-state-flusher")
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="kshare-state-pruner")
+
+    async def _start_producer(self, *, idempotent: bool) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
+            self._producer = None
+        conf: dict[str, Any] = {
+            "acks": "all",
+            "enable_idempotence": idempotent,
+            "linger_ms": 0,
+            "max_batch_size": 512 * 1024,
+            "max_request_size": 1024 * 1024,
+            "request_timeout_ms": int(self.write_timeout_s * 1000),
+        }
+        # Without idempotence order still holds on retries: aiokafka keeps one batch per partition
+        # in flight.
+        conf.update(self._producer_config)
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, client_id=self.client_id, **conf)
+        await self._producer.start()  # an idempotent producer gets its producer id here
 
     async def close(self) -> None:
         """Flush pending writes and disconnect."""
@@ -1194,3 +1209,21 @@ __all__ = [
     "TopicStateStore",
     "WriteStats",
 ]
+
+
+async def _cluster_has_init_producer_id(bootstrap_servers: str | Sequence[str]) -> bool:
+    """Whether the cluster speaks InitProducerId (API 22), which an idempotent producer needs."""
+    from ..client import KafkaConnection
+    from ..proxy.config import parse_hostports
+
+    servers = bootstrap_servers if isinstance(bootstrap_servers, str) else ",".join(bootstrap_servers)
+    for host, port in parse_hostports(servers):
+        try:
+            conn = await KafkaConnection.open(host, port, "kshare-state-probe")
+        except (OSError, ConnectionError, TimeoutError):
+            continue
+        try:
+            return 22 in conn.versions
+        finally:
+            await conn.close()
+    return True  # cannot tell: let the producer find out

@@ -33,6 +33,7 @@ class TopicInfo:
     name: str
     topic_id: bytes
     leaders: list[int]  # partition -> leader node id (-1 unknown)
+    has_real_id: bool = True  # False: synthesized for a cluster without topic ids
 
     @property
     def partitions(self) -> int:
@@ -130,12 +131,13 @@ class UpstreamCluster:
             for t in resp.topics:
                 if t.error_code != 0 or not t.name:
                     continue
-                topic_id = t.topic_id if version >= 10 and t.topic_id != ZERO_UUID else synthetic_topic_id(t.name)
+                real = version >= 10 and t.topic_id != ZERO_UUID
+                topic_id = t.topic_id if real else synthetic_topic_id(t.name)
                 leaders = [-1] * len(t.partitions)
                 for p in t.partitions:
                     if 0 <= p.partition_index < len(leaders):
                         leaders[p.partition_index] = p.leader_id
-                topics[t.name] = TopicInfo(t.name, topic_id, leaders)
+                topics[t.name] = TopicInfo(t.name, topic_id, leaders, real)
             self.topics = topics
             self.by_id = {t.topic_id: t for t in topics.values()}
             self.metadata_at = time.monotonic()
@@ -162,13 +164,20 @@ class UpstreamCluster:
             if leader < 0:
                 return FetchResult(ErrorCode.LEADER_NOT_AVAILABLE)
             conn = await self.connection(leader, lane)
-            version = min(conn.best_version(FETCH, lo=4), 12)  # v4+: isolation & LSO; <=12: by name
+            # v4+ for isolation and the LSO; v13+ names topics by id (some brokers, e.g. Tansu, only
+            # find topics that way); v16+ would only add NodeEndpoints.
+            version = conn.best_version(FETCH, lo=4, hi=15)
+            if version >= 13 and not topic.has_real_id:
+                version = 12
             cls = messages.message_class("FetchRequest")
             part = cls.FetchPartition(partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes,
                                       log_start_offset=-1, current_leader_epoch=-1, last_fetched_epoch=-1)
-            req = cls(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes,
+            fetch_topic = (cls.FetchTopic(topic_id=topic.topic_id, partitions=[part]) if version >= 13
+                           else cls.FetchTopic(topic=topic.name, partitions=[part]))
+            # at least 1 ms: Tansu answers a Fetch with MaxWaitMs 0 with no partitions at all
+            req = cls(replica_id=-1, max_wait_ms=max(max_wait_ms, 1), min_bytes=1, max_bytes=max_bytes,
                       isolation_level=1 if read_committed else 0, session_id=0, session_epoch=-1,
-                      topics=[cls.FetchTopic(topic=topic.name, partitions=[part])], rack_id="")
+                      topics=[fetch_topic], rack_id="")
             resp = await conn.request(FETCH, version, req)
         except (OSError, ConnectionError, TimeoutError) as exc:
             log.info("fetch %s-%d from the cluster failed: %r", topic.name, partition, exc)
