@@ -34,6 +34,12 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         group_id, req.member_id, req.member_epoch, req.rack_id, req.subscribed_topic_names,
         client_id=header.client_id or "", client_host=conn.peer.rsplit(":", 1)[0])
     for member_id in result.left:
+        if member_id == req.member_id and req.member_epoch == -1 and _has_session(service, group_id, member_id):
+            # A member leaving on its own closes its share sessions right after, and librdkafka sends
+            # that close (with the last acknowledgements) together with this leave. Releasing now
+            # would fail those acknowledgements (INVALID_RECORD_STATE); the session close releases
+            # what is left, as on a Kafka broker, and an abandoned session's locks time out.
+            continue
         await service.member_gone(group_id, member_id)
     group = service.coordinator.group(group_id)
     if result.group_changed and group is not None:
@@ -52,3 +58,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         heartbeat_interval_ms=result.heartbeat_interval_ms,
         assignment=assignment,
     )
+
+
+def _has_session(service: ShareGroupService, group_id: str, member_id: str) -> bool:
+    return any(k[0] == group_id and k[1] == member_id for k in service.sessions.sessions)
