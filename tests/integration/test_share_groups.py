@@ -13,7 +13,7 @@ broker.
 * misbehaving raw clients (``kshare.client.KafkaConnection``) while a ShareConsumer is served, and
   the same misbehaviour against Apache Kafka 4.4's native share groups for the reference codes;
 * durability across a restart of kshare;
-* a smoke test in front of Tansu.
+* a smoke test in front of Tansu (implicit acknowledgement, explicit release).
 """
 
 from __future__ import annotations
@@ -845,13 +845,10 @@ def test_state_survives_a_restart(kafka39, topic_name, group):
 # Tansu
 
 
-@pytest.mark.xfail(
-    raises=TimeoutError, strict=False,
-    reason="Tansu has no InitProducerId (API 22): the state store's idempotent producer cannot start "
-           "(aiokafka UnknownError), so the share-group state never loads")
 def test_smoke_in_front_of_tansu(tansu, topic_name, group):
+    """Tansu has no InitProducerId: the state store writes with a non-idempotent producer there."""
     tansu.create_topic(topic_name, partitions=2)
-    with ShareProxyThread(tansu.bootstrap, start_timeout=15) as proxy:
+    with ShareProxyThread(tansu.bootstrap, start_timeout=30) as proxy:
         share_group(proxy.bootstrap, group)
         expected = values("t", 40)
         produce(proxy.bootstrap, topic_name, expected, partitions=2, per_batch=4)
@@ -861,8 +858,28 @@ def test_smoke_in_front_of_tansu(tansu, topic_name, group):
             time.sleep(1.0)
         finally:
             stop_all(loops)
+
+        # explicit: a released record comes back with delivery count 2, a rejected one never
+        explicit_group = group + "-explicit"
+        share_group(proxy.bootstrap, explicit_group)
+        seen: list[tuple[bytes, int]] = []
+
+        def action(m):
+            seen.append((m.value(), m.delivery_count()))
+            if m.value() == b"t-0" and m.delivery_count() == 1:
+                return AcknowledgeType.RELEASE
+            return AcknowledgeType.REJECT if m.value() == b"t-1" else AcknowledgeType.ACCEPT
+
+        loop = ConsumerLoop("x", proxy.bootstrap, explicit_group, topic_name, explicit=True, action=action).start()
+        try:
+            wait_until(lambda: (b"t-0", 2) in seen and len(seen) >= len(expected) + 1, 60, "the redelivery")
+            time.sleep(2.0)
+        finally:
+            stop_all([loop])
     tally = Tally()
     for lp in loops:
         tally.add(lp.values())
     assert set(tally.counts) == set(expected)
     assert tally.duplicates() == {}
+    assert Counter(v for v, _ in seen) == Counter(expected + [b"t-0"])
+    assert sorted(dc for v, dc in seen if v == b"t-0") == [1, 2]
