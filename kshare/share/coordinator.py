@@ -39,6 +39,7 @@ class Member:
     client_host: str
     deadline_ms: int
     assignment: Assignment = field(default_factory=dict)  # what the member was last told
+    previous_epoch: int = -1  # the epoch before the last bump (accepted: its answer may have been lost)
 
 
 @dataclass(slots=True)
@@ -151,7 +152,9 @@ class GroupCoordinator:
         m = g.members.get(member_id) if g is not None else None
         if g is None or m is None:
             return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group {group_id}.")
-        if member_epoch != m.epoch:
+        if member_epoch != m.epoch and member_epoch != m.previous_epoch:
+            # Like Kafka: the previous epoch is accepted, since the answer that moved the member
+            # to the current one may have been lost (it gets the current epoch and assignment).
             return HeartbeatResult(
                 ErrorCode.FENCED_MEMBER_EPOCH,
                 f"The share group member has a different epoch ({member_epoch}) than the coordinator ({m.epoch}).",
@@ -215,6 +218,7 @@ class GroupCoordinator:
         no revocation handshake); the assignment is sent whenever the member's epoch moves."""
         if m.epoch != g.epoch:
             m.assignment = g.target.get(m.member_id, {})
+            m.previous_epoch = m.epoch
             m.epoch = g.epoch
         result.member_epoch = m.epoch
         result.heartbeat_interval_ms = g.config.heartbeat_interval_ms
