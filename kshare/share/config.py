@@ -17,17 +17,17 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class BrokerLimits:
-    """Broker-level bounds on group configs (``group.share.*``)."""
+    """Broker-level bounds on group configs (``group.share.*``), Apache Kafka 4.4's defaults."""
 
-    min_record_lock_duration_ms: int = 1000
-    max_record_lock_duration_ms: int = 3_600_000
+    min_record_lock_duration_ms: int = 15_000
+    max_record_lock_duration_ms: int = 60_000
     min_session_timeout_ms: int = 45_000
     max_session_timeout_ms: int = 60_000
     min_heartbeat_interval_ms: int = 5_000
     max_heartbeat_interval_ms: int = 15_000
     min_delivery_count_limit: int = 2
     max_delivery_count_limit: int = 10
-    max_record_locks_cap: int = 10_000
+    max_record_locks_cap: int = 4_000
     max_group_size: int = 200  # group.share.max.size
     max_share_sessions: int = 2000  # group.share.max.share.sessions
 
@@ -144,13 +144,13 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
                   _int_in("min_session_timeout_ms", "max_session_timeout_ms"), "Member session timeout"),
         ConfigDef("share.heartbeat.interval.ms", "int", "5000",
                   _int_in("min_heartbeat_interval_ms", "max_heartbeat_interval_ms"), "Heartbeat interval told to members"),
-        ConfigDef("share.assignment.interval.ms", "int", "1000", _int_in(1, 3_600_000),
+        ConfigDef("share.assignment.interval.ms", "int", "1000", _int_in(0, 15_000),
                   "How often assignments are recomputed for topic changes"),
         ConfigDef("share.delivery.count.limit", "int", "5",
                   _int_in("min_delivery_count_limit", "max_delivery_count_limit"), "Deliveries before a record is archived"),
         ConfigDef("share.partition.max.record.locks", "int", "2000", _int_in(100, "max_record_locks_cap"),
                   "In-flight records per share-partition"),
-        ConfigDef("share.renew.acknowledge.enable", "boolean", "false", _bool, "Whether Renew acknowledgements are allowed"),
+        ConfigDef("share.renew.acknowledge.enable", "boolean", "true", _bool, "Whether Renew acknowledgements are allowed"),
         ConfigDef("errors.deadletterqueue.topic.name", "string", "", _topic_name,
                   "Topic archived records are copied to (empty: none)"),
         ConfigDef("errors.deadletterqueue.copy.record.enable", "boolean", "false", _bool,
