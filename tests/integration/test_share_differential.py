@@ -1,0 +1,953 @@
+"""Differential tests: kshare in front of Apache Kafka 3.9 vs Apache Kafka 4.4's native share groups.
+
+Every scenario is written once, as a function of a ``Target`` (a bootstrap address, a way to
+create topics, and group configs set with IncrementalAlterConfigs on ResourceType.GROUP -- through
+the proxy for kshare, straight to the broker for Kafka 4.4). Each test runs the scenario against
+both targets at the same time (one thread each: the two brokers are independent) and compares
+what must agree:
+
+* delivered records, as (partition, offset, value), and how many times each was delivered;
+* delivery counts (``Message.delivery_count()`` / AcquiredRecords.DeliveryCount);
+* archive decisions: a record released every time is delivered ``share.delivery.count.limit``
+  times and then never again, a rejected record never again, a record whose lock ran out
+  ``share.delivery.count.limit`` times is not handed out again;
+* error codes for misbehaving raw requests (``kshare.client.KafkaConnection``).
+
+What may differ because of timing is said where it is not compared: which consumer gets which
+record, how soon after a lock ran out a record comes back, how long an assignment takes (Kafka
+4.4 assigns on a later heartbeat, its heartbeat interval cannot go below 5 s; kshare assigns in
+the join answer). Disagreements found so far are xfail tests with the reason.
+
+Both brokers are session fixtures; kshare runs for the module with the broker-level bounds of
+``share_helpers.TEST_LIMITS``. Lock durations are 1000 ms or more (Kafka 4.4's minimum).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from confluent_kafka import AcknowledgeType, Producer
+
+from kshare.client import KafkaConnection
+from kshare.protocol import messages
+from tests.brokers import KAFKA_4, KafkaBroker
+from tests.integration.share_helpers import (
+    TEST_LIMITS,
+    ConsumerLoop,
+    ShareProxyThread,
+    poll_until,
+    produce,
+    quiet_logger,
+    read_plain,
+    set_group_configs,
+    share_consumer,
+    wait_until,
+)
+
+HEARTBEAT, SHARE_FETCH, SHARE_ACK, METADATA = 76, 78, 79, 3
+NONE = 0
+UNKNOWN_TOPIC_OR_PARTITION = 3
+UNKNOWN_MEMBER_ID = 25
+INVALID_REQUEST = 42
+UNKNOWN_TOPIC_ID = 100
+FENCED_MEMBER_EPOCH = 110
+INVALID_RECORD_STATE = 121
+SHARE_SESSION_NOT_FOUND = 122
+INVALID_SHARE_SESSION_EPOCH = 123
+ACCEPT, RELEASE, REJECT = 1, 2, 3
+
+KSHARE, KAFKA4 = "kshare", "kafka4"
+KAFKA4_VERSION = os.environ.get("KSHARE_KAFKA4_VERSION", KAFKA_4)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka4]
+
+
+# ------------------------------------------------------------------------------------------------
+# targets
+
+
+@dataclass
+class Target:
+    """One implementation under test: where clients connect, and the broker behind it."""
+
+    name: str
+    bootstrap: str
+    broker: KafkaBroker
+
+    def create_topic(self, topic: str, partitions: int = 1, configs: dict[str, str] | None = None) -> None:
+        self.broker.create_topic(topic, partitions, configs)
+
+    def configure(self, group: str, **configs: object) -> None:
+        """IncrementalAlterConfigs on the GROUP resource (through kshare for kshare): earliest and
+        HEARTBEAT_MS unless said otherwise, plus ``configs`` (underscores in names stand for dots)."""
+        settings: dict[str, object] = {"share.auto.offset.reset": "earliest", "share.heartbeat.interval.ms": HEARTBEAT_MS}
+        settings.update({k.replace("_", "."): v for k, v in configs.items()})
+        set_group_configs(self.bootstrap, group, settings)
+
+
+# Kafka 4.4's broker-level bounds lowered as kshare's are here (share_helpers.TEST_LIMITS): its
+# defaults allow lock durations of 15-60 s only, session timeouts from 45 s, heartbeats from 5 s.
+KAFKA4_TEST_LIMITS = {
+    "group.share.min.record.lock.duration.ms": TEST_LIMITS.min_record_lock_duration_ms,
+    "group.share.min.session.timeout.ms": TEST_LIMITS.min_session_timeout_ms,
+    "group.share.min.heartbeat.interval.ms": TEST_LIMITS.min_heartbeat_interval_ms,
+}
+HEARTBEAT_MS = 500  # share.heartbeat.interval.ms of every group here: Kafka 4.4 assigns on a heartbeat
+
+
+@pytest.fixture(scope="module")
+def kafka4_low_limits() -> Iterator[KafkaBroker]:
+    """Apache Kafka 4.4 with share groups and the broker-level bounds above (the session's
+    ``kafka4`` keeps the defaults, so this module starts its own)."""
+    with KafkaBroker(KAFKA4_VERSION, share_groups=True, config=KAFKA4_TEST_LIMITS) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="module")
+def targets(kafka39: KafkaBroker, kafka4_low_limits: KafkaBroker) -> Iterator[dict[str, Target]]:
+    k4 = kafka4_low_limits
+    with ShareProxyThread(kafka39.bootstrap, limits=TEST_LIMITS) as proxy:
+        yield {KSHARE: Target(KSHARE, proxy.bootstrap, kafka39), KAFKA4: Target(KAFKA4, k4.bootstrap, k4)}
+
+
+@pytest.fixture
+def names() -> tuple[str, str]:
+    """(topic, group) unique to the test; the same names on both targets (different brokers)."""
+    tag = uuid.uuid4().hex[:10]
+    return f"diff-{tag}", f"diff-share-{tag}"
+
+
+def on_both(targets: dict[str, Target], scenario: Callable[..., Any], *args: Any) -> dict[str, Any]:
+    """``scenario(target, *args)`` on both targets at once; {target name: result}."""
+    with ThreadPoolExecutor(2, thread_name_prefix="diff") as pool:
+        futures = {name: pool.submit(scenario, t, *args) for name, t in targets.items()}
+        return {name: f.result(300) for name, f in futures.items()}
+
+
+def values(prefix: str, n: int) -> list[bytes]:
+    return [f"{prefix}-{i}".encode() for i in range(n)]
+
+
+def stop_all(loops: list[ConsumerLoop]) -> None:
+    for loop in loops:
+        loop.stop()
+    for loop in loops:
+        assert not loop.errors, (loop.name, loop.errors)
+
+
+# ------------------------------------------------------------------------------------------------
+# scenarios with confluent-kafka ShareConsumers
+
+
+def implicit_two_consumers(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """Two implicit-mode consumers, 2 partitions, 40 records in producer batches of 4."""
+    t.create_topic(topic, 2)
+    t.configure(group)
+    produce(t.bootstrap, topic, values("r", 40), partitions=2, per_batch=4)
+    loops = [ConsumerLoop(f"c{i}", t.bootstrap, group, topic, **{"max.poll.records": 5}).start() for i in range(2)]
+    try:
+        wait_until(lambda: sum(len(lp.received) for lp in loops) >= 40, 60, f"every record ({t.name})")
+        time.sleep(1.5)  # anything delivered twice would show up now
+    finally:
+        stop_all(loops)
+    got = [g for lp in loops for g in lp.received]
+    return {
+        "deliveries": Counter((g.partition, g.offset, g.value) for g in got),
+        "delivery_counts": Counter(g.delivery_count for g in got),
+    }
+
+
+def test_implicit_acknowledgement(targets, names):
+    """Every record delivered once, delivery count 1. Not compared: which consumer got which
+    record (Kafka 4.4 hands out whole producer batches; one consumer may take everything)."""
+    r = on_both(targets, implicit_two_consumers, *names)
+    expected = Counter({(i // 4 % 2, (i // 8) * 4 + i % 4, v): 1 for i, v in enumerate(values("r", 40))})
+    assert r[KSHARE]["deliveries"] == r[KAFKA4]["deliveries"] == expected
+    assert r[KSHARE]["delivery_counts"] == r[KAFKA4]["delivery_counts"] == Counter({1: 40})
+
+
+def explicit_acknowledgement(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """One producer batch of four records, acknowledged differently offset by offset, with
+    share.delivery.count.limit 3."""
+    t.create_topic(topic, 1)
+    t.configure(group, **{"share.delivery.count.limit": 3, "share.record.lock.duration.ms": 15000})
+    produce(t.bootstrap, topic, [b"accept", b"release-once", b"reject", b"poison"], per_batch=4)
+    seen: list[tuple[int, bytes, int]] = []
+
+    def action(m):
+        seen.append((m.offset(), m.value(), m.delivery_count()))
+        if m.value() == b"release-once":
+            return AcknowledgeType.RELEASE if m.delivery_count() == 1 else AcknowledgeType.ACCEPT
+        return {b"reject": AcknowledgeType.REJECT, b"poison": AcknowledgeType.RELEASE}.get(
+            m.value(), AcknowledgeType.ACCEPT)
+
+    loop = ConsumerLoop("c", t.bootstrap, group, topic, explicit=True, action=action).start()
+    try:
+        wait_until(lambda: (3, b"poison", 3) in seen and (1, b"release-once", 2) in seen, 60,
+                   f"the last deliveries ({t.name})")
+        time.sleep(3.0)  # an archived, rejected or accepted record must not come back
+    finally:
+        stop_all([loop])
+    # nothing is left for a newcomer either
+    c = share_consumer(t.bootstrap, group)
+    c.subscribe([topic])
+    try:
+        later = poll_until(c, lambda out: False, 6)
+    finally:
+        c.close()
+    return {"deliveries": sorted(seen), "later": [(g.offset, g.value, g.delivery_count) for g in later]}
+
+
+def test_explicit_release_reject_and_delivery_limit(targets, names):
+    """RELEASE -> redelivered with the count increased; REJECT -> never again; released every
+    time -> delivered exactly share.delivery.count.limit (3) times, then archived."""
+    r = on_both(targets, explicit_acknowledgement, *names)
+    expected = [(0, b"accept", 1), (1, b"release-once", 1), (1, b"release-once", 2), (2, b"reject", 1),
+                (3, b"poison", 1), (3, b"poison", 2), (3, b"poison", 3)]
+    assert r[KSHARE]["deliveries"] == r[KAFKA4]["deliveries"] == expected
+    assert r[KSHARE]["later"] == r[KAFKA4]["later"] == []
+
+
+def close_releases(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """An explicit-mode consumer takes records, never acknowledges them and closes: they are
+    released at its leave (long before the 60 s lock) and come back with delivery count 2."""
+    t.create_topic(topic, 1)
+    t.configure(group, **{"share.record.lock.duration.ms": 60000})
+    produce(t.bootstrap, topic, values("r", 5), per_batch=5)
+    holder = ConsumerLoop("holder", t.bootstrap, group, topic, explicit=True, action=lambda m: None).start()
+    wait_until(lambda: holder.stuck, 60, f"the holder's records ({t.name})")
+    held = sorted((g.offset, g.value, g.delivery_count) for g in holder.received)
+    holder.stop()
+    closed_at = time.monotonic()
+    taker = ConsumerLoop("taker", t.bootstrap, group, topic, explicit=True).start()
+    try:
+        wait_until(lambda: {v for _, v, _ in held} <= set(taker.values()), 30, f"the released records ({t.name})")
+        time.sleep(1.0)
+    finally:
+        stop_all([taker])
+    return {
+        "held": held,
+        "taken": sorted((g.offset, g.value, g.delivery_count) for g in taker.received),
+        "seconds": max(g.at for g in taker.received) - closed_at,
+    }
+
+
+def test_closed_consumer_releases_its_records(targets, names):
+    """The records a consumer held come back with delivery count 2 once it closed. Not compared:
+    how many seconds that takes (Kafka 4.4's taker waits for an assignment on a heartbeat, 5 s
+    interval); both must be far below the 60 s lock."""
+    r = on_both(targets, close_releases, *names)
+    held = [(i, v, 1) for i, v in enumerate(values("r", 5))]
+    assert r[KSHARE]["held"] == r[KAFKA4]["held"] == held
+    assert r[KSHARE]["taken"] == r[KAFKA4]["taken"] == [(o, v, 2) for o, v, _ in held]
+    assert r[KSHARE]["seconds"] < 30 and r[KAFKA4]["seconds"] < 30, r
+
+
+HOLDER_SCRIPT = r"""
+import json, sys
+from confluent_kafka import ShareConsumer
+bootstrap, group, topic = sys.argv[1:4]
+c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                   "share.acknowledgement.mode": "explicit", "log_level": 0})
+c.subscribe([topic])
+while True:
+    msgs = [m for m in c.poll(0.5) if m.error() is None]
+    if msgs:
+        for m in msgs:
+            print(json.dumps([m.offset(), m.value().decode(), m.delivery_count()]), flush=True)
+        break
+print("HOLDING", flush=True)
+sys.stdin.read()  # never acknowledges; heartbeats go on in librdkafka's threads until SIGKILL
+"""
+
+
+def killed_consumer(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """A consumer process holding records is SIGKILLed: after share.session.timeout.ms (2 s) it
+    is removed and its records come back with delivery count 2 (long before the 60 s lock)."""
+    t.create_topic(topic, 1)
+    t.configure(group, **{"share.record.lock.duration.ms": 60000, "share.session.timeout.ms": 2000})
+    produce(t.bootstrap, topic, values("r", 5), per_batch=5)
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER_SCRIPT, t.bootstrap, group, topic],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    held: list[tuple[int, bytes, int]] = []
+    taker = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("HOLDING"):
+                break
+            o, v, dc = json.loads(line)
+            held.append((o, v.encode(), dc))
+        taker = ConsumerLoop("taker", t.bootstrap, group, topic, explicit=True).start()
+        time.sleep(2.0)
+        early = sorted((g.offset, g.value, g.delivery_count) for g in taker.received)
+        proc.kill()
+        proc.wait(10)
+        killed_at = time.monotonic()
+        wait_until(lambda: {v for _, v, _ in held} <= set(taker.values()), 40, f"the dead consumer's records ({t.name})")
+        time.sleep(1.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if taker is not None:
+            stop_all([taker])
+    return {
+        "held": sorted(held),
+        "before_kill": early,
+        "taken": sorted((g.offset, g.value, g.delivery_count) for g in taker.received),
+        "seconds": min(g.at for g in taker.received) - killed_at,
+    }
+
+
+@pytest.fixture(scope="module")
+def killed_runs(targets) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:10]
+    return on_both(targets, killed_consumer, f"diff-kill-{tag}", f"diff-share-kill-{tag}")
+
+
+def test_killed_consumer_records_return(killed_runs):
+    """The dead consumer's records come back with delivery count 2, long before the 60 s lock.
+    Not compared here: how soon (see the next test)."""
+    r = {name: dict(run) for name, run in killed_runs.items()}
+    held = [(i, v, 1) for i, v in enumerate(values("r", 5))]
+    for name in (KSHARE, KAFKA4):
+        assert r[name].pop("seconds") < 30, (name, r[name])
+    assert r[KSHARE] == r[KAFKA4] == {"held": held, "before_kill": [], "taken": [(o, v, 2) for o, v, _ in held]}
+    assert killed_runs[KSHARE]["seconds"] >= 1.0  # kshare: after the 2 s session timeout
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Kafka 4.4 releases what a share session holds when the client's connection drops (the records "
+    "were redelivered ~0.1 s after the SIGKILL); kshare keeps them until the member misses its "
+    "share.session.timeout.ms (here 2 s): the proxy's connection_lost does not reach the share sessions"))
+def test_killed_consumer_records_return_at_connection_close(killed_runs):
+    assert killed_runs[KSHARE]["seconds"] < 1.0, killed_runs[KSHARE]["seconds"]
+
+
+def read_committed(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """Committed, aborted, committed and (for now) open transactions; read_committed."""
+    t.create_topic(topic, 1)
+    t.configure(group, **{"share.isolation.level": "read_committed"})
+    p = Producer({"bootstrap.servers": t.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
+                  "linger.ms": 0, "logger": quiet_logger()})
+    p.init_transactions(30)
+
+    def txn(vals: list[bytes], commit: bool | None) -> None:
+        p.begin_transaction()
+        for v in vals:
+            p.produce(topic, value=v, partition=0)
+        p.flush(30)
+        if commit is True:
+            p.commit_transaction(30)
+        elif commit is False:
+            p.abort_transaction(30)
+
+    txn(values("c", 3), True)
+    txn(values("a", 3), False)
+    txn(values("d", 3), True)
+    txn(values("o", 2), None)
+    c = share_consumer(t.bootstrap, group)
+    c.subscribe([topic])
+    try:
+        want = set(values("c", 3) + values("d", 3))
+        before = poll_until(c, lambda out: want <= {g.value for g in out}, 60)
+        before += poll_until(c, lambda out: False, 2)
+        p.commit_transaction(30)
+        after = poll_until(c, lambda out: set(values("o", 2)) <= {g.value for g in out}, 30)
+        after += poll_until(c, lambda out: False, 1)
+    finally:
+        c.close()
+    return {"before": sorted((g.offset, g.value, g.delivery_count) for g in before),
+            "after": sorted((g.offset, g.value, g.delivery_count) for g in after)}
+
+
+def test_read_committed(targets, names):
+    """Aborted records never delivered; an open transaction's records only after its commit.
+    The offsets agree too (transaction markers take an offset on both clusters)."""
+    r = on_both(targets, read_committed, *names)
+    assert r[KSHARE] == r[KAFKA4]
+    assert [v for _, v, _ in r[KSHARE]["before"]] == values("c", 3) + values("d", 3)
+    assert [v for _, v, _ in r[KSHARE]["after"]] == values("o", 2)
+
+
+def auto_offset_reset_latest(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """share.auto.offset.reset=latest: records written before the share-partition started are
+    never delivered. Probe records are written until one arrives (the start moment is not
+    observable from outside), then three more."""
+    t.create_topic(topic, 1)
+    t.configure(group, **{"share.auto.offset.reset": "latest"})
+    produce(t.bootstrap, topic, values("old", 3), per_batch=3)
+    loop = ConsumerLoop("c", t.bootstrap, group, topic).start()
+    try:
+        deadline = time.monotonic() + 60
+        i = 0
+        while not any(v.startswith(b"probe") for v in loop.values()):
+            assert time.monotonic() < deadline, f"no probe record arrived ({t.name})"
+            produce(t.bootstrap, topic, [f"probe-{i}".encode()])
+            i += 1
+            time.sleep(0.5)
+        produce(t.bootstrap, topic, values("new", 3), per_batch=3)
+        wait_until(lambda: set(values("new", 3)) <= set(loop.values()), 30, f"the new records ({t.name})")
+        time.sleep(1.0)
+    finally:
+        stop_all([loop])
+    got = Counter(loop.values())
+    return {"old": sorted(v for v in got if v.startswith(b"old")),
+            "new": sorted((v, n) for v, n in got.items() if v.startswith(b"new")),
+            "probes_twice": sorted(v for v, n in got.items() if v.startswith(b"probe") and n > 1)}
+
+
+def test_auto_offset_reset_latest(targets, names):
+    """Not compared: which probe records were delivered (those written before the share-partition
+    was initialised are not; when that happens depends on the assignment timing)."""
+    r = on_both(targets, auto_offset_reset_latest, *names)
+    assert r[KSHARE] == r[KAFKA4] == {"old": [], "new": [(v, 1) for v in values("new", 3)], "probes_twice": []}
+
+
+# ------------------------------------------------------------------------------------------------
+# group configs
+
+
+INVALID_CONFIG = 40
+# (name, value) set on a group, one at a time. Bounds lowered on both sides (TEST_LIMITS /
+# KAFKA4_TEST_LIMITS: the minimum lock duration, session timeout and heartbeat interval) are only
+# probed below the absolute minimum both share.
+CONFIG_PROBES = [
+    ("share.delivery.count.limit", "1"), ("share.delivery.count.limit", "11"), ("share.delivery.count.limit", "10"),
+    ("share.record.lock.duration.ms", "999"), ("share.record.lock.duration.ms", "60000"),
+    ("share.record.lock.duration.ms", "120000"),
+    ("share.session.timeout.ms", "999"), ("share.session.timeout.ms", "60001"),
+    ("share.heartbeat.interval.ms", "15001"), ("share.heartbeat.interval.ms", "15000"),
+    ("share.partition.max.record.locks", "99"), ("share.partition.max.record.locks", "4000"),
+    ("share.partition.max.record.locks", "4001"),
+    ("share.auto.offset.reset", "bogus"), ("share.auto.offset.reset", "by_duration:PT1H"),
+    ("share.isolation.level", "bogus"), ("share.isolation.level", "read_committed"),
+    ("share.renew.acknowledge.enable", "maybe"), ("share.renew.acknowledge.enable", "false"),
+    ("share.assignment.interval.ms", "15001"), ("share.assignment.interval.ms", "0"),
+    ("no.such.config", "1"),
+]
+
+
+def group_configs(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """The share-group configs of a group with one config set (to its default value), and which
+    settings are accepted."""
+    from confluent_kafka import KafkaException
+
+    from tests.integration.share_helpers import describe_group_configs
+
+    set_group_configs(t.bootstrap, group, {"share.auto.offset.reset": "latest"})
+    defaults = {k: v for k, v in describe_group_configs(t.bootstrap, group).items()
+                if k.startswith(("share.", "errors."))}
+    codes = {}
+    for name, value in CONFIG_PROBES:
+        try:
+            set_group_configs(t.bootstrap, group, {name: value})
+            codes[(name, value)] = NONE
+        except KafkaException as exc:
+            codes[(name, value)] = exc.args[0].code()
+    return {"defaults": defaults, "codes": codes}
+
+
+def test_group_config_defaults_and_validation(targets, names):
+    r = on_both(targets, group_configs, *names)
+    assert r[KSHARE]["defaults"] == r[KAFKA4]["defaults"]
+    assert r[KSHARE]["codes"] == r[KAFKA4]["codes"]
+
+
+def describe_unknown_group(t: Target, topic: str, group: str) -> Any:
+    from confluent_kafka import KafkaException
+
+    from tests.integration.share_helpers import describe_group_configs
+
+    try:
+        return {k: v for k, v in describe_group_configs(t.bootstrap, group).items() if k.startswith("share.")}
+    except KafkaException as exc:
+        return exc.args[0].code()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DescribeConfigs of a GROUP nobody configured or joined: Kafka 4.4 answers with the group config "
+    "defaults; kshare forwards a group it does not know to the fronted cluster, and Kafka 3.9 answers "
+    "INVALID_REQUEST"))
+def test_describe_configs_of_unknown_group(targets, names):
+    r = on_both(targets, describe_unknown_group, *names)
+    assert r[KSHARE] == r[KAFKA4]
+
+
+def test_broker_level_bound_defaults(kafka4_low_limits):
+    """kshare's default ``BrokerLimits`` are Kafka 4.4's ``group.share.*`` broker defaults (read
+    from the DEFAULT_CONFIG synonyms: this broker overrides some of them)."""
+    from kshare.share.config import LIMIT_NAMES, BrokerLimits
+
+    Req = messages.message_class("DescribeConfigsRequest")
+
+    async def describe() -> Any:
+        raw = await Raw.open(kafka4_low_limits.bootstrap)
+        try:
+            return await raw.conn.request(32, 4, Req(resources=[Req.DescribeConfigsResource(
+                resource_type=4, resource_name="1", configuration_keys=list(LIMIT_NAMES))],
+                include_synonyms=True, include_documentation=False))
+        finally:
+            await raw.close()
+
+    resp = asyncio.run(describe())
+    native = {}
+    for c in resp.results[0].configs:
+        defaults = [s.value for s in c.synonyms if s.source == 5]  # DEFAULT_CONFIG
+        native[c.name] = int(defaults[0] if defaults else c.value)
+    ours = {name: getattr(BrokerLimits(), attr) for name, attr in LIMIT_NAMES.items()}
+    assert ours == native
+
+
+# ------------------------------------------------------------------------------------------------
+# dead-letter queue (Kafka 4.4: KIP-1191, share.version=2)
+
+
+def dead_letters(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """A rejected record and one released until the limit (2) go to the DLQ, copied."""
+    dlq = f"dlq.{topic}"  # Kafka 4.4 requires errors.deadletterqueue.topic.name.prefix (dlq.)
+    t.create_topic(topic, 1)
+    # Kafka 4.4 produces only to a DLQ topic marked for it (when it does not create the topic itself)
+    t.create_topic(dlq, 1, {"errors.deadletterqueue.group.enable": "true"} if t.name == KAFKA4 else None)
+    t.configure(group, **{"share.delivery.count.limit": 2, "errors.deadletterqueue.topic.name": dlq,
+                          "errors.deadletterqueue.copy.record.enable": "true"})
+    produce(t.bootstrap, topic, [b"poison", b"bad", b"good"], keys=[b"k-poison", b"k-bad", b"k-good"],
+            headers=[[("h", b"p")], [("h", b"b")], [("h", b"g")]], per_batch=3)
+    seen: list[tuple[bytes, int]] = []
+
+    def action(m):
+        seen.append((m.value(), m.delivery_count()))
+        return {b"poison": AcknowledgeType.RELEASE, b"bad": AcknowledgeType.REJECT}.get(m.value(),
+                                                                                      AcknowledgeType.ACCEPT)
+
+    loop = ConsumerLoop("c", t.bootstrap, group, topic, explicit=True, action=action).start()
+    try:
+        wait_until(lambda: (b"poison", 2) in seen, 60, f"the second delivery ({t.name})")
+        time.sleep(2.0)
+    finally:
+        stop_all([loop])
+    letters = read_plain(t.broker.bootstrap, dlq, 2, timeout=30)
+    letters += read_plain(t.broker.bootstrap, dlq, 3, timeout=3)[2:]  # nothing more
+    return {
+        "seen": sorted(seen),
+        "letters": sorted((m.key(), m.value(), m.partition()) for m in letters),
+        "headers": {m.key(): dict(m.headers() or []) for m in letters},
+    }
+
+
+@pytest.fixture(scope="module")
+def dead_letter_runs(targets) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:10]
+    return on_both(targets, dead_letters, f"diff-dlq-{tag}", f"diff-share-dlq-{tag}")
+
+
+def test_dead_letter_records(dead_letter_runs):
+    """The same records land on the DLQ (one letter each), with the original key and value."""
+    r = dead_letter_runs
+    assert r[KSHARE]["seen"] == r[KAFKA4]["seen"] == [(b"bad", 1), (b"good", 1), (b"poison", 1), (b"poison", 2)]
+    assert r[KSHARE]["letters"] == r[KAFKA4]["letters"] == [(b"k-bad", b"bad", 0), (b"k-poison", b"poison", 0)]
+
+
+def _context_headers(headers: dict[str, bytes]) -> dict[str, bytes]:
+    return {k: v for k, v in headers.items() if k.startswith("__dlq.")}
+
+
+COMMON_HEADERS = ("__dlq.errors.topic", "__dlq.errors.partition", "__dlq.errors.offset", "__dlq.errors.delivery.count")
+
+
+def test_dead_letter_common_context_headers(dead_letter_runs):
+    """The context headers both name alike carry the same values."""
+    r = dead_letter_runs
+    for key, offset, count in ((b"k-bad", b"1", b"1"), (b"k-poison", b"0", b"2")):
+        ours, native = r[KSHARE]["headers"][key], r[KAFKA4]["headers"][key]
+        assert {h: ours.get(h) for h in COMMON_HEADERS} == {h: native.get(h) for h in COMMON_HEADERS}
+        assert ours["__dlq.errors.offset"] == offset and ours["__dlq.errors.delivery.count"] == count
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "kshare's DLQ headers differ from Apache Kafka 4.4's: Kafka names the group header "
+    "'__dlq.errors.group' (kshare: '__dlq.errors.group.id') and gives the cause as text in "
+    "'__dlq.errors.message' ('Offset rejected by client.' / 'Offset delivery count exceeded the "
+    "threshold.'; kshare: '__dlq.errors.reason' = REJECTED / DELIVERY_COUNT_LIMIT_REACHED); with "
+    "errors.deadletterqueue.copy.record.enable=true Kafka copies key and value but not the original "
+    "record headers, kshare copies those too. tests/integration/test_share_groups.py asserts kshare's names."))
+def test_dead_letter_headers_as_kafka(dead_letter_runs):
+    """All headers of the dead letters, names and values."""
+    r = dead_letter_runs
+    assert r[KSHARE]["headers"] == r[KAFKA4]["headers"]
+
+
+# ------------------------------------------------------------------------------------------------
+# raw protocol
+
+
+HeartbeatRequest = messages.message_class("ShareGroupHeartbeatRequest")
+ShareFetchRequest = messages.message_class("ShareFetchRequest")
+ShareAckRequest = messages.message_class("ShareAcknowledgeRequest")
+
+Acks = dict[tuple[bytes, int], list[tuple[int, int, list[int]]]]
+
+
+class Raw:
+    """Hand-built share-group requests on one connection (ShareGroupHeartbeat, ShareFetch and
+    ShareAcknowledge v1, the versions librdkafka sends)."""
+
+    def __init__(self, conn: KafkaConnection) -> None:
+        self.conn = conn
+
+    @classmethod
+    async def open(cls, bootstrap: str) -> Raw:
+        host, _, port = bootstrap.rpartition(":")
+        return cls(await KafkaConnection.open(host, int(port), client_id="differential"))
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    async def topic_id(self, topic: str) -> bytes:
+        Req = messages.message_class("MetadataRequest")
+        version = self.conn.best_version(METADATA, hi=12)
+        for _ in range(100):
+            md = await self.conn.request(METADATA, version, Req(topics=[Req.MetadataRequestTopic(name=topic)],
+                                                                allow_auto_topic_creation=False))
+            for t in md.topics:
+                if t.name == topic and t.error_code == 0 and t.topic_id != bytes(16):
+                    return t.topic_id
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"no topic id for {topic}")
+
+    async def hb(self, group: str, member: str, epoch: int, topics: list[str] | None = None) -> Any:
+        return await self.conn.request(HEARTBEAT, 1, HeartbeatRequest(
+            group_id=group, member_id=member, member_epoch=epoch, rack_id=None, subscribed_topic_names=topics))
+
+    async def join(self, group: str, topic: str, timeout: float = 30.0) -> tuple[str, int]:
+        """A new member, heartbeating until it has an assignment (Kafka 4.4 assigns on a later
+        heartbeat); returns (member id, member epoch)."""
+        member = str(uuid.uuid4())
+        r = await self.hb(group, member, 0, [topic])
+        assert r.error_code == NONE, r
+        epoch = r.member_epoch
+        deadline = time.monotonic() + timeout
+        while r.assignment is None or not r.assignment.topic_partitions:
+            assert time.monotonic() < deadline, "no assignment"
+            await asyncio.sleep(0.3)
+            r = await self.hb(group, member, epoch, None)
+            assert r.error_code == NONE, r
+            epoch = r.member_epoch
+        return member, epoch
+
+    async def resubscribe(self, group: str, member: str, epoch: int, topics: list[str],
+                          timeout: float = 30.0) -> list[int]:
+        """Change the subscription; heartbeat until the assignment covers every topic. Returns
+        the member epochs the answers carried, in order, without repeats."""
+        seen = [epoch]
+        r = await self.hb(group, member, epoch, topics)
+        deadline = time.monotonic() + timeout
+        while True:
+            assert r.error_code == NONE, r
+            if r.member_epoch != seen[-1]:
+                seen.append(r.member_epoch)
+            if r.assignment is not None and len(r.assignment.topic_partitions) == len(topics):
+                return seen[1:]
+            assert time.monotonic() < deadline, "no new assignment"
+            await asyncio.sleep(0.3)
+            r = await self.hb(group, member, seen[-1], None)
+
+    async def fetch(self, group: str, member: str, epoch: int, parts: dict[bytes, list[int]] | None = None, *,
+                    acks: Acks | None = None, forget: dict[bytes, list[int]] | None = None,
+                    max_wait_ms: int = 0) -> Any:
+        R = ShareFetchRequest
+        topics: dict[bytes, dict[int, list]] = {}
+        for tid, ps in (parts or {}).items():
+            for p in ps:
+                topics.setdefault(tid, {})[p] = []
+        for (tid, p), batches in (acks or {}).items():
+            topics.setdefault(tid, {})[p] = [
+                R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=ty) for a, z, ty in batches]
+        return await self.conn.request(SHARE_FETCH, 1, R(
+            group_id=group, member_id=member, share_session_epoch=epoch, max_wait_ms=max_wait_ms,
+            min_bytes=1, max_bytes=1 << 20, max_records=100, batch_size=100,
+            topics=[R.FetchTopic(topic_id=tid, partitions=[
+                R.FetchPartition(partition_index=p, acknowledgement_batches=b) for p, b in ps.items()])
+                for tid, ps in topics.items()],
+            forgotten_topics_data=[R.ForgottenTopic(topic_id=t, partitions=ps) for t, ps in (forget or {}).items()]))
+
+    async def ack(self, group: str, member: str, epoch: int, acks: Acks) -> Any:
+        R = ShareAckRequest
+        topics: dict[bytes, list] = {}
+        for (tid, p), batches in acks.items():
+            topics.setdefault(tid, []).append(R.AcknowledgePartition(
+                partition_index=p, acknowledgement_batches=[
+                    R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=ty)
+                    for a, z, ty in batches]))
+        return await self.conn.request(SHARE_ACK, 1, R(
+            group_id=group, member_id=member, share_session_epoch=epoch,
+            topics=[R.AcknowledgeTopic(topic_id=t, partitions=ps) for t, ps in topics.items()]))
+
+
+def partitions(resp: Any) -> dict[tuple[bytes, int], Any]:
+    return {(t.topic_id, p.partition_index): p for t in resp.responses for p in t.partitions}
+
+
+def acquired(resp: Any) -> list[tuple[int, int, int]]:
+    return [(a.first_offset, a.last_offset, a.delivery_count)
+            for p in partitions(resp).values() for a in p.acquired_records]
+
+
+class Session:
+    """A share session of one member: the epoch goes up by one per accepted request."""
+
+    def __init__(self, raw: Raw, group: str, member: str) -> None:
+        self.raw, self.group, self.member, self.epoch = raw, group, member, 0
+
+    async def fetch(self, parts: dict[bytes, list[int]] | None = None, **kw: Any) -> Any:
+        r = await self.raw.fetch(self.group, self.member, self.epoch, parts, **kw)
+        if r.error_code == NONE:
+            self.epoch += 1
+        return r
+
+    async def ack(self, acks: Acks) -> Any:
+        r = await self.raw.ack(self.group, self.member, self.epoch, acks)
+        if r.error_code == NONE:
+            self.epoch += 1
+        return r
+
+    async def acquire(self, parts: dict[bytes, list[int]], timeout: float = 30.0, **kw: Any) -> tuple[Any, list]:
+        """Fetch (long polls) until records are acquired; the first answer with some."""
+        deadline = time.monotonic() + timeout
+        first = True
+        while True:
+            r = await self.fetch(parts if first else None, max_wait_ms=1000, **kw)
+            assert r.error_code == NONE, r
+            first = False
+            got = acquired(r)
+            if got or time.monotonic() > deadline:
+                return r, got
+
+
+def lock_timeouts(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """Records acquired and never acknowledged: their lock (1000 ms) runs out, they come back
+    with delivery count 2; after the second time (share.delivery.count.limit 2) they are archived."""
+    t.create_topic(topic, 1)
+    t.configure(group, **{"share.record.lock.duration.ms": 1000, "share.delivery.count.limit": 2})
+    produce(t.bootstrap, topic, values("r", 3), per_batch=3)
+
+    async def run() -> dict[str, Any]:
+        raw = await Raw.open(t.bootstrap)
+        out: dict[str, Any] = {}
+        try:
+            tid = await raw.topic_id(topic)
+            member, _ = await raw.join(group, topic)
+            s = Session(raw, group, member)
+            r, out["first"] = await s.acquire({tid: [0]})
+            t0 = time.monotonic()
+            out["lock_timeout_ms"] = r.acquisition_lock_timeout_ms
+            r = await s.fetch(max_wait_ms=100)
+            out["while_locked"] = (r.error_code, acquired(r))
+            await asyncio.sleep(1.6)
+            # the lock ran out: acknowledging now is too late, for the member that held them
+            r = await s.ack({(tid, 0): [(0, 2, [ACCEPT])]})
+            out["ack_after_expiry"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
+            r, out["second"] = await s.acquire({})
+            out["second_after_s"] = time.monotonic() - t0
+            await asyncio.sleep(1.6)  # expires again: at the limit, archived
+            deadline = time.monotonic() + 3
+            third: list = []
+            while time.monotonic() < deadline:
+                third += acquired(await s.fetch(max_wait_ms=500))
+            out["third"] = third
+            out["close"] = (await s.raw.fetch(group, member, -1, {})).error_code
+            out["leave"] = (await raw.hb(group, member, -1, None)).error_code
+        finally:
+            await raw.close()
+        return out
+
+    return asyncio.run(run())
+
+
+def test_lock_timeout_redelivery_and_archive(targets, names):
+    """Not compared: how soon after the lock ran out the records came back (Kafka 4.4 expires
+    locks on a timer, kshare at the next operation or its own timer); both not before ~1 s."""
+    r = on_both(targets, lock_timeouts, *names)
+    for name in (KSHARE, KAFKA4):
+        assert 0.9 <= r[name].pop("second_after_s") < 10, (name, r[name])
+    assert r[KSHARE] == r[KAFKA4] == {
+        "first": [(0, 2, 1)],
+        "lock_timeout_ms": 1000,
+        "while_locked": (NONE, []),
+        "ack_after_expiry": (NONE, INVALID_RECORD_STATE),
+        "second": [(0, 2, 2)],
+        "third": [],
+        "close": NONE,
+        "leave": NONE,
+    }
+
+
+def misbehave(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """Misbehaving raw requests, each on its own member/session where it matters; what came back."""
+    for name in (topic, topic + "-b", topic + "-c"):
+        t.create_topic(name, 1)
+    t.configure(group)
+    produce(t.bootstrap, topic, values("m", 3), per_batch=3)
+
+    async def run() -> dict[str, Any]:
+        raw = await Raw.open(t.bootstrap)
+        out: dict[str, Any] = {}
+        try:
+            tid = await raw.topic_id(topic)
+            # -- ShareGroupHeartbeat
+            out["join_empty_subscription"] = (await raw.hb(group, str(uuid.uuid4()), 0, [])).error_code
+            out["join_null_subscription"] = (await raw.hb(group, str(uuid.uuid4()), 0, None)).error_code
+            member, epoch = await raw.join(group, topic)
+            out["hb_unknown_member"] = (await raw.hb(group, str(uuid.uuid4()), 1, None)).error_code
+            # two subscription changes move the member epoch twice (Kafka 4.4 assigns on a later
+            # heartbeat: the epochs themselves differ, which is not compared)
+            epochs = [epoch]
+            for subscribed in ([topic, topic + "-b"], [topic, topic + "-b", topic + "-c"]):
+                epochs += await raw.resubscribe(group, member, epoch, subscribed)
+                epoch = epochs[-1]
+            previous = epochs[-2]
+            out["hb_newer_member_epoch"] = (await raw.hb(group, member, epoch + 7, None)).error_code
+            # the previous epoch is accepted (the answer that bumped it may have been lost)
+            r = await raw.hb(group, member, previous, None)
+            out["hb_previous_member_epoch"] = (r.error_code, r.member_epoch == epoch)
+            out["hb_older_member_epoch"] = (await raw.hb(group, member, epochs[0], None)).error_code
+            ok = await raw.hb(group, member, epoch, None)
+            out["hb_current_epoch_after"] = ok.error_code
+            epoch = ok.member_epoch
+
+            # -- ShareFetch / ShareAcknowledge session epochs
+            s = Session(raw, group, member)
+            _, got = await s.acquire({tid: [0]})
+            out["acquired"] = got
+            await s.fetch({})  # the session epoch is 2 or more now: epoch - 1 is not 0 (which reopens)
+            out["fetch_stale_session_epoch"] = (await raw.fetch(group, member, s.epoch - 1, {})).error_code
+            out["fetch_future_session_epoch"] = (await raw.fetch(group, member, s.epoch + 5, {})).error_code
+            out["fetch_session_usable_after"] = (await s.fetch({})).error_code
+            # epoch 0 again: the session is opened anew; the records stay acquired (acked below)
+            r = await raw.fetch(group, member, 0, {tid: [0]})
+            out["fetch_reopen_session"] = (r.error_code, acquired(r))
+            s.epoch = 1 if r.error_code == NONE else s.epoch
+            out["ack_stale_session_epoch"] = (await raw.ack(group, member, s.epoch - 1,
+                                                            {(tid, 0): [(0, 2, [ACCEPT])]})).error_code
+            out["ack_epoch_0"] = (await raw.ack(group, member, 0, {(tid, 0): [(0, 2, [ACCEPT])]})).error_code
+            out["fetch_empty_member"] = (await raw.fetch(group, "", 0, {tid: [0]})).error_code
+            other = str(uuid.uuid4())
+            out["fetch_no_session"] = (await raw.fetch(group, other, 1, {})).error_code
+            out["ack_no_session"] = (await raw.ack(group, other, 1, {(tid, 0): [(0, 0, [ACCEPT])]})).error_code
+
+            # -- unknown topic id, with a piggybacked ack on it
+            bogus = uuid.uuid4().bytes
+            r = await s.fetch({bogus: [0]}, acks={(bogus, 0): [(0, 0, [ACCEPT])]})
+            p = partitions(r).get((bogus, 0))
+            out["fetch_unknown_topic_id"] = (r.error_code, p and p.error_code, p and p.acknowledge_error_code)
+            r = await s.fetch(forget={bogus: [0]})
+            assert r.error_code == NONE, r
+            r = await s.ack({(bogus, 0): [(0, 0, [ACCEPT])]})
+            p = partitions(r).get((bogus, 0))
+            out["ack_unknown_topic_id"] = (r.error_code, p and p.error_code)
+
+            # -- acknowledgements of records this member does not hold
+            r = await s.ack({(tid, 0): [(1, 1, [ACCEPT])]})  # held: fine
+            out["ack_held"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
+            r = await s.ack({(tid, 0): [(1, 1, [ACCEPT])]})  # again: no longer acquired
+            out["ack_twice"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
+            r = await s.fetch(acks={(tid, 0): [(0, 0, [RELEASE]), (2, 2, [REJECT])]})
+            out["ack_rest"] = (r.error_code, partitions(r)[(tid, 0)].acknowledge_error_code)
+            # Allowed to differ: whether the ShareFetch that released offset 0 hands it back in
+            # its own answer (kshare applies the acknowledgements first, then acquires; Kafka 4.4
+            # runs both at once). Either way it comes back once, with delivery count 2.
+            again = acquired(r)
+            r = await s.ack({(tid, 0): [(2, 2, [ACCEPT])]})
+            out["ack_rejected_record"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
+            if not again:
+                _, again = await s.acquire({})
+            out["reacquired"] = again
+            out["never_acquired"] = {}
+            r = await s.ack({(tid, 0): [(10_000, 10_005, [ACCEPT])]})
+            out["never_acquired"]["ack_beyond_log"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
+            r = await s.fetch(acks={(tid, 0): [(10_000, 10_005, [ACCEPT])]})
+            out["never_acquired"]["fetch_ack_beyond_log"] = (r.error_code,
+                                                             partitions(r)[(tid, 0)].acknowledge_error_code)
+            r = await s.ack({(tid, 0): [(0, 5, [ACCEPT])]})
+            out["never_acquired"]["ack_past_window"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
+            r = await s.ack({(tid, 0): [(0, 0, [ACCEPT])]})
+            out["ack_reacquired"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
+
+            # -- close and leave
+            out["close"] = (await raw.fetch(group, member, -1, {})).error_code
+            out["fetch_after_close"] = (await raw.fetch(group, member, s.epoch, {})).error_code
+            out["leave"] = (await raw.hb(group, member, -1, None)).error_code
+            out["hb_after_leave"] = (await raw.hb(group, member, epoch, None)).error_code
+        finally:
+            await raw.close()
+        return out
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def misbehaviour_runs(targets) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:10]
+    return on_both(targets, misbehave, f"diff-raw-{tag}", f"diff-share-raw-{tag}")
+
+
+def test_misbehaving_requests_error_codes(misbehaviour_runs):
+    ours = dict(misbehaviour_runs[KSHARE])
+    native = dict(misbehaviour_runs[KAFKA4])
+    ours.pop("never_acquired")
+    native.pop("never_acquired")
+    assert ours == native
+    assert ours == {
+        "join_empty_subscription": INVALID_REQUEST,
+        "join_null_subscription": INVALID_REQUEST,
+        "hb_unknown_member": UNKNOWN_MEMBER_ID,
+        "hb_newer_member_epoch": FENCED_MEMBER_EPOCH,
+        "hb_previous_member_epoch": (NONE, True),
+        "hb_older_member_epoch": FENCED_MEMBER_EPOCH,
+        "hb_current_epoch_after": NONE,
+        "acquired": [(0, 2, 1)],
+        "fetch_stale_session_epoch": INVALID_SHARE_SESSION_EPOCH,
+        "fetch_future_session_epoch": INVALID_SHARE_SESSION_EPOCH,
+        "fetch_session_usable_after": NONE,
+        "fetch_reopen_session": (NONE, []),
+        "ack_stale_session_epoch": INVALID_SHARE_SESSION_EPOCH,
+        "ack_epoch_0": INVALID_SHARE_SESSION_EPOCH,
+        "fetch_empty_member": INVALID_REQUEST,
+        "fetch_no_session": SHARE_SESSION_NOT_FOUND,
+        "ack_no_session": SHARE_SESSION_NOT_FOUND,
+        "fetch_unknown_topic_id": (NONE, UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_ID),
+        "ack_unknown_topic_id": (NONE, UNKNOWN_TOPIC_ID),
+        "ack_held": (NONE, NONE),
+        "ack_twice": (NONE, INVALID_RECORD_STATE),
+        "ack_rest": (NONE, NONE),
+        "ack_rejected_record": (NONE, INVALID_RECORD_STATE),
+        "reacquired": [(0, 0, 2)],
+        "ack_reacquired": (NONE, NONE),
+        "close": NONE,
+        "fetch_after_close": SHARE_SESSION_NOT_FOUND,
+        "leave": NONE,
+        "hb_after_leave": UNKNOWN_MEMBER_ID,
+    }
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Acknowledgements reaching past the last offset in flight: Kafka 4.4 answers INVALID_REQUEST "
+    "('Batch record not found ... past acquired records', SharePartition), kshare INVALID_RECORD_STATE "
+    "(the engine treats every offset the member does not hold alike; tests/unit/test_share_partition.py "
+    "asserts that)"))
+def test_ack_of_never_acquired_offsets(misbehaviour_runs):
+    """Acknowledgements reaching past the last offset in flight (offsets never acquired)."""
+    assert misbehaviour_runs[KSHARE]["never_acquired"] == misbehaviour_runs[KAFKA4]["never_acquired"]
