@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -68,7 +68,6 @@ from .states import (
     ShareUpdate,
     StateBatch,
     apply_update,
-    merge_batches,
     normalize,
 )
 from .store import GroupRecord, SharePartitionKey, StateWrite
@@ -124,6 +123,9 @@ class WriteStats:
     max_round_records: int = 0
 
 
+_MAX = 1 << 63
+
+
 def apply_update_in_place(start: int, batches: list[StateBatch], update: ShareUpdate) -> int:
     """:func:`states.apply_update` on a normalized state held as (start, list), in place.
 
@@ -135,37 +137,39 @@ def apply_update_in_place(start: int, batches: list[StateBatch], update: ShareUp
     thousands of ranges is what makes this matter.
     """
     for b in update.state_batches:
-        first, last = b.first_offset, b.last_offset
+        first, last, state, count = b
         if first > last:
             raise ValueError(f"state batch with first offset {first} > last offset {last}")
-        # first batch ending at or after `first`: batches are sorted, non-overlapping tuples, so
-        # compare whole tuples (in C) against (first,) and step back onto a batch covering `first`
-        lo = bisect_left(batches, (first,))
-        if lo and batches[lo - 1].last_offset >= first:
+        # Batches are sorted, non-overlapping tuples: bisect compares whole tuples, in C.
+        lo = bisect_left(batches, (first,))  # first batch starting at or after `first` ...
+        if lo and batches[lo - 1][1] >= first:  # ... or the one before, if it covers `first`
             lo -= 1
-        hi = lo
-        n = len(batches)
-        while hi < n and batches[hi].first_offset <= last:
-            hi += 1
-        new = StateBatch(first, last, b.delivery_state, b.delivery_count)
+        hi = bisect_right(batches, (last, _MAX))  # past every batch starting at or before `last`
+        new = StateBatch(first, last, state, count)
+        pos = lo
         if lo < hi:
             head, tail = batches[lo], batches[hi - 1]
             replacement = [new]
-            if head.first_offset < first:
-                replacement.insert(0, head._replace(last_offset=first - 1))
-            if tail.last_offset > last:
-                replacement.append(tail._replace(first_offset=last + 1))
+            if head[0] < first:
+                replacement.insert(0, StateBatch(head[0], first - 1, head[2], head[3]))
+                pos += 1
+            if tail[1] > last:
+                replacement.append(StateBatch(last + 1, tail[1], tail[2], tail[3]))
             batches[lo:hi] = replacement
-            width = len(replacement)
         else:
             batches.insert(lo, new)
-            width = 1
-        i = lo - 1 if lo > 0 else 0
-        j = lo + width + 1
-        window = batches[i:j]
-        merged = merge_batches(window)
-        if len(merged) != len(window):
-            batches[i:j] = merged
+        # The list was merged; only the new batch can join a neighbour.
+        if pos:
+            left = batches[pos - 1]
+            if left[1] + 1 == first and left[2] == state and left[3] == count:
+                new = batches[pos - 1] = StateBatch(left[0], last, state, count)
+                del batches[pos]
+                pos -= 1
+        if pos + 1 < len(batches):
+            right = batches[pos + 1]
+            if right[0] == last + 1 and right[2] == state and right[3] == count:
+                batches[pos] = StateBatch(new[0], right[1], state, count)
+                del batches[pos + 1]
     if update.start_offset != -1:
         start = update.start_offset
     if start < 0:
@@ -435,12 +439,16 @@ class TopicStateStore:
             created = await self._ensure_topic()
             await self._load(empty=created)
             try:
-                await self._start_producer(idempotent=await _cluster_has_init_producer_id(self.bootstrap_servers))
+                await self._start_producer(
+                    idempotent=await _cluster_has_init_producer_id(self.bootstrap_servers)
+                )
             except Exception as exc:  # noqa: BLE001 - e.g. Tansu lists InitProducerId but cannot serve it
                 log.warning(
                     "the idempotent producer could not start (%r): state writes use acks=all without "
                     "idempotence, so a retried write may repeat on the topic; "
-                    "replaying a repeated record gives the same state", exc)
+                    "replaying a repeated record gives the same state",
+                    exc,
+                )
                 await self._start_producer(idempotent=False)
         except BaseException:
             await self._close_clients()
@@ -468,7 +476,9 @@ class TopicStateStore:
         # Without idempotence order still holds on retries: aiokafka keeps one batch per partition
         # in flight.
         conf.update(self._producer_config)
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, client_id=self.client_id, **conf)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers, client_id=self.client_id, **conf
+        )
         await self._producer.start()  # an idempotent producer gets its producer id here
 
     async def close(self) -> None:
