@@ -26,7 +26,7 @@ from .errors import ErrorCode
 from .ownership import LocalOwnership, Ownership
 from .partition import SharePartition
 from .partition_log import PartitionLog
-from .sessions import ShareSession, ShareSessionCache
+from .sessions import ShareSessionCache
 from .states import ShareSnapshot, ShareUpdate
 from .store import GroupRecord, SharePartitionKey, StateStore
 from .upstream import EARLIEST, LATEST, TopicInfo, UpstreamCluster
@@ -265,7 +265,7 @@ class ShareGroupService:
     def partition_log(self, topic: TopicInfo, partition: int, read_committed: bool) -> PartitionLog:
         k = (topic.topic_id, partition, read_committed)
         plog = self.logs.get(k)
-        if plog is None or plog.topic is not topic and plog.topic.topic_id != topic.topic_id:
+        if plog is None:
             plog = self.logs[k] = PartitionLog(self.upstream, topic, partition, read_committed)
         return plog
 
@@ -519,14 +519,19 @@ class ShareGroupService:
     # -- waiting --------------------------------------------------------------------------------------
     async def wait_for_records(self, states: Sequence[SharePartitionState], timeout_ms: int) -> None:
         """Until any of these share-partitions may have something to hand out, or the timeout."""
-        if timeout_ms <= 0 or not states:
+        if timeout_ms <= 0:
+            return
+        if not states:  # a session without partitions waits out MaxWaitMs, as on a broker
+            await asyncio.sleep(timeout_ms / 1000)
             return
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         hooks = []
         for sp in states:
             sp.waiters.add(fut)
-            if sp.engine is not None and not sp.engine.has_available():
+            # New upstream data only helps a share-partition with room in its window; a full one
+            # waits for acknowledgements and lock expiries, which wake it through ``waiters``.
+            if sp.engine is not None and not sp.engine.has_available() and sp.engine.can_acquire():
                 group = self.coordinator.group(sp.key.group_id)
                 rc = group.config.read_committed if group else False
                 plog = self.partition_log(sp.topic, sp.key.partition, rc)
@@ -548,7 +553,3 @@ class ShareGroupService:
 def _ignore_failure(fut: asyncio.Future) -> None:
     if not fut.cancelled():
         fut.exception()
-
-
-def sessions_partitions(session: ShareSession) -> list[tuple[bytes, int]]:
-    return list(session.partitions)

@@ -93,13 +93,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
             left_ms = int((deadline - time.monotonic()) * 1000)
             if out.record_count or outcomes or left_ms <= 0:
                 break
-            await service.wait_for_records(states, left_ms)
-            if time.monotonic() >= deadline and not any(sp.engine is not None and sp.engine.has_available()
-                                                        for sp in states):
-                # one last look after the wait, then answer empty
-                await _acquire_all(service, group_id, member_id, session, max_records, max_bytes, mode,
-                                   batch_size, out, writes)
-                break
+            await service.wait_for_records(states, left_ms)  # then one more pass, and stop at the deadline
         for topic_id, partition, fut in writes:
             try:
                 await fut
