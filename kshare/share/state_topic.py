@@ -413,6 +413,11 @@ class TopicStateStore:
         self._last_prune = 0.0
         self._prune_lock = asyncio.Lock()
         self._producer: Any = None
+        self._idempotent = False
+        # an idempotent producer whose batch failed is replaced before the next round (see _round)
+        self._replace_producer = False
+        self._retiring: asyncio.Task[None] | None = None  # the replaced producer, delivering what it holds
+        self._renew_failures = 0
         self._admin: Any = None
         self._flusher: asyncio.Task[None] | None = None
         self._maintenance: asyncio.Task[None] | None = None
@@ -479,7 +484,43 @@ class TopicStateStore:
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap_servers, client_id=self.client_id, **conf
         )
+        self._idempotent = idempotent
         await self._producer.start()  # an idempotent producer gets its producer id here
+
+    async def _renew_producer(self) -> None:
+        """Replace an idempotent producer one of whose batches failed.
+
+        aiokafka gives a batch its sequence number when it drains it, and may then fail it without
+        sending it (e.g. a batch that expired while its partition had no leader, as during a broker
+        restart). The broker never sees that sequence number, so every later batch of the partition
+        fails with OutOfOrderSequenceNumber, forever. A new producer (new producer id) starts from
+        sequence 0. The old one first delivers or fails what it still holds, so nothing it sent can
+        land behind a record of the new one.
+        """
+        if self._retiring is None:
+            old, self._producer = self._producer, None
+            if old is not None:
+                self._retiring = asyncio.create_task(old.stop())
+        if self._retiring is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._retiring), self.write_timeout_s)
+            except TimeoutError:
+                raise StateWriteError("the replaced state producer still holds undelivered records") from None
+            except Exception:  # noqa: BLE001 - it stopped either way
+                pass
+            self._retiring = None
+        await self._start_producer(idempotent=True)
+        self._replace_producer = False
+        self._renew_failures = 0
+        log.warning(
+            "state topic %s: a state write failed in the producer; replaced the idempotent producer",
+            self.topic,
+        )
+
+    def _late_outcome(self, fut: asyncio.Future) -> None:
+        """Outcome of a send that was still pending when its round gave up on it."""
+        if not fut.cancelled() and fut.exception() is not None and self._idempotent:
+            self._replace_producer = True
 
     async def close(self) -> None:
         """Flush pending writes and disconnect."""
@@ -501,6 +542,10 @@ class TopicStateStore:
     async def _close_clients(self) -> None:
         producer, admin = self._producer, self._admin
         self._producer = self._admin = None
+        if self._retiring is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._retiring, self.write_timeout_s)
+            self._retiring = None
         if producer is not None:
             with contextlib.suppress(Exception):
                 await producer.stop()
@@ -631,6 +676,21 @@ class TopicStateStore:
                 return
 
     async def _round(self, items: list[_Pending]) -> None:
+        if self._replace_producer or self._retiring is not None:
+            try:
+                await self._renew_producer()
+            except Exception as exc:  # noqa: BLE001 - this round fails, the next one tries again
+                self._renew_failures += 1
+                log.log(
+                    logging.WARNING if self._renew_failures == 1 else logging.DEBUG,
+                    "state topic %s: cannot replace the state producer yet: %r",
+                    self.topic,
+                    exc,
+                )
+                for it in items:
+                    if not it.future.done():
+                        it.future.set_exception(StateWriteError(f"state write failed: {exc!r}"))
+                return
         out: list[_Out] = []
         for item in items:
             for op in item.ops:
@@ -661,7 +721,7 @@ class TopicStateStore:
         if pending:
             _, not_done = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
             for fut in not_done:  # may still land later; retrieve the outcome so nothing warns
-                fut.add_done_callback(_ignore_result)
+                fut.add_done_callback(self._late_outcome)
         for rec, fut in zip(out, sends, strict=True):
             if fut is None:
                 continue
@@ -673,6 +733,8 @@ class TopicStateStore:
                 rec.error = StateWriteError("state record send cancelled")
             elif fut.exception() is not None:
                 rec.error = StateWriteError(f"state record not written: {fut.exception()!r}")
+                if self._idempotent:
+                    self._replace_producer = True
             else:
                 rec.offset = fut.result().offset
         self._settle(out, items)
