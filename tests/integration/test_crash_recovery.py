@@ -134,6 +134,17 @@ class KShareProcess:
         procs = self.incarnations if i is None else [self.incarnations[i]]
         return "".join(f"--- incarnation {self.incarnations.index(p)} ---\n" + "".join(p.output) for p in procs)
 
+    def digest(self, head: int = 60, tail: int = 20) -> str:
+        """The first and last warnings/errors of every incarnation (for failure messages)."""
+        out = []
+        for i, p in enumerate(self.incarnations):
+            lines = [line for line in p.output if " WARNING " in line or " ERROR " in line or "Traceback" in line
+                     or line.startswith((" ", "\t")) or "Error" in line]
+            if len(lines) > head + tail:
+                lines = lines[:head] + [f"... {len(lines) - head - tail} more ...\n"] + lines[-tail:]
+            out.append(f"--- incarnation {i}, exit code {p.process.poll() if p.process else None} ---\n" + "".join(lines))
+        return "".join(out)
+
     def tracebacks(self) -> list[str]:
         return [line for p in self.incarnations for line in p.output if "Traceback" in line]
 
@@ -656,3 +667,224 @@ def test_state_survives_restarts_without_consumers(kafka39, topic_name, group, s
     finally:
         kshare.stop()
     assert not kshare.tracebacks(), kshare.output()
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. the upstream broker stopped and restarted under load
+
+
+@pytest.mark.parametrize("hard", [False, True], ids=["sigterm", "sigkill"])
+def test_upstream_broker_restart_under_load(broker_factory, topic_name, group, state_topic, hard):
+    """A private Kafka 3.9 broker is stopped (SIGTERM, or SIGKILL) and started again on the same
+    port and data while 4 ShareConsumers acknowledge 8,000 records through one kshare process.
+    Meanwhile the consumers see errors (failed acknowledgement commits, transport errors), kshare
+    stays up, reconnects and rebuilds what a failed state write left behind; afterwards every
+    record was delivered and acknowledged (SPSO at the end, also after a kshare restart), no
+    confirmed acknowledgement was delivered again, and redeliveries all came after the outage."""
+    n = 8000
+    broker = broker_factory("kafka39")
+    broker.create_topic(topic_name, partitions=PARTITIONS)
+    produce_fast(broker.bootstrap, topic_name, n, PARTITIONS)
+    ends = end_offsets(broker.bootstrap, topic_name, PARTITIONS)
+    kshare = KShareProcess(broker, state_topic)
+    kshare.start()
+    ledger = Ledger()
+    consumers: list[AckingConsumer] = []
+    try:
+        share_group(kshare.bootstrap, group, **GROUP_CONFIGS)
+        # slow the consumers down a little so that the outage finds them mid-stream
+        consumers = [AckingConsumer(i, kshare.bootstrap, group, topic_name, ledger).start() for i in range(CONSUMERS)]
+        wait_until(lambda: ledger.confirmed_count() >= 0.3 * n, 120, "30% confirmed", interval=0.005)
+        outage = time.monotonic()
+        before = ledger.confirmed_count()
+        broker.restart(hard=hard)
+        back = time.monotonic()
+        during = ledger.confirmed_count() - before
+        try:
+            wait_until(lambda: spso_reached(kshare.bootstrap, group, ends), 180, "every SPSO at its end", interval=1.0)
+        except AssertionError:
+            try:
+                spso: Any = describe_offsets(kshare.bootstrap, group, timeout_ms=5000)
+            except Exception as exc:  # noqa: BLE001
+                spso = repr(exc)
+            state = {"confirmed": ledger.confirmed_count(), "deliveries": len(ledger.deliveries),
+                     "spso": spso, "ends": ends, "kshare_exit": kshare.current.process.poll(),
+                     "failed_acks": ledger.failed_acks, "commit_errors": dict(ledger.commit_errors),
+                     "poll_errors": dict(ledger.poll_errors), "outage_s": back - outage}
+            raise AssertionError(f"{state}\n{kshare.digest()}") from None
+        time.sleep(1.0)
+        assert kshare.current.process.poll() is None, "kshare exited:\n" + kshare.output()
+    finally:
+        for c in consumers:
+            c.stop()
+    try:
+        kshare.kill()
+        kshare.start()
+        final = describe_offsets(kshare.bootstrap, group)
+    finally:
+        kshare.stop()
+    v = judge(ledger, ends, [outage])
+    report = v.summary() | {"outage_s": round(back - outage, 1), "confirmed_during_outage": during,
+                            "failed_acks": ledger.failed_acks, "commit_errors": dict(ledger.commit_errors),
+                            "poll_errors": dict(ledger.poll_errors), "refused": ledger.refused}
+    print("broker restart:", json.dumps(report))
+    for c in consumers:
+        assert not c.errors, (c.index, c.errors)
+    assert final == ends, (final, ends)
+    assert v.distinct == n, report
+    assert not v.after_confirmation, (v.after_confirmation[:10], report)
+    assert v.per_crash[0] == 0, report
+    # clients noticed: acknowledgements failed or requests erred while the broker was away
+    assert ledger.failed_acks or ledger.commit_errors or ledger.poll_errors, report
+    assert not kshare.tracebacks(), kshare.output()
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. damaged and foreign records on the state topic
+
+
+def test_damaged_state_records_are_skipped(kafka39, topic_name, group, state_topic):
+    """Records nobody can decode (and well-formed ones about things that do not exist) are produced
+    to the state topic directly on the cluster, in the partition holding the group's records, after
+    its state. kshare logs one error per damaged record, loads everything else and serves: the
+    group's configs and SPSO are intact, the released records come back with their delivery
+    count, nothing acknowledged or rejected does; a later restart replays the topic again."""
+    kafka39.create_topic(topic_name, partitions=1)
+    produce_fast(kafka39.bootstrap, topic_name, 40, 1)
+    releases = dict.fromkeys(range(20, 25), 1)
+    rejected = set(range(25, 30))
+    kshare = KShareProcess(kafka39, state_topic)
+    kshare.start()
+    try:
+        share_group(kshare.bootstrap, group, **GROUP_CONFIGS)
+        asyncio.run(decide(kshare.bootstrap, group, topic_name, 40, releases, rejected))
+        assert describe_offsets(kshare.bootstrap, group) == {0: 20}
+        kshare.kill()
+
+        tid = asyncio.run(_topic_id_direct(kafka39.bootstrap, topic_name))
+        key = SharePartitionKey(group, tid, 0)
+        part = sc.partition_for(key, 3)
+        good_key = sc.encode_share_key(sc.RECORD_SNAPSHOT, key)
+        good_value = sc.encode_snapshot_value(0, 0, 0, ShareSnapshot(5, ()))
+        orphan = SharePartitionKey("no-such-group", uuid.uuid4().bytes, 3)
+        damaged = [
+            (b"\x00", b"v"),  # key too short
+            (os.urandom(40), good_value),  # garbage key
+            (b"\x00\x09" + good_key[2:], good_value),  # unknown record type
+            (good_key, os.urandom(30)),  # garbage value under the group's own key
+            (good_key, b"\x00\x05" + good_value[2:]),  # unknown value version
+            (good_key, good_value[:-4]),  # truncated
+            (None, b"a foreign record without a key"),
+            (good_key, b'{"json": "from another tool"}'),
+            (sc.encode_group_key(group), os.urandom(25)),  # the group's record, damaged
+            (sc.encode_share_key(sc.RECORD_UPDATE, orphan), sc.encode_update_value(0, 0, ShareUpdate(7, ()))),
+        ]
+        # well-formed, but about a topic that does not exist: loaded, harmless
+        foreign = [(sc.encode_share_key(sc.RECORD_SNAPSHOT, SharePartitionKey("foreign-group", uuid.uuid4().bytes, 0)),
+                    sc.encode_snapshot_value(0, 0, 0, ShareSnapshot(3, ())))]
+        p = Producer({"bootstrap.servers": kafka39.bootstrap, "logger": quiet_logger()})
+        for i, (k, v) in enumerate(damaged + foreign):
+            p.produce(state_topic, value=v, key=k, partition=part if i % 3 else (part + 1) % 3)
+        assert p.flush(30) == 0
+
+        kshare.start()
+        out = "".join(kshare.current.output)
+        skipped = [line for line in kshare.current.output if "record skipped" in line]
+        assert len(skipped) == len(damaged), out
+        assert all(" ERROR " in line for line in skipped), skipped
+        assert f"{len(damaged)} skipped" in out
+        assert describe_offsets(kshare.bootstrap, group) == {0: 20}
+        from tests.integration.share_helpers import describe_group_configs
+
+        configs = describe_group_configs(kshare.bootstrap, group)
+        assert configs["share.auto.offset.reset"] == "earliest"
+        assert configs["share.heartbeat.interval.ms"] == "500"
+
+        c = share_consumer(kshare.bootstrap, group)
+        c.subscribe([topic_name])
+        got: list[tuple[int, int]] = []
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(got) < 5:
+                got += [(m.offset(), m.delivery_count()) for m in c.poll(0.5) if m.error() is None]
+            end = time.monotonic() + 2
+            while time.monotonic() < end:
+                got += [(m.offset(), m.delivery_count()) for m in c.poll(0.5) if m.error() is None]
+        finally:
+            c.close()
+        assert sorted(got) == [(o, 2) for o in range(20, 25)]
+        wait_until(lambda: describe_offsets(kshare.bootstrap, group) == {0: 40}, 20, "SPSO 40")
+
+        kshare.kill()
+        kshare.start()
+        assert describe_offsets(kshare.bootstrap, group) == {0: 40}
+        assert all(" ERROR " in line for line in kshare.current.output if "record skipped" in line)
+    finally:
+        kshare.stop()
+    assert not kshare.tracebacks(), kshare.output()
+
+
+async def _topic_id_direct(bootstrap: str, topic: str) -> bytes:
+    host, _, port = bootstrap.rpartition(":")
+    conn = await KafkaConnection.open(host, int(port))
+    try:
+        return await topic_id(conn, topic)
+    finally:
+        await conn.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# 5. the state store alone through an outage longer than its write timeout
+
+
+def test_state_writes_heal_after_an_outage_longer_than_the_write_timeout(broker_factory, state_topic):
+    """Regression: aiokafka's idempotent producer may fail a batch it already gave a sequence number
+    (expired while its partition had no leader after the broker came back); every later batch of
+    that partition then failed with OutOfOrderSequenceNumber, forever. The store now replaces the
+    producer, so writes succeed again within seconds of the restart, and a replay of the topic
+    gives exactly the state the store holds."""
+    from kshare.share.state_topic import StateWriteError, TopicStateStore
+
+    broker = broker_factory("kafka39")
+    tid = uuid.uuid4().bytes
+    keys = [SharePartitionKey("g", tid, p) for p in range(6)]
+
+    async def main() -> tuple[Counter, dict, dict]:
+        store = TopicStateStore(broker.bootstrap, topic=state_topic, partitions=3, write_timeout_s=5)
+        await store.start()
+        stop = False
+        results: list[tuple[float, str]] = []
+
+        async def writer(i: int, k: SharePartitionKey) -> None:
+            n = 0
+            while not stop:
+                n += 1
+                try:
+                    await store.write([(k, ShareSnapshot(n * 10 + i, ()))])
+                    results.append((time.monotonic(), "ok"))
+                except StateWriteError as exc:
+                    results.append((time.monotonic(), str(exc).split(":")[0]))
+                    await asyncio.sleep(0.2)
+
+        tasks = [asyncio.create_task(writer(i, k)) for i, k in enumerate(keys)]
+        try:
+            await asyncio.sleep(1)
+            await asyncio.to_thread(broker.stop)
+            await asyncio.sleep(6)  # longer than the write timeout
+            await asyncio.to_thread(broker.start)
+            back = time.monotonic()
+            await asyncio.sleep(15)
+            stop = True
+            await asyncio.gather(*tasks)
+            await store.flush()
+        finally:
+            await store.close()
+        late = Counter(r for t, r in results if t > back + 10)
+        fresh = TopicStateStore(broker.bootstrap, topic=state_topic, partitions=3)
+        await fresh.start()
+        await fresh.close()
+        return late, store.share_partitions(), fresh.share_partitions()
+
+    late, held, replayed = asyncio.run(main())
+    assert late["ok"] > 0 and set(late) == {"ok"}, late
+    assert replayed == held
