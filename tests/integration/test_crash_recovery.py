@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -44,7 +43,6 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
