@@ -52,7 +52,7 @@ class ShareProxyThread:
     uvloop event loop in a background thread."""
 
     def __init__(self, upstream: str, *, limits: BrokerLimits = TEST_LIMITS, start_timeout: float = 60.0,
-                 **config: object) -> None:
+                 metrics_port: int | None = None, **config: object) -> None:
         config.setdefault("bootstrap_port", 0)
         config.setdefault("broker_port_base", 0)
         # A state topic of its own: a store prunes its topic below what *it* knows, so two
@@ -62,6 +62,7 @@ class ShareProxyThread:
         self.config = ProxyConfig(upstream=parse_hostports(upstream), group_limits=limits,
                                   **config)  # type: ignore[arg-type]
         self.start_timeout = start_timeout
+        self.metrics_port = metrics_port  # 0: a free port, read back from app.metrics.port
         self.app: KShare | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -86,7 +87,7 @@ class ShareProxyThread:
 
         async def main() -> None:
             try:
-                self.app = KShare(self.config)
+                self.app = KShare(self.config, metrics_port=self.metrics_port, metrics_host="127.0.0.1")
                 self._stopped = asyncio.Event()
                 await self.app.start()
                 await self.app.wait_ready(timeout)
