@@ -137,8 +137,10 @@ class PartitionLog:
         self.segments = kept
         self.cached_bytes += seg.size
         while self.cached_bytes > self.budget_bytes and len(self.segments) > 1:
-            # evict the oldest data; a redelivery that needs it fetches it again
-            old = self.segments.pop(0)
+            # evict the oldest data; a redelivery that needs it fetches it again. Never the
+            # segment just stored: a reader behind the cached data (another group, an old
+            # redelivery) fetched it to read it, and would otherwise fetch it again forever.
+            old = self.segments.pop(1 if self.segments[0] is seg else 0)
             self.cached_bytes -= old.size
 
     # -- waiting for new data -------------------------------------------------------------------------
