@@ -178,6 +178,47 @@ def test_implicit_acknowledgement(targets, names):
     assert r[KSHARE]["delivery_counts"] == r[KAFKA4]["delivery_counts"] == Counter({1: 40})
 
 
+def two_groups_one_topic(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """Two share groups read the same topic, one after the other: each gets every record once.
+    24,000 x 1 KiB on one partition, more than kshare caches per partition (16 MiB), so the second
+    group reads behind the cached data (kshare once evicted such reads at once and stalled)."""
+    from confluent_kafka import Producer
+
+    n = 24_000
+    t.create_topic(topic, 1)
+    p = Producer({"bootstrap.servers": t.bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+                  "logger": quiet_logger()})
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, value=str(i).encode().ljust(1024, b"."), partition=0)
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(60) == 0
+    out: dict[str, Any] = {}
+    for name in ("first", "second"):
+        g = f"{group}-{name}"
+        t.configure(g)
+        c = share_consumer(t.bootstrap, g)
+        c.subscribe([topic])
+        try:
+            got = poll_until(c, lambda recs: len(recs) >= n, 90)
+            got += poll_until(c, lambda recs: False, 1)
+        finally:
+            c.close()
+        offsets = Counter(g.offset for g in got)
+        out[name] = {"distinct": len(offsets), "twice": sum(1 for k in offsets.values() if k > 1),
+                     "counts": Counter(g.delivery_count for g in got)}
+    return out
+
+
+def test_two_groups_read_one_topic(targets, names):
+    r = on_both(targets, two_groups_one_topic, *names)
+    each = {"distinct": 24_000, "twice": 0, "counts": Counter({1: 24_000})}
+    assert r[KSHARE] == r[KAFKA4] == {"first": each, "second": each}
+
+
 def explicit_acknowledgement(t: Target, topic: str, group: str) -> dict[str, Any]:
     """One producer batch of four records, acknowledged differently offset by offset, with
     share.delivery.count.limit 3."""
