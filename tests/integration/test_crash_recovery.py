@@ -107,12 +107,15 @@ class KShareProcess:
     def current(self) -> ProxyProcess:
         return self.incarnations[-1]
 
-    def start(self, timeout: float = 90.0) -> float:
-        """Start an incarnation; returns once its share state is loaded (seconds it took)."""
+    def start(self, timeout: float = 90.0, *, wait_loaded: bool = True) -> float:
+        """Start an incarnation; returns once its share state is loaded (seconds it took), or
+        with ``wait_loaded=False`` once it listens."""
         t0 = time.monotonic()
         proc = ProxyProcess(*self.args, port=self.port)
         self.incarnations.append(proc)
         proc.start(timeout)
+        if not wait_loaded:
+            return time.monotonic() - t0
         wait_until(lambda: any("share state loaded" in line for line in proc.output) or proc.process.poll() is not None,
                    timeout, "the share state to load")
         if proc.process.poll() is not None:
@@ -897,3 +900,97 @@ def test_state_writes_heal_after_an_outage_longer_than_the_write_timeout(broker_
     late, held, replayed = asyncio.run(main())
     assert late["ok"] > 0 and set(late) == {"ok"}, late
     assert replayed == held
+
+
+# ------------------------------------------------------------------------------------------------
+# 6. group configs asked for while a restarted kshare is still loading its state
+
+
+def test_group_configs_while_the_state_loads(kafka39, group, state_topic):
+    """Right after a restart, until the share state is loaded, DescribeConfigs and
+    IncrementalAlterConfigs on a share group answer COORDINATOR_LOAD_IN_PROGRESS (retriable): not
+    the fronted cluster's view of the group (which knows no share groups), not a dropped
+    connection. Once loaded, the durable configs are served, and a change made then persists."""
+    kshare = KShareProcess(kafka39, state_topic)
+    kshare.start()
+    try:
+        share_group(kshare.bootstrap, group, **GROUP_CONFIGS)
+        kshare.kill()
+        asyncio.run(_seed_slow_load(kafka39.bootstrap, state_topic, 500))
+        kshare.start(wait_loaded=False)
+        answers = asyncio.run(_configs_until_loaded(kshare.bootstrap, group))
+        wait_until(lambda: any("share state loaded" in line for line in kshare.current.output), 60, "the load")
+        kshare.kill()
+        kshare.start()
+        final = asyncio.run(_configs_until_loaded(kshare.bootstrap, group, alter=False))
+    finally:
+        kshare.stop()
+    codes = Counter((kind, code) for kind, code, _ in answers)
+    assert codes[("describe", 14)] + codes[("alter", 14)] > 0, (codes, kshare.output())  # the window was hit
+    assert set(codes) <= {("describe", 14), ("describe", 0), ("alter", 14), ("alter", 0)}, codes
+    for kind, code, configs in answers:
+        if kind == "describe" and code == 0:
+            assert configs.get("share.auto.offset.reset") == "earliest", configs
+    assert final[-1][2]["share.heartbeat.interval.ms"] == "600", final[-1]
+    assert final[-1][2]["share.auto.offset.reset"] == "earliest", final[-1]
+    assert not kshare.tracebacks(), kshare.output()
+
+
+async def _seed_slow_load(bootstrap: str, state_topic: str, n: int) -> None:
+    """``n`` share-partitions of another group with 2,000 single-record state ranges each."""
+    from kshare.share.state_topic import TopicStateStore
+    from kshare.share.states import StateBatch
+
+    snapshot = ShareSnapshot(0, tuple(StateBatch(o, o, AVAILABLE if o % 2 else ACKNOWLEDGED, 1 + o % 3)
+                                      for o in range(2000)))
+    tid = uuid.uuid4().bytes
+    store = TopicStateStore(bootstrap, topic=state_topic, partitions=3, prune_interval_s=3600)
+    await store.start()
+    try:
+        for i in range(0, n, 50):
+            await asyncio.gather(*(store.write([(SharePartitionKey("bulk", tid, p), snapshot)])
+                                   for p in range(i, min(n, i + 50))))
+    finally:
+        await store.close()
+
+
+async def _configs_until_loaded(bootstrap: str, group: str, *, alter: bool = True,
+                                timeout: float = 60.0) -> list[tuple[str, int, dict[str, str]]]:
+    """DescribeConfigs (and IncrementalAlterConfigs share.heartbeat.interval.ms=600) of the group on
+    one connection, over and over, until a describe succeeds after a successful alter (or at all,
+    ``alter=False``). Every answer: (kind, error code, configs)."""
+    host, _, port = bootstrap.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn = await KafkaConnection.open(host, int(port), client_id="configs")
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.02)
+    Describe = messages.message_class("DescribeConfigsRequest")
+    Alter = messages.message_class("IncrementalAlterConfigsRequest")
+    dv, av = conn.best_version(32, hi=4), conn.best_version(44, hi=1)
+    out: list[tuple[str, int, dict[str, str]]] = []
+    altered = not alter
+    try:
+        while time.monotonic() < deadline:
+            r = (await conn.request(32, dv, Describe(
+                resources=[Describe.DescribeConfigsResource(resource_type=32, resource_name=group,
+                                                            configuration_keys=None)],
+                include_synonyms=False, include_documentation=False))).results[0]
+            out.append(("describe", r.error_code, {c.name: c.value for c in r.configs or []}))
+            if altered and r.error_code == 0:
+                return out
+            if not altered:
+                a = (await conn.request(44, av, Alter(resources=[Alter.AlterConfigsResource(
+                    resource_type=32, resource_name=group, configs=[Alter.AlterableConfig(
+                        name="share.heartbeat.interval.ms", config_operation=0, value="600")])],
+                    validate_only=False))).responses[0]
+                out.append(("alter", a.error_code, {}))
+                altered = a.error_code == 0
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"no successful answer in {timeout:.0f} s: {out[-5:]}")
+    finally:
+        await conn.close()

@@ -24,6 +24,7 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 DescribeResponse = messages.message_class("DescribeConfigsResponse")
 AlterResponse = messages.message_class("IncrementalAlterConfigsResponse")
+LOADING = "The share group state is still loading."
 
 
 def _is_share_config(name: str) -> bool:
@@ -31,12 +32,12 @@ def _is_share_config(name: str) -> bool:
 
 
 def describe_applies(service: ShareGroupService, header: Any, req: Any) -> bool:
-    return any(r.resource_type == GROUP and service.coordinator.group(r.resource_name) is not None
+    return any(r.resource_type == GROUP and (not service.loaded or service.coordinator.group(r.resource_name))
                for r in req.resources)
 
 
 def alter_applies(service: ShareGroupService, header: Any, req: Any) -> bool:
-    return any(r.resource_type == GROUP and (service.coordinator.group(r.resource_name) is not None
+    return any(r.resource_type == GROUP and (not service.loaded or service.coordinator.group(r.resource_name) is not None
                                             or any(_is_share_config(c.name) for c in r.configs))
                for r in req.resources)
 
@@ -57,9 +58,16 @@ class DescribeConfigs:
     @staticmethod
     async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         version = header.api_version
-        ours = [r for r in req.resources if r.resource_type == GROUP and service.coordinator.group(r.resource_name)]
+        loading = not service.loaded  # which groups are share groups is not known yet
+        ours = [r for r in req.resources if r.resource_type == GROUP and (loading or service.coordinator.group(r.resource_name))]
         others = [r for r in req.resources if r not in ours]
         results: dict[int, Any] = {}
+        if loading:
+            for r in ours:
+                results[id(r)] = DescribeResponse.DescribeConfigsResult(
+                    error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, error_message=LOADING, resource_type=GROUP,
+                    resource_name=r.resource_name, configs=[])
+            ours = []
         if others:
             cls = type(req)
             upstream = await _forward(service, 32, version, cls(resources=others, include_synonyms=req.include_synonyms,
@@ -97,10 +105,18 @@ class IncrementalAlterConfigs:
     @staticmethod
     async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         version = header.api_version
+        loading = not service.loaded  # which groups are share groups is not known yet
         ours = [r for r in req.resources if r.resource_type == GROUP and (
-            service.coordinator.group(r.resource_name) is not None or any(_is_share_config(c.name) for c in r.configs))]
+            loading or service.coordinator.group(r.resource_name) is not None
+            or any(_is_share_config(c.name) for c in r.configs))]
         others = [r for r in req.resources if r not in ours]
         results: dict[int, Any] = {}
+        if loading:
+            for r in ours:
+                results[id(r)] = AlterResponse.AlterConfigsResourceResponse(
+                    error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, error_message=LOADING, resource_type=GROUP,
+                    resource_name=r.resource_name)
+            ours = []
         if others:
             upstream = await _forward(service, 44, version, type(req)(resources=others, validate_only=req.validate_only))
             for r, res in zip(others, upstream.responses, strict=False):
