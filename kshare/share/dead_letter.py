@@ -2,8 +2,9 @@
 
 When a record is archived because a consumer rejected it or it ran out of delivery attempts, a
 record is produced to the group's DLQ topic before the archive is made durable. It carries
-context headers; with ``errors.deadletterqueue.copy.record.enable`` also the original key, value
-and headers. This is the only place kshare decodes record bodies, and only for dead-lettered
+context headers named as Apache Kafka 4.4 names them; with
+``errors.deadletterqueue.copy.record.enable`` also the original key and value (as in Kafka, not
+the original headers). This is the only place kshare decodes record bodies, and only for dead-lettered
 records.
 """
 
@@ -18,8 +19,9 @@ from .states import RecordState, ShareUpdate
 log = logging.getLogger("kshare.share")
 
 HEADER_PREFIX = "__dlq.errors."
-REASON_REJECTED = "REJECTED"
-REASON_DELIVERY_LIMIT = "DELIVERY_COUNT_LIMIT_REACHED"
+# As Apache Kafka 4.4 writes them (checked against it in tests/integration/test_share_differential.py)
+REASON_REJECTED = "Offset rejected by client."
+REASON_DELIVERY_LIMIT = "Offset delivery count exceeded the threshold."
 
 
 @dataclass(slots=True)
@@ -94,10 +96,10 @@ def fill_from_batches(items: list[DeadLetter], raw_batches: Iterable[memoryview]
 
 def context_headers(group_id: str, topic: str, partition: int, d: DeadLetter) -> list[tuple[str, bytes]]:
     return [
-        (HEADER_PREFIX + "group.id", group_id.encode()),
+        (HEADER_PREFIX + "group", group_id.encode()),
         (HEADER_PREFIX + "topic", topic.encode()),
         (HEADER_PREFIX + "partition", str(partition).encode()),
         (HEADER_PREFIX + "offset", str(d.offset).encode()),
         (HEADER_PREFIX + "delivery.count", str(d.delivery_count).encode()),
-        (HEADER_PREFIX + "reason", d.reason.encode()),
+        (HEADER_PREFIX + "message", d.reason.encode()),
     ]

@@ -372,9 +372,8 @@ class ShareGroupService:
         producer = await self._dlq_producer()
         sends = []
         for d in items:
+            # the copy carries key and value; the original headers are not copied (as Kafka 4.4)
             headers = dead_letter.context_headers(group.group_id, sp.topic.name, sp.key.partition, d)
-            if cfg.dlq_copy_record and d.headers:
-                headers = d.headers + headers
             key = d.key if cfg.dlq_copy_record else None
             value = d.value if cfg.dlq_copy_record else None
             if key is None and value is None:

@@ -618,13 +618,6 @@ def test_dead_letter_common_context_headers(dead_letter_runs):
         assert ours["__dlq.errors.offset"] == offset and ours["__dlq.errors.delivery.count"] == count
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kshare's DLQ headers differ from Apache Kafka 4.4's: Kafka names the group header "
-    "'__dlq.errors.group' (kshare: '__dlq.errors.group.id') and gives the cause as text in "
-    "'__dlq.errors.message' ('Offset rejected by client.' / 'Offset delivery count exceeded the "
-    "threshold.'; kshare: '__dlq.errors.reason' = REJECTED / DELIVERY_COUNT_LIMIT_REACHED); with "
-    "errors.deadletterqueue.copy.record.enable=true Kafka copies key and value but not the original "
-    "record headers, kshare copies those too. tests/integration/test_share_groups.py asserts kshare's names."))
 def test_dead_letter_headers_as_kafka(dead_letter_runs):
     """All headers of the dead letters, names and values."""
     r = dead_letter_runs
