@@ -388,6 +388,7 @@ async def produce_latency(broker: KafkaBroker, topic: str, samples: int, concurr
     conns = [await connect(broker.bootstrap, "bench-produce") for _ in range(concurrency)]
     version = conns[0].best_version(PRODUCE, hi=9)
     out: list[float] = []
+    warm = [0]
 
     async def run(conn: KafkaConnection, partition: int) -> None:
         while len(out) < samples:
@@ -398,10 +399,16 @@ async def produce_latency(broker: KafkaBroker, topic: str, samples: int, concurr
                 name=topic, partition_data=[Req.PartitionProduceData(index=partition, records=bytes(b.build()))])])
             t0 = time.perf_counter()
             resp = await conn.request(PRODUCE, version, req)
-            out.append(time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
             code = resp.responses[0].partition_responses[0].error_code
+            if code in (6, 5, 7):  # NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, REQUEST_TIMED_OUT: a new topic
+                await asyncio.sleep(0.1)
+                continue
             if code:
                 raise RuntimeError(f"Produce: error {code}")
+            warm[0] += 1
+            if warm[0] > 50 * concurrency:  # the first requests of each connection are not counted
+                out.append(dt)
 
     await asyncio.gather(*(run(c, i % 16) for i, c in enumerate(conns)))
     for c in conns:
@@ -627,7 +634,8 @@ def report(lat: list[Latency], vols: list[Volume], rec: Recovery, args: argparse
     lines += [
         "",
         f"Apache Kafka {KAFKA_3} (one local KRaft broker), Python {platform.python_version()} on uvloop, "
-        f"{os.cpu_count()} CPUs ({cpu}), {time.strftime('%Y-%m-%d')}. Command: "
+        f"{os.cpu_count()} CPUs ({cpu}), {time.strftime('%Y-%m-%d')}, load average at the end "
+        f"{os.getloadavg()[0]:.1f}. Command: "
         f"`python benchmarks/bench_ack_latency.py{' --quick' if args.quick else ''}`.",
         "",
     ]
