@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +20,10 @@ from .records import Batch, split_batches
 from .upstream import FetchResult, TopicInfo, UpstreamCluster
 
 log = logging.getLogger("kshare.share")
+
+
+def _last_offset(b: Batch) -> int:
+    return b.last_offset
 
 
 @dataclass(slots=True)
@@ -66,7 +70,7 @@ class PartitionLog:
         self._fetching: dict[int, asyncio.Task] = {}
 
     # -- reads --------------------------------------------------------------------------------------
-    def _cached(self, offset: int, max_bytes: int) -> ReadResult | None:
+    def _cached(self, offset: int, max_bytes: int, until: int | None = None) -> ReadResult | None:
         starts = [s.start for s in self.segments]
         i = bisect_right(starts, offset) - 1
         if i < 0 or self.segments[i].end <= offset:
@@ -74,24 +78,29 @@ class PartitionLog:
         result = ReadResult(ErrorCode.NONE, fetch_offset=offset)
         size = 0
         seg = self.segments[i]
+        # the first batch holding ``offset`` or later (a segment may hold thousands of batches)
+        j = bisect_left(seg.batches, offset, key=_last_offset)
         while True:
-            for b in seg.batches:
-                if b.last_offset < offset:
-                    continue
-                if result.batches and size + (b.end - b.start) > max_bytes:
+            result.lso = seg.lso
+            result.aborted.extend(seg.aborted)
+            batches = seg.batches
+            for k in range(j, len(batches)):
+                b = batches[k]
+                if result.batches and (size + (b.end - b.start) > max_bytes
+                                       or (until is not None and b.base_offset >= until)):
                     return result
                 result.batches.append((b, seg.data[b.start:b.end]))
                 size += b.end - b.start
-            result.lso = seg.lso
-            result.aborted.extend(seg.aborted)
             i += 1
             if i >= len(self.segments) or self.segments[i].start != seg.end:
                 return result
             seg = self.segments[i]
+            j = 0
 
-    async def read(self, offset: int, max_bytes: int) -> ReadResult:
-        """Batches from ``offset`` on (the first may start before it), from cache or the cluster."""
-        cached = self._cached(offset, max_bytes)
+    async def read(self, offset: int, max_bytes: int, until: int | None = None) -> ReadResult:
+        """Batches from ``offset`` on (the first may start before it), from cache or the cluster;
+        with ``until``, none starting at or past it (but always at least one)."""
+        cached = self._cached(offset, max_bytes, until)
         if cached is not None and cached.batches:
             return cached
         if 0 <= self.high_watermark <= offset and self._poll is not None and not self._poll.done():
@@ -104,7 +113,7 @@ class PartitionLog:
         res = await asyncio.shield(task)
         if res.error_code:
             return ReadResult(res.error_code, fetch_offset=offset, log_start_offset=res.log_start_offset)
-        return self._cached(offset, max_bytes) or ReadResult(ErrorCode.NONE, fetch_offset=offset)
+        return self._cached(offset, max_bytes, until) or ReadResult(ErrorCode.NONE, fetch_offset=offset)
 
     async def _fetch(self, offset: int, max_wait_ms: int, lane: str) -> FetchResult:
         res = await self.upstream.fetch(self.topic, self.partition, offset, max_bytes=self.fetch_bytes,

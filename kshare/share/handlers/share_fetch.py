@@ -139,7 +139,11 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
             continue
         offset = engine.next_fetch_offset()
         plog = service.partition_log(topic, partition, rc)
-        read = await plog.read(offset, max(1, min(max_bytes - out.record_bytes, plog.fetch_bytes)))
+        # Offsets from SPEO + the records still wanted on cannot be acquired by this request:
+        # leave those batches out (with small producer batches a cached segment holds thousands).
+        # Not under read_committed, where skipped aborted records may stretch far past that.
+        until = None if rc else engine.end_offset + max(max_records - out.record_count, 1)
+        read = await plog.read(offset, max(1, min(max_bytes - out.record_bytes, plog.fetch_bytes)), until)
         if read.error_code == OFFSET_OUT_OF_RANGE:
             service.skip_to_log_start(sp, read.log_start_offset)
             continue
