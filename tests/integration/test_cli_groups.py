@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,9 @@ from click.testing import CliRunner, Result
 from confluent_kafka import AcknowledgeType, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from kshare.app import KShare
 from kshare.cli import main as kshare_main
-from kshare.proxy.config import ProxyConfig, parse_hostports
-from kshare.share.config import BrokerLimits
 from tests.brokers import BrokerError, ensure_kafka, free_port
+from tests.integration.share_helpers import ShareProxyThread
 
 log = logging.getLogger("kshare.tests.cli")
 
@@ -50,69 +47,9 @@ def _quiet() -> logging.Logger:
 # kshare in a thread
 
 
-class KShareThread:
-    """The product's ``KShare`` (proxy + share-group service) on its own uvloop loop in a thread."""
-
-    def __init__(self, upstream: str) -> None:
-        self.config = ProxyConfig(
-            upstream=parse_hostports(upstream), bootstrap_port=0, broker_port_base=0,
-            state_topic=f"__kshare_state_cli_{uuid.uuid4().hex[:10]}", state_topic_partitions=3,
-            # short session/heartbeat bounds so members join and leave quickly in tests
-            group_limits=BrokerLimits(min_session_timeout_ms=1000, min_heartbeat_interval_ms=100,
-                                      min_record_lock_duration_ms=1000))
-        self.app: KShare | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped: asyncio.Event | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        assert self.app is not None
-        return f"{self.config.advertised}:{self.app.proxy.bootstrap_port}"
-
-    def start(self, timeout: float = 60.0) -> KShareThread:
-        import uvloop
-
-        started: Future = Future()
-
-        async def run() -> None:
-            try:
-                self.app = KShare(self.config)
-                self._stopped = asyncio.Event()
-                await self.app.start()
-                await self.app.wait_ready(timeout)
-            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
-                started.set_exception(exc)
-                return
-            started.set_result(None)
-            await self._stopped.wait()
-            await self.app.stop()
-
-        def thread() -> None:
-            self.loop = uvloop.new_event_loop()
-            asyncio.set_event_loop(self.loop)
-            try:
-                self.loop.run_until_complete(run())
-            finally:
-                self.loop.close()
-
-        self._thread = threading.Thread(target=thread, name="kshare-cli-test", daemon=True)
-        self._thread.start()
-        started.result(timeout + 10)
-        return self
-
-    def stop(self) -> None:
-        if self.loop is not None and self._stopped is not None and self._thread is not None:
-            try:
-                self.loop.call_soon_threadsafe(self._stopped.set)
-            except RuntimeError:
-                pass
-            self._thread.join(30)
-
-
 @pytest.fixture(scope="module")
-def kshare(kafka39) -> Iterator[KShareThread]:
-    k = KShareThread(kafka39.bootstrap).start()
+def kshare(kafka39) -> Iterator[ShareProxyThread]:
+    k = ShareProxyThread(kafka39.bootstrap).start()
     try:
         yield k
     finally:
