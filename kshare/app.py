@@ -1,4 +1,4 @@
-"""Assemble a running kshare: the proxy plus the share-group service behind it."""
+"""Assemble a running kshare: the proxy, the share-group service behind it, metrics and readiness."""
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ log = logging.getLogger("kshare")
 
 
 class KShare:
-    """The proxy and (unless disabled) the share-group service, started and stopped together."""
+    """The proxy and (unless disabled) the share-group service, started and stopped together.
+
+    Metrics and readiness are collectors wired in here; the layers below only keep counts.
+    """
 
     def __init__(self, config: ProxyConfig, *, share_groups: bool = True, store=None,
                  metrics_port: int | None = None, metrics_host: str = "0.0.0.0") -> None:
-        from .metrics import METRICS, MetricsServer, proxy_gauges, share_gauges
+        from .metrics import Metrics, MetricsServer
 
         self.config = config
         self.proxy = Proxy(config)
         self.service = None
-        self.metrics = None
-        METRICS.gauge_sources = [lambda: proxy_gauges(self.proxy)]
         if share_groups:
             from .share.service import ShareGroupService
             from .share.upstream import UpstreamCluster
@@ -38,13 +39,18 @@ class KShare:
             self.service = ShareGroupService(self.proxy, store, UpstreamCluster(list(config.upstream)),
                                              limits=config.group_limits)
             self.service.register(self.proxy)
-            METRICS.gauge_sources.append(lambda: share_gauges(self.service))
+        self.metrics = Metrics(self.proxy, self.service)
+        self.metrics_server = None
         if metrics_port is not None:
-            self.metrics = MetricsServer(METRICS, metrics_host, metrics_port)
+            self.metrics_server = MetricsServer(self.metrics, metrics_host, metrics_port)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.metrics.readiness.status()["ready"])
 
     async def start(self) -> None:
-        if self.metrics is not None:
-            await self.metrics.start()
+        if self.metrics_server is not None:
+            await self.metrics_server.start()
         await self.proxy.start()
         if self.service is not None:
             await self.service.start()
@@ -55,8 +61,8 @@ class KShare:
             await self.service.wait_loaded(timeout)
 
     async def stop(self) -> None:
-        if self.metrics is not None:
-            await self.metrics.stop()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         await self.proxy.stop()
         if self.service is not None:
             await self.service.stop()

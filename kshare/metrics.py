@@ -1,18 +1,38 @@
-"""Prometheus metrics: counters kept as events happen, gauges read from live state at scrape time.
+"""Prometheus metrics and readiness, wired in by ``app.py``.
 
-Served by a small asyncio HTTP server on ``--metrics-port`` (``GET /metrics``, text exposition
-format 0.0.4), so an operator's Prometheus can scrape the proxy like any broker exporter.
+The proxy and the share layer keep plain counts (``ProxyStats``, ``ShareStats``) and expose two
+latency hooks; nothing below this module knows about Prometheus. Here those counts become
+metrics through ``prometheus_client`` custom collectors that read live state at scrape time
+(no cluster round trips), the two latencies become histograms, and a small HTTP server on the
+proxy's own event loop serves:
+
+* ``GET /metrics``: the Prometheus text exposition (also ``/``);
+* ``GET /ready``: 200 once the proxy knows its cluster and has loaded the share state, else 503;
+  the body is JSON saying why (``ready``, ``reason``, ``upstream``, ``share_state``);
+* ``GET /live``: 200 while the event loop answers.
+
+Metric names are listed in docs/proxy.md; changing one breaks operators' dashboards.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
+import json
 import logging
-import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from .proxy.server import Proxy
@@ -20,149 +40,148 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kshare.metrics")
 
-Labels = tuple[tuple[str, str], ...]
+# No ``*_created`` series: they double the exposition and no dashboard of ours uses them.
+disable_created_metrics()
 
 # seconds; covers a loopback round trip up to a long-polling fetch
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-def _fmt_labels(labels: Labels) -> str:
-    if not labels:
-        return ""
-    body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-    return "{" + body + "}"
+class ProxyCollector(Collector):
+    """Requests, rejected and open connections, brokers: read from the proxy at scrape time."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+
+    def collect(self) -> Iterable[Metric]:
+        proxy = self.proxy
+        requests = CounterMetricFamily("kshare_requests", "Client requests by API", labels=["api"])
+        for key, n in sorted(proxy.stats.requests.items()):
+            requests.add_metric([api_name(key)], n)
+        yield requests
+        yield CounterMetricFamily("kshare_rejected_connections", "Client connections closed for bad input",
+                                  value=proxy.stats.rejected)
+        yield GaugeMetricFamily("kshare_client_connections", "Open client connections", value=len(proxy.connections))
+        yield GaugeMetricFamily("kshare_brokers", "Upstream brokers with a proxy listener",
+                                value=len(proxy.brokers.listeners))
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class ShareCollector(Collector):
+    """Share-group counters and per group / share-partition gauges, read from live state."""
+
+    def __init__(self, service: ShareGroupService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterable[Metric]:
+        from .share.admin import settled_above_start
+
+        service, stats = self.service, self.service.stats
+        for name, help_text, counts in (
+            ("kshare_share_deliveries", "Records handed to share consumers", stats.deliveries),
+            ("kshare_share_archived", "Records archived after delivery (rejected or limit reached)", stats.archived),
+            ("kshare_share_lock_timeouts", "Acquisition locks that ran out", stats.lock_timeouts),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["group", "topic"])
+            for (group, topic), n in counts.items():
+                family.add_metric([group, topic], n)
+            yield family
+        acks = CounterMetricFamily("kshare_share_acknowledgements", "Records acknowledged, by type",
+                                   labels=["group", "topic", "type"])
+        for labels, n in stats.acks.items():
+            acks.add_metric(list(labels), n)
+        yield acks
+
+        members = GaugeMetricFamily("kshare_share_group_members", "Members of each share group",
+                                    labels=["group", "state"])
+        for g in service.coordinator.groups.values():
+            members.add_metric([g.group_id, g.state.value], len(g.members))
+        yield members
+
+        labels = ["group", "topic", "partition"]
+        gauges = {name: GaugeMetricFamily(f"kshare_share_partition_{name}", help_text, labels=labels)
+                  for name, help_text in (
+                      ("spso", "Share-partition start offset"),
+                      ("speo", "Share-partition end offset"),
+                      ("in_flight_records", "Records between SPSO and SPEO"),
+                      ("acquired_records", "Records currently acquired"),
+                      ("lag", "Records not yet delivery-complete (from the last seen high watermark)"))}
+        for key, sp in service.partitions.items():
+            engine = sp.engine
+            if engine is None:
+                continue
+            row = [key.group_id, sp.topic.name, str(key.partition)]
+            plog = service.logs.get((key.topic_id, key.partition, True)) or service.logs.get(
+                (key.topic_id, key.partition, False))
+            hw = plog.high_watermark if plog is not None else -1
+            lag = -1
+            if hw >= 0:
+                lag = max(0, hw - engine.start_offset - settled_above_start(engine.snapshot(), hw))
+            gauges["spso"].add_metric(row, engine.start_offset)
+            gauges["speo"].add_metric(row, engine.end_offset)
+            gauges["in_flight_records"].add_metric(row, engine.in_flight_count)
+            gauges["acquired_records"].add_metric(row, engine.acquired_count())
+            gauges["lag"].add_metric(row, lag)
+        yield from gauges.values()
 
 
-class Counter:
-    def __init__(self, name: str, help_text: str) -> None:
-        self.name, self.help = name, help_text
-        self.values: dict[Labels, float] = defaultdict(float)
+class Readiness(Collector):
+    """Whether the proxy can do its job yet, and if not, why (also exported as ``kshare_ready``)."""
 
-    def inc(self, amount: float = 1.0, **labels: object) -> None:
-        self.values[tuple((k, str(v)) for k, v in labels.items())] += amount
+    def __init__(self, proxy: Proxy, service: ShareGroupService | None) -> None:
+        self.proxy, self.service = proxy, service
 
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} counter"
-        for labels, v in self.values.items():
-            yield f"{self.name}{_fmt_labels(labels)} {v:g}"
+    def status(self) -> dict[str, object]:
+        upstream = ",".join(f"{h}:{p}" for h, p in self.proxy.config.upstream)
+        reason = None
+        if self.proxy.upstream_versions is None:
+            why = self.proxy.upstream_error or "not contacted yet"
+            reason = f"waiting for the upstream cluster {upstream}: {why}"
+        share_state = "disabled"
+        if self.service is not None:
+            share_state = "loaded" if self.service.loaded else "loading"
+            if not self.service.loaded and reason is None:
+                why = self.service.load_error or "in progress"
+                reason = f"loading the share-group state: {why}"
+        return {"ready": reason is None, "reason": reason, "upstream": upstream, "share_state": share_state}
 
-
-class Histogram:
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...] = BUCKETS) -> None:
-        self.name, self.help, self.buckets = name, help_text, buckets
-        self.counts: dict[Labels, list[int]] = {}
-        self.sums: dict[Labels, float] = defaultdict(float)
-
-    def observe(self, seconds: float, **labels: object) -> None:
-        key = tuple((k, str(v)) for k, v in labels.items())
-        counts = self.counts.get(key)
-        if counts is None:
-            counts = self.counts[key] = [0] * (len(self.buckets) + 1)
-        counts[bisect.bisect_left(self.buckets, seconds)] += 1
-        self.sums[key] += seconds
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} histogram"
-        for labels, counts in self.counts.items():
-            total = 0
-            for bound, c in zip((*self.buckets, float("inf")), counts, strict=True):
-                total += c
-                le = "+Inf" if bound == float("inf") else f"{bound:g}"
-                yield f"{self.name}_bucket{_fmt_labels((*labels, ('le', le)))} {total}"
-            yield f"{self.name}_sum{_fmt_labels(labels)} {self.sums[labels]:g}"
-            yield f"{self.name}_count{_fmt_labels(labels)} {total}"
+    def collect(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily("kshare_ready", "1 once the cluster is known and the share state is loaded",
+                                value=1 if self.status()["ready"] else 0)
 
 
 class Metrics:
-    """Every metric kshare exports."""
+    """One proxy's registry: its collectors and the two latency histograms."""
 
-    def __init__(self) -> None:
-        self.request_seconds = Histogram("kshare_request_seconds", "Client request latency by API (header to response)")
-        self.deliveries = Counter("kshare_share_deliveries_total", "Records handed to share consumers")
-        self.acks = Counter("kshare_share_acknowledgements_total", "Records acknowledged, by type")
-        self.archived = Counter("kshare_share_archived_total", "Records archived after delivery (rejected or limit reached)")
-        self.lock_timeouts = Counter("kshare_share_lock_timeouts_total", "Acquisition locks that ran out")
-        self.state_write_seconds = Histogram("kshare_state_write_seconds", "Durable state write latency")
-        self.gauge_sources: list[Callable[[], Iterable[str]]] = []
+    def __init__(self, proxy: Proxy, service: ShareGroupService | None) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        for standard in (ProcessCollector, PlatformCollector, GCCollector):  # process_*, python_*
+            standard(registry=self.registry)
+        self.readiness = Readiness(proxy, service)
+        self.registry.register(ProxyCollector(proxy))
+        self.registry.register(self.readiness)
+        request_seconds = Histogram("kshare_request_seconds", "Client request latency by API (header to response)",
+                                    ["api"], buckets=BUCKETS, registry=self.registry)
+        by_key: dict[int, Callable[[float], None]] = {}
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for m in (self.request_seconds, self.deliveries, self.acks, self.archived,
-                  self.lock_timeouts, self.state_write_seconds):
-            lines.extend(m.render())
-        for source in self.gauge_sources:
-            try:
-                lines.extend(source())
-            except Exception:  # noqa: BLE001 - a scrape must never break the proxy
-                log.exception("collecting gauges failed")
-        return "\n".join(lines) + "\n"
+        def answered(api_key: int, seconds: float) -> None:
+            observe = by_key.get(api_key)
+            if observe is None:
+                observe = by_key[api_key] = request_seconds.labels(api=api_name(api_key)).observe
+            observe(seconds)
 
+        proxy.stats.answered = answered
+        if service is not None:
+            self.registry.register(ShareCollector(service))
+            state_write = Histogram("kshare_state_write_seconds", "Durable state write latency",
+                                    buckets=BUCKETS, registry=self.registry)
+            service.stats.on_state_write = state_write.observe
 
-METRICS = Metrics()
-
-ACK_TYPE_NAMES = {0: "gap", 1: "accept", 2: "release", 3: "reject", 4: "renew"}
-
-
-def share_gauges(service: ShareGroupService) -> Iterable[str]:
-    """Per group and share-partition state, read at scrape time (no cluster round trips)."""
-    from .share.admin import settled_above_start
-
-    yield "# HELP kshare_share_group_members Members of each share group"
-    yield "# TYPE kshare_share_group_members gauge"
-    for g in service.coordinator.groups.values():
-        yield f'kshare_share_group_members{{group="{_escape(g.group_id)}",state="{g.state.value}"}} {len(g.members)}'
-    rows = []
-    for key, sp in service.partitions.items():
-        engine = sp.engine
-        if engine is None:
-            continue
-        labels = f'group="{_escape(key.group_id)}",topic="{_escape(sp.topic.name)}",partition="{key.partition}"'
-        plog = None
-        for rc in (False, True):
-            plog = service.logs.get((key.topic_id, key.partition, rc)) or plog
-        hw = plog.high_watermark if plog is not None else -1
-        snapshot = engine.snapshot()
-        lag = max(0, hw - engine.start_offset - settled_above_start(snapshot, hw)) if hw >= 0 else -1
-        rows.append((labels, engine.start_offset, engine.end_offset, engine.in_flight_count,
-                     engine.acquired_count(), lag))
-    for name, idx, help_text in (("spso", 1, "Share-partition start offset"),
-                                 ("speo", 2, "Share-partition end offset"),
-                                 ("in_flight_records", 3, "Records between SPSO and SPEO"),
-                                 ("acquired_records", 4, "Records currently acquired"),
-                                 ("lag", 5, "Records not yet delivery-complete (from the last seen high watermark)")):
-        yield f"# HELP kshare_share_partition_{name} {help_text}"
-        yield f"# TYPE kshare_share_partition_{name} gauge"
-        for row in rows:
-            yield f"kshare_share_partition_{name}{{{row[0]}}} {row[idx]}"
-
-
-def proxy_gauges(proxy: Proxy) -> Iterable[str]:
-    from .protocol import messages
-
-    yield "# HELP kshare_requests_total Client requests by API"
-    yield "# TYPE kshare_requests_total counter"
-    for key, n in sorted(proxy.stats.requests.items()):
-        api = messages.apis().get(key)
-        yield f'kshare_requests_total{{api="{api.name if api else key}"}} {n}'
-    yield "# HELP kshare_rejected_connections_total Client connections closed for bad input"
-    yield "# TYPE kshare_rejected_connections_total counter"
-    yield f"kshare_rejected_connections_total {proxy.stats.rejected}"
-    yield "# HELP kshare_client_connections Open client connections"
-    yield "# TYPE kshare_client_connections gauge"
-    yield f"kshare_client_connections {len(proxy.connections)}"
-    yield "# HELP kshare_brokers Upstream brokers with a proxy listener"
-    yield "# TYPE kshare_brokers gauge"
-    yield f"kshare_brokers {len(proxy.brokers.listeners)}"
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
 
 
 class MetricsServer:
-    """``GET /metrics`` over HTTP/1.1 on the proxy's event loop."""
+    """``/metrics``, ``/ready`` and ``/live`` over HTTP/1.1 on the proxy's event loop."""
 
     def __init__(self, metrics: Metrics, host: str, port: int) -> None:
         self.metrics, self.host, self.port = metrics, host, port
@@ -171,16 +190,29 @@ class MetricsServer:
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._serve, self.host, self.port)
         self.port = self.server.sockets[0].getsockname()[1]
-        log.info("metrics on http://%s:%d/metrics", self.host, self.port)
+        log.info("metrics on http://%s:%d/metrics, readiness on /ready", self.host, self.port)
+
+    def respond(self, path: bytes) -> tuple[str, bytes, str]:
+        path = path.split(b"?")[0]
+        if path in (b"/metrics", b"/"):
+            try:
+                return "200 OK", self.metrics.render(), CONTENT_TYPE_LATEST
+            except Exception:  # noqa: BLE001 - a scrape must never break the proxy
+                log.exception("collecting metrics failed")
+                return "500 Internal Server Error", b"collecting metrics failed\n", "text/plain"
+        if path == b"/ready":
+            status = self.metrics.readiness.status()
+            body = (json.dumps(status) + "\n").encode()
+            return ("200 OK" if status["ready"] else "503 Service Unavailable"), body, "application/json"
+        if path in (b"/live", b"/healthz"):
+            return "200 OK", b'{"live": true}\n', "application/json"
+        return "404 Not Found", b"not found: try /metrics, /ready or /live\n", "text/plain"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
-            if path.split(b"?")[0] in (b"/metrics", b"/"):
-                status, body, ctype = "200 OK", self.metrics.render().encode(), "text/plain; version=0.0.4"
-            else:
-                status, body, ctype = "404 Not Found", b"not found\n", "text/plain"
+            parts = request.split(b" ", 2)
+            status, body, ctype = self.respond(parts[1] if len(parts) == 3 else b"/")
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                          f"Connection: close\r\n\r\n".encode() + body)
             await writer.drain()
@@ -194,5 +226,8 @@ class MetricsServer:
             self.server.close()
 
 
-def now() -> float:
-    return time.perf_counter()
+def api_name(key: int) -> str:
+    from .protocol import messages
+
+    a = messages.apis().get(key)
+    return a.name if a else str(key)

@@ -21,7 +21,6 @@ from collections import OrderedDict, deque
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from ..metrics import METRICS
 from ..protocol import messages
 from ..protocol.codegen import DecodeError, _uvarint
 from . import filters
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("kshare.proxy")
 
 _SIZE = struct.Struct(">i")
-REQUEST_SECONDS = METRICS.request_seconds
 _HEAD = struct.Struct(">ihhi")  # size, api key, api version, correlation id
 _VERSION = struct.Struct(">h")
 _I16 = struct.Struct(">h")
@@ -41,6 +39,7 @@ _ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id ne
 # them after all (Tansu does; Kafka never does, hence the bound).
 _UNANSWERED_LIMIT = 4096
 _REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the answers it is owed
+BROKER_NOT_AVAILABLE = 8
 
 
 class Slot:
@@ -56,8 +55,6 @@ class Slot:
         self.streaming = False
         self.started = perf_counter()
 
-    def answered(self) -> None:
-        REQUEST_SECONDS.observe(perf_counter() - self.started, api=_api_label(self.api_key))
 
 
 def produce_acks(frame: memoryview, version: int) -> int | None:
@@ -102,6 +99,7 @@ class ClientConnection(asyncio.Protocol):
         self.unanswered: OrderedDict[int, None] = OrderedDict()  # acks=0 Produce correlation ids
         self.closed = False
         self.ending = False  # a request was rejected: read no more, close once the answers owed are out
+        self.unreachable = False  # the broker could not be reached: answer the client's ApiVersions, close
         self._tasks: set[asyncio.Task] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -133,7 +131,43 @@ class ClientConnection(asyncio.Protocol):
                     self._start_frames()
             return
         where = "bootstrap" if self.node_id is None else f"broker {self.node_id}"
-        log.warning("client %s: cannot reach %s upstream %s: %r; closing", self.peer, where, candidates, last)
+        self.proxy.upstream_unreachable(f"client {self.peer}: cannot reach the {where} upstream "
+                                        f"{', '.join(f'{h}:{p}' for h, p in candidates) or '(unknown broker)'}", last)
+        self._answer_unreachable()
+
+    def _answer_unreachable(self) -> None:
+        """Tell the client why before closing: its ApiVersions gets BROKER_NOT_AVAILABLE.
+
+        A closed connection says nothing; an ApiVersions error makes Kafka clients log the error
+        name, then disconnect and retry as they would anyway (Kafka's NetworkClient does exactly
+        that for any ApiVersions error but UNSUPPORTED_VERSION), and lets kshare's own tools say
+        that the proxy's cluster is unreachable. Anything else is answered by closing.
+        """
+        self.unreachable = True
+        asyncio.get_running_loop().call_later(_REJECT_ANSWER_TIMEOUT, self.close)
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+        self._answer_unreachable_frames()
+
+    def _answer_unreachable_frames(self) -> None:
+        buf = self._buf
+        if self.closed or len(buf) < 12:
+            return
+        size, api_key, version, corr = _HEAD.unpack_from(buf, 0)
+        if api_key != filters.API_VERSIONS or not 10 <= size <= self.proxy.config.max_frame_bytes:
+            self.close()
+            return
+        if len(buf) < 4 + size:
+            return
+        cls = messages.message_class("ApiVersionsResponse")
+        if version > messages.api(api_key).max_version:
+            version = 0  # the client reads a v0 answer first when it is newer than us, as from Kafka
+        data = messages.encode_response(api_key, version, corr, cls(error_code=BROKER_NOT_AVAILABLE, api_keys=[]))
+        self.close_after_write(data)
+
+    def close_after_write(self, data: bytes | bytearray) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
         self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -209,6 +243,8 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.upstream is None:  # still connecting: hold everything until the broker is there
             self._buf += data
+            if self.unreachable:
+                self._answer_unreachable_frames()
             return
         view = memoryview(data)
         i, n = 0, len(view)
@@ -357,7 +393,7 @@ class ClientConnection(asyncio.Protocol):
             if not self.closed and transport is not None:
                 transport.write(slot.data)  # type: ignore[arg-type]
             slot.data = None
-            slot.answered()
+            self.proxy.stats.answered(slot.api_key, perf_counter() - slot.started)
         if self.ending and not order:
             self.close()
 
@@ -477,7 +513,8 @@ class UpstreamConnection(asyncio.Protocol):
         assert slot is not None
         self._slot = None
         if self._chunks is None:  # streamed
-            client.order.popleft().answered()
+            done = client.order.popleft()
+            client.proxy.stats.answered(done.api_key, perf_counter() - done.started)
             client.flush()
             return
         frame = b"".join(self._chunks)
@@ -524,16 +561,6 @@ class UpstreamConnection(asyncio.Protocol):
         struct.pack_into(">i", out, 0, len(out) - 4)
         slot.data = out
         self.client.flush()
-
-
-_LABELS: dict[int, str] = {}
-
-
-def _api_label(key: int) -> str:
-    label = _LABELS.get(key)
-    if label is None:
-        label = _LABELS[key] = _api_name(key)
-    return label
 
 
 def _api_name(key: int) -> str:

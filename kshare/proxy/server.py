@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -20,10 +21,18 @@ log = logging.getLogger("kshare.proxy")
 UNSUPPORTED_VERSION = 35
 
 
+def _ignore(api_key: int, seconds: float) -> None:
+    pass
+
+
 class ProxyStats:
+    """Plain counts of what clients asked; exporters read them (the proxy knows nothing of metrics)."""
+
     def __init__(self) -> None:
         self.requests: Counter[int] = Counter()
         self.rejected = 0
+        # called with (api key, seconds from request header to response written); app.py wires a histogram
+        self.answered: Callable[[int, float], None] = _ignore
 
     def count(self, api_key: int) -> None:
         self.requests[api_key] += 1
@@ -123,6 +132,10 @@ class Proxy:
             key: (messages.api(key).min_version, messages.api(key).max_version) for key in filters.RESPONSE_FILTERS
         }
         self._probe_task: asyncio.Task | None = None
+        # why the cluster could not be reached, while it cannot (for readiness and for clients)
+        self.upstream_error: str | None = None
+        self._unreachable_warned_at = -60.0
+        self._unreachable_since_warning = 0
 
     # -- served APIs -----------------------------------------------------------------------------
     def serve(self, api_key: int, min_version: int, max_version: int, handler: Handler,
@@ -195,6 +208,19 @@ class Proxy:
         )
         self._probe_task = loop.create_task(self._probe_upstream())
 
+    def upstream_unreachable(self, what: str, exc: BaseException | None) -> None:
+        """A client connection found its broker unreachable: warn once a minute, not per connection."""
+        self._unreachable_since_warning += 1
+        now = time.monotonic()
+        if now - self._unreachable_warned_at < 60:
+            log.debug("%s: %s", what, describe_error(exc) if exc else "no address")
+            return
+        more = self._unreachable_since_warning - 1
+        also = f" ({more} more client connection(s) failed the same way in the last minute)" if more else ""
+        log.warning("%s: %s; answering BROKER_NOT_AVAILABLE and closing%s", what,
+                    describe_error(exc) if exc else "no address", also)
+        self._unreachable_warned_at, self._unreachable_since_warning = now, 0
+
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Until the cluster's brokers and versions are known."""
         assert self._probe_task is not None
@@ -203,6 +229,8 @@ class Proxy:
     async def _probe_upstream(self) -> None:
         """Learn the cluster's API versions and brokers; retry until the cluster answers."""
         delay = 0.2
+        failing_since: float | None = None
+        warned_at = 0.0
         while True:
             for host, port in self.config.upstream:
                 conn = None
@@ -217,9 +245,20 @@ class Proxy:
                         await self.brokers.expose(b.node_id, b.host, b.port)
                     log.info("upstream cluster has %d broker(s): %s", len(meta.brokers),
                              ", ".join(f"{b.node_id}={b.host}:{b.port}" for b in meta.brokers))
+                    if failing_since is not None:
+                        log.warning("upstream cluster reachable again after %.0f s", time.monotonic() - failing_since)
+                    self.upstream_error = None
                     return
                 except (TimeoutError, OSError, ConnectionError) as exc:
-                    log.warning("upstream %s:%d not reachable yet: %r", host, port, exc)
+                    self.upstream_error = f"{host}:{port}: {describe_error(exc)}"
+                    now = time.monotonic()
+                    if failing_since is None:
+                        failing_since = now
+                    # once at once, then once a minute: an operator needs to know, not to be flooded
+                    if now - warned_at >= 60:
+                        warned_at = now
+                        since = f" (for {now - failing_since:.0f} s)" if now > failing_since + 1 else ""
+                        log.warning("cannot reach the upstream cluster%s: %s; retrying", since, self.upstream_error)
                 finally:
                     if conn is not None:
                         await conn.close()
@@ -235,6 +274,15 @@ class Proxy:
         for conn in list(self.connections):
             conn.close()
         log.info("proxy stopped")
+
+
+def describe_error(exc: BaseException) -> str:
+    """An OS or timeout error as an operator reads it: "connection refused", not a repr."""
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc) or type(exc).__name__
 
 
 def _name(key: int) -> str:

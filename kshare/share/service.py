@@ -17,7 +17,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..metrics import METRICS
 from ..protocol import messages
 from . import dead_letter
 from .config import BrokerLimits, parse_duration_ms
@@ -28,6 +27,7 @@ from .partition import SharePartition
 from .partition_log import PartitionLog
 from .sessions import ShareSessionCache
 from .states import ShareSnapshot, ShareUpdate
+from .stats import ShareStats
 from .store import GroupRecord, SharePartitionKey, StateStore
 from .upstream import EARLIEST, LATEST, TopicInfo, UpstreamCluster
 
@@ -82,6 +82,9 @@ class ShareGroupService:
         self.partitions: dict[SharePartitionKey, SharePartitionState] = {}
         self.logs: dict[tuple[bytes, int, bool], PartitionLog] = {}
         self.loaded = False
+        self.load_error: str | None = None  # why the last load attempt failed, while loading
+        self._loaded_event = asyncio.Event()
+        self.stats = ShareStats()
         self._lock_heap: list[tuple[int, SharePartitionKey]] = []
         self._timer_wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -97,15 +100,24 @@ class ShareGroupService:
     async def _load(self) -> None:
         started = time.monotonic()
         delay = 0.5
+        warned_at = started  # the proxy reports an unreachable cluster at once: report only what lasts
         while True:
             try:
                 await self.upstream.refresh_metadata()
                 await self.store.start()
                 break
             except Exception as exc:  # noqa: BLE001 - keep trying until the cluster is reachable
-                log.warning("loading share state failed (%r); retrying in %.1fs", exc, delay)
+                self.load_error = str(exc) or type(exc).__name__
+                now = time.monotonic()
+                if now - warned_at >= 30:
+                    warned_at = now
+                    log.warning("loading the share state has failed for %.0f s (%s); retrying",
+                                now - started, self.load_error)
+                else:
+                    log.debug("loading the share state failed (%r); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10)
+        self.load_error = None
         for record in self.store.groups().values():
             group = self.coordinator.ensure_group(record.group_id, epoch=record.group_epoch, configs=record.configs)
             group.topics.update(record.topics)
@@ -113,6 +125,7 @@ class ShareGroupService:
         for key in self.store.share_partitions():
             self.coordinator.ensure_group(key.group_id)
         self.loaded = True
+        self._loaded_event.set()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._timers()))
         self._tasks.append(loop.create_task(self._refresh_topics()))
@@ -120,11 +133,17 @@ class ShareGroupService:
                  len(self.coordinator.groups), len(self.store.share_partitions()))
 
     async def wait_loaded(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.loaded:
-            if time.monotonic() > deadline:
-                raise TimeoutError("share state not loaded in time")
-            await asyncio.sleep(0.05)
+        if not await self.until_loaded(timeout):
+            raise TimeoutError(f"share state not loaded in {timeout} s: {self.load_error or 'in progress'}")
+
+    async def until_loaded(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the state to be loaded; whether it is."""
+        if not self.loaded:
+            try:
+                await asyncio.wait_for(self._loaded_event.wait(), timeout)
+            except TimeoutError:
+                pass
+        return self.loaded
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -298,7 +317,7 @@ class ShareGroupService:
                 started = time.perf_counter()
                 try:
                     await self.store.write([(sp.key, change) for change in batch])
-                    METRICS.state_write_seconds.observe(time.perf_counter() - started)
+                    self.stats.on_state_write(time.perf_counter() - started)
                 except Exception as exc:  # noqa: BLE001
                     log.error("durable write for %s failed: %r; rebuilding it from the state topic", sp.key, exc)
                     # The engine moved ahead of what is durable: rebuild before serving it again.
@@ -330,7 +349,7 @@ class ShareGroupService:
         if archived is None:
             archived = dead_letter.archived_offsets(update)
         if archived:
-            METRICS.archived.inc(sum(z - a + 1 for a, z, _ in archived), group=sp.key.group_id, topic=sp.topic.name)
+            self.stats.archived[(sp.key.group_id, sp.topic.name)] += sum(z - a + 1 for a, z, _ in archived)
         if group is None or not group.config.dlq_topic or not archived:
             return self.persist(sp, update)
         ack_batches = list(ack_batches)
@@ -481,7 +500,7 @@ class ShareGroupService:
                 archived = list(sp.engine.archived)
                 expired = held - sp.engine.acquired_count()
                 if expired:
-                    METRICS.lock_timeouts.inc(expired, group=key.group_id, topic=sp.topic.name)
+                    self.stats.lock_timeouts[(key.group_id, sp.topic.name)] += expired
                 if update is not None:
                     self.persist_with_dead_letters(sp, update, (), None, archived).add_done_callback(_ignore_failure)
                 sp.wake()

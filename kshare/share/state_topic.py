@@ -444,11 +444,14 @@ class TopicStateStore:
             await self._admin.start()
             created = await self._ensure_topic()
             await self._load(empty=created)
+            refusal = await _init_producer_id_refusal(self.bootstrap_servers)
+            if refusal is not None:
+                # expected on Tansu (the embedded broker): one line at start-up, nothing to act on
+                log.info("the cluster %s; state writes use acks=all without idempotence (a retried write may "
+                         "repeat on the state topic; replaying a repeated record gives the same state)", refusal)
             try:
-                await self._start_producer(
-                    idempotent=await _cluster_has_init_producer_id(self.bootstrap_servers)
-                )
-            except Exception as exc:  # noqa: BLE001 - e.g. Tansu lists InitProducerId but cannot serve it
+                await self._start_producer(idempotent=refusal is None)
+            except Exception as exc:  # noqa: BLE001 - a cluster that grants producer ids and then fails
                 log.warning(
                     "the idempotent producer could not start (%r): state writes use acks=all without "
                     "idempotence, so a retried write may repeat on the topic; "
@@ -1290,9 +1293,15 @@ __all__ = [
 ]
 
 
-async def _cluster_has_init_producer_id(bootstrap_servers: str | Sequence[str]) -> bool:
-    """Whether the cluster speaks InitProducerId (API 22), which an idempotent producer needs."""
+async def _init_producer_id_refusal(bootstrap_servers: str | Sequence[str]) -> str | None:
+    """Why the cluster cannot give an idempotent producer its id, or None if it can (or cannot tell).
+
+    Asks exactly as aiokafka's producer does (InitProducerId v0, no transactional id), so that a
+    cluster that refuses it (Tansu answers v0-v2 with UNKNOWN_SERVER_ERROR) is known before the
+    producer starts, instead of through aiokafka logging an ERROR.
+    """
     from ..client import KafkaConnection
+    from ..protocol import messages
     from ..proxy.config import parse_hostports
 
     servers = bootstrap_servers if isinstance(bootstrap_servers, str) else ",".join(bootstrap_servers)
@@ -1302,7 +1311,16 @@ async def _cluster_has_init_producer_id(bootstrap_servers: str | Sequence[str]) 
         except (OSError, ConnectionError, TimeoutError):
             continue
         try:
-            return 22 in conn.versions
+            if 22 not in conn.versions:
+                return "does not support InitProducerId (idempotent producers)"
+            request = messages.message_class("InitProducerIdRequest")(
+                transactional_id=None, transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1)
+            resp = await asyncio.wait_for(conn.request(22, 0, request), 10)
+            if resp.error_code:
+                return f"refuses InitProducerId v0 (error code {resp.error_code}), which idempotent producers send"
+            return None
+        except (OSError, ConnectionError, TimeoutError):
+            return None  # cannot tell: let the producer find out
         finally:
             await conn.close()
-    return True  # cannot tell: let the producer find out
+    return None

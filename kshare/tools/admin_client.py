@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..client import KafkaConnection
+from ..client import KafkaConnection, ProxyUpstreamUnavailable
 from ..protocol import messages
 
 LIST_OFFSETS, METADATA, FIND_COORDINATOR, LIST_GROUPS, DELETE_GROUPS = 2, 3, 10, 16, 42
@@ -269,6 +269,11 @@ class ShareGroupAdmin:
                         max(0.1, remaining))
                     await self.refresh_metadata()
                     return
+                except ProxyUpstreamUnavailable:
+                    raise Unreachable(
+                        f"{host}:{port} is a kshare proxy that cannot reach its upstream Kafka cluster "
+                        "(it answers BROKER_NOT_AVAILABLE): check that the cluster is up and that the proxy's "
+                        "--upstream points at it; the proxy's log names the cause") from None
                 except (OSError, ConnectionError, TimeoutError) as exc:
                     last = exc
                     if self._bootstrap_conn is not None:
@@ -653,5 +658,5 @@ def _reason(exc: BaseException | None) -> str:
         return exc.strerror
     text = str(exc)
     if "IncompleteReadError" in text or isinstance(exc, asyncio.IncompleteReadError):
-        return "the server closed the connection: is it a Kafka listener?"
+        return "the server closed the connection without answering: is it a Kafka listener?"
     return text or type(exc).__name__

@@ -4,6 +4,7 @@ of kafka-console-share-consumer.sh and kafka-console-producer.sh (confluent-kafk
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import sys
 import time
@@ -24,18 +25,61 @@ def _properties(items: tuple[str, ...], option: str) -> dict[str, str]:
     return out
 
 
+class _OncePerMessage(logging.Filter):
+    """librdkafka repeats a failure on every reconnect (every few ms while a server is down): show each once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        # librdkafka warns on every start that its share consumer is a preview: not news to the user
+        if "Preview" in text:
+            return False
+        key = re.sub(r"\d+ms|\d+ms in state \w+|\(after [^)]*\)", "", text)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
 def _quiet_logger(name: str) -> logging.Logger:
-    """librdkafka's log lines go through Python logging (warnings and errors reach stderr)."""
+    """librdkafka's log lines go through Python logging (warnings and errors reach stderr, each once)."""
     log = logging.getLogger(f"kshare.tools.{name}")
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-        # librdkafka warns on every start that its share consumer is a preview: not news to the user
-        handler.addFilter(lambda record: "Preview" not in record.getMessage())
+        handler.addFilter(_OncePerMessage())
         log.addHandler(handler)
         log.setLevel(logging.WARNING)
         log.propagate = False
     return log
+
+
+def confluent_kafka() -> Any:
+    """confluent-kafka with its ShareConsumer, or a one-line error saying how to install it."""
+    try:
+        import confluent_kafka as ck
+    except ImportError:
+        ck = None
+    if ck is None or not hasattr(ck, "ShareConsumer"):
+        raise click.ClickException("this command needs confluent-kafka 2.16.1 or newer (its ShareConsumer): "
+                                   "pip install 'confluent-kafka>=2.16.1'")
+    return ck
+
+
+def missing_topics(config: dict[str, Any], topics: tuple[str, ...], timeout: float = 10.0) -> list[str]:
+    """Which of ``topics`` the cluster does not have (empty if it cannot tell in time)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin_config = {k: v for k, v in config.items() if k not in ("group.id", "share.acknowledgement.mode")}
+    try:
+        known = AdminClient(admin_config).list_topics(timeout=timeout).topics
+    except KafkaException:
+        return []  # the consumer reports an unreachable cluster in its own words
+    return [t for t in topics if t not in known]
 
 
 def _text(data: bytes | str | None) -> str:
@@ -91,7 +135,8 @@ def consume(bootstrap_server: str, group: str, topics: tuple[str, ...], ack: str
             key_separator: str, max_messages: int | None, timeout_ms: int | None,
             properties: tuple[str, ...]) -> None:
     """Read records as a member of a share group and print their values, one per line."""
-    from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
+    ck = confluent_kafka()
+    AcknowledgeType, KafkaException = ck.AcknowledgeType, ck.KafkaException
 
     ack_type = {"accept": AcknowledgeType.ACCEPT, "release": AcknowledgeType.RELEASE,
                 "reject": AcknowledgeType.REJECT}
@@ -104,10 +149,13 @@ def consume(bootstrap_server: str, group: str, topics: tuple[str, ...], ack: str
         config["share.acknowledgement.mode"] = "explicit"
     config.update(_properties(properties, "--consumer-property"))
     try:
-        consumer = ShareConsumer(config)
+        consumer = ck.ShareConsumer(config)
         consumer.subscribe(list(topics))
     except (KafkaException, ValueError, TypeError) as exc:
         raise click.ClickException(f"cannot start the share consumer: {exc}") from None
+    for topic in missing_topics(config, topics):
+        click.echo(f"WARNING topic '{topic}' does not exist: waiting for it to be created (Ctrl-C to stop)",
+                   err=True)
 
     stop = False
 
@@ -184,7 +232,8 @@ def _main_thread() -> bool:
 def produce(bootstrap_server: str, topic: str, key_separator: str | None, partition: int | None,
             properties: tuple[str, ...]) -> None:
     """Send each line of standard input as one record."""
-    from confluent_kafka import KafkaException, Producer
+    ck = confluent_kafka()
+    KafkaException, Producer = ck.KafkaException, ck.Producer
 
     config: dict[str, Any] = {"bootstrap.servers": bootstrap_server, "linger.ms": 5,
                               "logger": _quiet_logger("produce")}

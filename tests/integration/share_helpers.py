@@ -62,7 +62,7 @@ class ShareProxyThread:
         self.config = ProxyConfig(upstream=parse_hostports(upstream), group_limits=limits,
                                   **config)  # type: ignore[arg-type]
         self.start_timeout = start_timeout
-        self.metrics_port = metrics_port  # 0: a free port, read back from app.metrics.port
+        self.metrics_port = metrics_port  # 0: a free port, read back from app.metrics_server.port
         self.app: KShare | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

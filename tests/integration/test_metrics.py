@@ -49,7 +49,7 @@ def test_metrics_match_what_happened(kafka39) -> None:
     topic, group = f"metrics-{uuid.uuid4().hex[:8]}", f"metrics-{uuid.uuid4().hex[:8]}"
     kafka39.create_topic(topic, partitions=1)
     with ShareProxyThread(kafka39.bootstrap, metrics_port=0) as proxy:
-        port = proxy.app.metrics.port
+        port = proxy.app.metrics_server.port
         share_group(proxy.bootstrap, group)
         produce(proxy.bootstrap, topic, [f"v{i}" for i in range(30)], per_batch=10)
         before = scrape(port)

@@ -7,15 +7,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...metrics import ACK_TYPE_NAMES, METRICS
 from ..errors import ErrorCode
 from ..partition import AcquiredRange
+from ..stats import ACK_TYPE_NAMES
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
     from ..service import ShareGroupService
 
 MAX_MEMBER_ID_LENGTH = 36
+# How long an admin request that arrives while the share state loads waits for it before it is
+# answered COORDINATOR_LOAD_IN_PROGRESS: under the clients' request timeouts (30 s and more), since
+# some admin clients (confluent-kafka's IncrementalAlterConfigs) do not retry that error.
+ADMIN_LOAD_WAIT_S = 20.0
+
+
+async def admin_loaded(service: ShareGroupService) -> bool:
+    """Wait (bounded) for the share state; whether it is loaded."""
+    return await service.until_loaded(ADMIN_LOAD_WAIT_S)
 
 
 def session_key(group_id: str, member_id: str, conn: ClientConnection) -> tuple[str, str, int]:
@@ -56,7 +65,7 @@ async def apply_acknowledgements(
             continue
         result = engine.acknowledge(member_id, [(b.first_offset, b.last_offset, b.acknowledge_types) for b in batches])
         if result.error_code == ErrorCode.NONE:
-            _count_acks(group_id, topic.name, batches)
+            _count_acks(service, group_id, topic.name, batches)
         write = None
         if result.update is not None:
             write = service.persist_with_dead_letters(sp, result.update, batches, member_id, list(engine.archived))
@@ -65,7 +74,7 @@ async def apply_acknowledgements(
     return outcomes
 
 
-def _count_acks(group_id: str, topic: str, batches: Sequence[Any]) -> None:
+def _count_acks(service: ShareGroupService, group_id: str, topic: str, batches: Sequence[Any]) -> None:
     counts: dict[int, int] = {}
     for b in batches:
         types = b.acknowledge_types
@@ -75,7 +84,7 @@ def _count_acks(group_id: str, topic: str, batches: Sequence[Any]) -> None:
             for t in set(types):
                 counts[t] = counts.get(t, 0) + types.count(t)
     for t, n in counts.items():
-        METRICS.acks.inc(n, group=group_id, topic=topic, type=ACK_TYPE_NAMES.get(t, str(t)))
+        service.stats.acks[(group_id, topic, ACK_TYPE_NAMES.get(t, str(t)))] += n
 
 
 async def await_writes(outcomes: list[AckOutcome]) -> list[tuple[AckOutcome, int]]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ...protocol import messages
 from .. import admin
 from ..errors import ErrorCode
+from .common import admin_loaded
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -19,14 +20,15 @@ Response = messages.message_class("DeleteGroupsResponse")
 
 
 def applies(service: ShareGroupService, header: Any, req: Any) -> bool:
-    # While the share state loads nobody can tell a share group from another: answer a retriable
-    # COORDINATOR_LOAD_IN_PROGRESS rather than let the cluster say a share group does not exist.
+    # While the share state loads nobody can tell a share group from another: wait for the load
+    # (bounded), then answer a retriable COORDINATOR_LOAD_IN_PROGRESS rather than let the cluster
+    # say a share group does not exist.
     return not service.loaded or any(service.coordinator.group(g) is not None for g in req.groups_names)
 
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
     version = header.api_version
-    if not service.loaded:
+    if not await admin_loaded(service):
         return version, Response(results=[Response.DeletableGroupResult(
             group_id=g, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS) for g in req.groups_names])
     ours = [g for g in req.groups_names if service.coordinator.group(g) is not None]

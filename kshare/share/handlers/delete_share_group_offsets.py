@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ...protocol import messages
 from .. import admin
 from ..errors import ErrorCode
+from .common import admin_loaded
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -20,7 +21,7 @@ Response = messages.message_class("DeleteShareGroupOffsetsResponse")
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
     version = header.api_version
-    if not service.loaded:
+    if not await admin_loaded(service):
         return version, Response(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
     group = service.coordinator.group(req.group_id)
     if group is None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ...protocol import messages
 from .. import admin
 from ..errors import ErrorCode
+from .common import admin_loaded
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -20,8 +21,9 @@ Response = messages.message_class("DescribeShareGroupOffsetsResponse")
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
     groups = []
+    loaded = await admin_loaded(service)
     for g in req.groups:
-        if not service.loaded:
+        if not loaded:
             groups.append(Response.DescribeShareGroupOffsetsResponseGroup(
                 group_id=g.group_id, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
             continue

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ...protocol import messages
 from ..config import CONFIG_DEFS, ConfigError, validate
 from ..errors import ErrorCode
+from .common import admin_loaded
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -58,7 +59,7 @@ class DescribeConfigs:
     @staticmethod
     async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         version = header.api_version
-        loading = not service.loaded  # which groups are share groups is not known yet
+        loading = not await admin_loaded(service)  # which groups are share groups is not known yet
         ours = [r for r in req.resources if r.resource_type == GROUP and (loading or service.coordinator.group(r.resource_name))]
         others = [r for r in req.resources if r not in ours]
         results: dict[int, Any] = {}
@@ -105,7 +106,7 @@ class IncrementalAlterConfigs:
     @staticmethod
     async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         version = header.api_version
-        loading = not service.loaded  # which groups are share groups is not known yet
+        loading = not await admin_loaded(service)  # which groups are share groups is not known yet
         ours = [r for r in req.resources if r.resource_type == GROUP and (
             loading or service.coordinator.group(r.resource_name) is not None
             or any(_is_share_config(c.name) for c in r.configs))]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from .common import admin_loaded
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -22,11 +23,14 @@ Response = messages.message_class("ListGroupsResponse")
 
 
 def applies(service: ShareGroupService, header: Any, req: Any) -> bool:
-    return service.loaded
+    return True
 
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
     version = header.api_version
+    # Share groups are known once the state is loaded: wait for it (bounded) so that a proxy just
+    # started does not list the cluster's groups alone; past the wait, list those.
+    await admin_loaded(service)
     types = {t.lower() for t in req.types_filter} if version >= 5 else set()
     states = {s.lower() for s in req.states_filter} if version >= 4 else set()
     groups: list[Any] = []

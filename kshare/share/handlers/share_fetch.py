@@ -12,7 +12,6 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...metrics import METRICS
 from ...protocol import messages
 from ..errors import ErrorCode
 from ..partition import FetchedBatch
@@ -180,7 +179,7 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
                               for a, z, c in split_ranges(ranges, batch_size)]
         out.record_count += result.count
         out.record_bytes += len(records)
-        METRICS.deliveries.inc(result.count, group=group_id, topic=topic.name)
+        service.stats.deliveries[(group_id, topic.name)] += result.count
     return states
 
 

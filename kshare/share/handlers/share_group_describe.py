@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
 from ..errors import ErrorCode
+from .common import admin_loaded
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -29,9 +30,10 @@ def _assignment(service: ShareGroupService, assignment: dict[bytes, list[int]]) 
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
     groups = []
+    loaded = await admin_loaded(service)
     for group_id in req.group_ids:
-        group = service.coordinator.group(group_id) if service.loaded else None
-        if not service.loaded:
+        group = service.coordinator.group(group_id) if loaded else None
+        if not loaded:
             groups.append(Response.DescribedGroup(group_id=group_id, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
             continue
         if group is None:
