@@ -135,7 +135,7 @@ class Readiness(Collector):
         reason = None
         if self.proxy.upstream_versions is None:
             why = self.proxy.upstream_error or "not contacted yet"
-            reason = f"waiting for the upstream cluster {upstream}: {why}"
+            reason = f"waiting for the upstream cluster ({why})"
         share_state = "disabled"
         if self.service is not None:
             share_state = "loaded" if self.service.loaded else "loading"

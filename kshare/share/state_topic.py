@@ -415,6 +415,7 @@ class TopicStateStore:
         self._prune_lock = asyncio.Lock()
         self._producer: Any = None
         self._idempotent = False
+        self._prunes = True  # False where the cluster cannot DeleteRecords (Tansu)
         # an idempotent producer whose batch failed is replaced before the next round (see _round)
         self._replace_producer = False
         self._retiring: asyncio.Task[None] | None = None  # the replaced producer, delivering what it holds
@@ -444,11 +445,15 @@ class TopicStateStore:
             await self._admin.start()
             created = await self._ensure_topic()
             await self._load(empty=created)
-            refusal = await _init_producer_id_refusal(self.bootstrap_servers)
+            # expected on Tansu (the embedded broker): one line each at start-up, nothing to act on
+            refusal, no_pruning = await _cluster_refusals(self.bootstrap_servers, self.topic)
             if refusal is not None:
-                # expected on Tansu (the embedded broker): one line at start-up, nothing to act on
                 log.info("the cluster %s; state writes use acks=all without idempotence (a retried write may "
                          "repeat on the state topic; replaying a repeated record gives the same state)", refusal)
+            if no_pruning is not None:
+                log.info("the cluster %s: the state topic %s is not pruned (it keeps every state record written; "
+                         "replay stays short through re-snapshots)", no_pruning, self.topic)
+            self._prunes = no_pruning is None
             try:
                 await self._start_producer(idempotent=refusal is None)
             except Exception as exc:  # noqa: BLE001 - a cluster that grants producer ids and then fails
@@ -1236,6 +1241,8 @@ class TopicStateStore:
                 await self.refresh_idle()
             self._since_prune = 0
             self._last_prune = time.monotonic()
+            if not self._prunes:
+                return {}  # the re-snapshots above still keep replay short
             points = self.prune_points()
             todo = {
                 TopicPartition(self.topic, p): RecordsToDelete(before_offset=off)
@@ -1293,12 +1300,19 @@ __all__ = [
 ]
 
 
-async def _init_producer_id_refusal(bootstrap_servers: str | Sequence[str]) -> str | None:
-    """Why the cluster cannot give an idempotent producer its id, or None if it can (or cannot tell).
+UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION = -1, 35
 
-    Asks exactly as aiokafka's producer does (InitProducerId v0, no transactional id), so that a
-    cluster that refuses it (Tansu answers v0-v2 with UNKNOWN_SERVER_ERROR) is known before the
-    producer starts, instead of through aiokafka logging an ERROR.
+
+async def _cluster_refusals(bootstrap_servers: str | Sequence[str], topic: str) -> tuple[str | None, str | None]:
+    """What the cluster will not do for the state store: (idempotent producer ids, DeleteRecords).
+
+    Each is None when the cluster does it (or cannot be asked), else why not, so that the store
+    chooses its fallback before it starts instead of through failures logged later:
+
+    * an idempotent producer's id, asked exactly as aiokafka's producer does (InitProducerId v0,
+      no transactional id): Tansu answers v0-v2 with UNKNOWN_SERVER_ERROR;
+    * DeleteRecords of nothing (below offset 0 of the state topic's partition 0): any answer,
+      even an error for the partition, means it is served; Tansu lists it and closes the connection.
     """
     from ..client import KafkaConnection
     from ..protocol import messages
@@ -1310,17 +1324,32 @@ async def _init_producer_id_refusal(bootstrap_servers: str | Sequence[str]) -> s
             conn = await KafkaConnection.open(host, port, "kshare-state-probe")
         except (OSError, ConnectionError, TimeoutError):
             continue
+        producer_ids = delete_records = None
         try:
             if 22 not in conn.versions:
-                return "does not support InitProducerId (idempotent producers)"
-            request = messages.message_class("InitProducerIdRequest")(
-                transactional_id=None, transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1)
-            resp = await asyncio.wait_for(conn.request(22, 0, request), 10)
-            if resp.error_code:
-                return f"refuses InitProducerId v0 (error code {resp.error_code}), which idempotent producers send"
-            return None
+                producer_ids = "does not support InitProducerId (idempotent producers)"
+            else:
+                request = messages.message_class("InitProducerIdRequest")(
+                    transactional_id=None, transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1)
+                resp = await asyncio.wait_for(conn.request(22, 0, request), 10)
+                # only a refusal counts: a broker just started answers COORDINATOR_LOAD_IN_PROGRESS
+                # or the like for a while, which the producer retries through
+                if resp.error_code in (UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION):
+                    producer_ids = (f"refuses InitProducerId v0 (error code {resp.error_code}), which idempotent "
+                                    "producers send")
+            if 21 not in conn.versions:
+                delete_records = "does not support DeleteRecords"
+            else:
+                req = messages.message_class("DeleteRecordsRequest")
+                body = req(timeout_ms=10000, topics=[req.DeleteRecordsTopic(
+                    name=topic, partitions=[req.DeleteRecordsPartition(partition_index=0, offset=0)])])
+                try:
+                    await asyncio.wait_for(conn.request(21, conn.best_version(21), body), 10)
+                except ConnectionError:
+                    delete_records = "closes the connection on DeleteRecords"
         except (OSError, ConnectionError, TimeoutError):
-            return None  # cannot tell: let the producer find out
+            pass  # cannot tell: let the clients find out
         finally:
             await conn.close()
-    return None
+        return producer_ids, delete_records
+    return None, None

@@ -69,7 +69,7 @@ def confluent_kafka() -> Any:
     return ck
 
 
-def missing_topics(config: dict[str, Any], topics: tuple[str, ...], timeout: float = 10.0) -> list[str]:
+def missing_topics(config: dict[str, Any], topics: tuple[str, ...], timeout: float = 5.0) -> list[str]:
     """Which of ``topics`` the cluster does not have (empty if it cannot tell in time)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient

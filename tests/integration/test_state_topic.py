@@ -682,3 +682,31 @@ def test_failed_write_rolls_back_and_resyncs(kafka39, topic_name) -> None:
         assert fresh.load_stats.skipped == 0
 
     run(main())
+
+
+def test_start_up_fallbacks_are_one_info_line_each(upstream, topic_name, caplog) -> None:
+    """Kafka 3.9 grants idempotent producer ids and prunes; Tansu does neither (it refuses
+    InitProducerId v0 and closes the connection on DeleteRecords). Either way the store works, and
+    Tansu's fallbacks are told once at start-up at INFO: no ERROR (aiokafka's own) and no WARNING,
+    then or on a later pruning round."""
+    tansu = upstream.name == "tansu"
+
+    async def main() -> None:
+        store = TopicStateStore(upstream.bootstrap, topic=topic_name, partitions=1, prune_interval_s=3600)
+        with caplog.at_level(logging.INFO):
+            await store.start()
+            try:
+                for epoch in range(3):
+                    await store.write_group(GroupRecord("g", epoch))
+                moved = await store.prune()
+                assert moved == ({} if tansu else {0: 2})  # the latest group record is kept
+                assert store.share_partitions() == {} and store.groups()["g"].group_epoch == 2
+            finally:
+                await store.close()
+
+    run(main())
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert loud == [], [r.getMessage() for r in loud]
+    infos = [r.getMessage() for r in caplog.records if r.name == "kshare.share.state_topic"]
+    assert sum("without idempotence" in m for m in infos) == (1 if tansu else 0), infos
+    assert sum("is not pruned" in m for m in infos) == (1 if tansu else 0), infos
