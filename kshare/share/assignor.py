@@ -1,15 +1,23 @@
-"""The server-side share-group assignor.
+"""The server-side share-group assignor: balance work, not partitions.
 
-Share groups have no fencing: an assignment only tells a member where to fetch. The aim is that
-every member gets useful work and every partition is fetched by someone:
+Share groups have no fencing: an assignment only tells a member where to fetch, and several members
+may fetch from one partition. So the aim is not one owner per partition but that every member can
+take work wherever work is waiting, and that no partition is served by less capacity than another:
 
-* more partitions than subscribers: each partition goes to exactly one subscriber, spread so the
-  number of partitions per member differs by at most one (across all topics);
-* more subscribers than partitions: every subscriber gets one partition and the subscribers are
-  spread evenly over the partitions, so each partition is shared by about k/n members.
+* Each member gets ``r = min(P, max(ceil(P / M), MAX_SHARED))`` of the ``P`` partitions of every
+  topic it subscribes to (``M`` subscribers). Up to ``MAX_SHARED`` partitions that is all of them:
+  3 members on 2 partitions all fetch from both, where one partition per member would leave one
+  partition a single member and the other two; 16 members on 1 share it. Beyond that each member
+  gets at least ``MAX_SHARED`` (or its ``ceil(P / M)`` share of coverage).
+* Sharer counts per partition differ by at most one, and each member's partitions form a run
+  around the partition ring starting at ``i * P / M`` for member ``i``, so neighbouring runs
+  overlap and capacity flows to wherever the backlog is, not only within islands.
+* ``r`` depends on ``M`` only while ``ceil(P / M)`` exceeds ``MAX_SHARED``, and then moves by one:
+  members joining or leaving change little. Assignments are also sticky: what a member had is kept
+  where the new balance allows it (as Apache Kafka's SimpleAssignor keeps earlier assignments),
+  so a join or leave moves only the partitions needed to rebalance.
 
-This is the balancing of Apache Kafka's SimpleAssignor (reference.md section 5), computed from
-scratch and deterministically (members ordered by id), so every proxy computes the same answer.
+Deterministic (members ordered by id): every proxy computes the same answer from the same input.
 """
 
 from __future__ import annotations
@@ -18,38 +26,116 @@ from collections.abc import Mapping, Sequence
 
 Assignment = dict[bytes, list[int]]  # topic id -> partitions
 
+# Every member fetches from at least this many partitions of a topic (all of them if fewer): enough
+# overlap for capacity to flow, while keeping each member's fetches small when partitions are many.
+MAX_SHARED = 8
+
+
+def partitions_per_member(members: int, partitions: int) -> int:
+    """How many partitions of a topic each of its ``members`` subscribers is assigned."""
+    if members <= 0 or partitions <= 0:
+        return 0
+    return min(partitions, max(-(-partitions // members), MAX_SHARED))
+
 
 def assign(
     subscriptions: Mapping[str, Sequence[str]],
     topics: Mapping[str, tuple[bytes, int]],
+    previous: Mapping[str, Assignment] | None = None,
 ) -> dict[str, Assignment]:
     """Target assignment of every member.
 
     ``subscriptions``: member id -> subscribed topic names. ``topics``: topic name -> (topic id,
     partition count) for the topics that exist; subscribed topics missing from it are skipped.
+    ``previous``: the current assignment, kept where the balance allows.
     """
+    previous = previous or {}
     result: dict[str, Assignment] = {m: {} for m in subscriptions}
-    load = dict.fromkeys(subscriptions, 0)
     subscribers: dict[str, list[str]] = {}
     for member in sorted(subscriptions):
-        for name in subscriptions[member]:
+        for name in dict.fromkeys(subscriptions[member]):
             if name in topics:
                 subscribers.setdefault(name, []).append(member)
     for name in sorted(subscribers):
         topic_id, partitions = topics[name]
-        members = subscribers[name]
         if partitions <= 0:
             continue
-        if len(members) <= partitions:
-            for p in range(partitions):
-                m = min(members, key=lambda x: (load[x], x))
-                result[m].setdefault(topic_id, []).append(p)
-                load[m] += 1
-        else:
-            sharers = [0] * partitions
-            for m in members:
-                p = min(range(partitions), key=lambda i: (sharers[i], i))
-                sharers[p] += 1
-                result[m].setdefault(topic_id, []).append(p)
-                load[m] += 1
+        members = subscribers[name]
+        held = {m: [p for p in previous.get(m, {}).get(topic_id, ()) if 0 <= p < partitions] for m in members}
+        for m, ps in _assign_topic(members, partitions, held).items():
+            result[m][topic_id] = ps
     return result
+
+
+def _assign_topic(members: list[str], partitions: int, held: dict[str, list[int]]) -> dict[str, list[int]]:
+    r = partitions_per_member(len(members), partitions)
+    ring = _ring(members, partitions, r)
+    if not any(held.values()):
+        return ring
+    base, extra = divmod(len(members) * r, partitions)
+    # Sharers per partition: ``base``, or one more for ``extra`` of them: those shared most now,
+    # then those the ring would share more (spread out, so capacity can flow between runs).
+    before = [0] * partitions
+    in_ring = [0] * partitions
+    for ps in held.values():
+        for p in ps:
+            before[p] += 1
+    for ps in ring.values():
+        for p in ps:
+            in_ring[p] += 1
+    quota = [base] * partitions
+    for p in sorted(range(partitions), key=lambda p: (-before[p], -in_ring[p], p))[:extra]:
+        quota[p] += 1
+    count = [0] * partitions
+    out: dict[str, list[int]] = {}
+    for m in members:  # keep what each member had, as far as the new balance allows
+        keep = []
+        for p in dict.fromkeys(held.get(m, ())):
+            if len(keep) < r and count[p] < quota[p]:
+                keep.append(p)
+                count[p] += 1
+        out[m] = keep
+    for i, m in enumerate(members):  # top up, preferring the partitions after the member's ring start
+        mine = set(out[m])
+        start = i * partitions // len(members)
+        while len(out[m]) < r:
+            free = [p for p in range(partitions) if p not in mine and count[p] < quota[p]]
+            if free:
+                p = min(free, key=lambda p: (count[p] - quota[p], (p - start) % partitions))
+                count[p] += 1
+            else:  # the room left is on partitions m has: swap through a member that lacks one
+                swapped = _swap(out, m, mine, [q for q in range(partitions) if count[q] < quota[q]])
+                if swapped is None:
+                    return ring  # the kept choices boxed us in: start over
+                p, q = swapped
+                count[q] += 1
+            out[m].append(p)
+            mine.add(p)
+    return {m: sorted(ps) for m, ps in out.items()}
+
+
+def _swap(out: dict[str, list[int]], m: str, mine: set[int], open_: list[int]) -> tuple[int, int] | None:
+    """Some member ``o`` gives ``m`` a partition ``s`` that ``m`` lacks and takes a partition ``q``
+    with room that ``o`` lacks instead: ``m`` gains one, ``o`` keeps its count, ``q`` fills by one
+    and ``s`` keeps its sharers. Returns ``(s, q)`` (``o`` is updated here), or None."""
+    for o, theirs in out.items():
+        if o == m:
+            continue
+        held = set(theirs)
+        q = next((q for q in open_ if q not in held), None)
+        if q is None:
+            continue
+        s = next((s for s in theirs if s not in mine), None)
+        if s is None:
+            continue
+        theirs[theirs.index(s)] = q
+        return s, q
+    return None
+
+
+def _ring(members: list[str], partitions: int, r: int) -> dict[str, list[int]]:
+    """Member ``i`` takes ``r`` partitions around the ring from ``i * P / M``: with the starts
+    evenly spaced, sharer counts differ by at most one, and neighbours' runs overlap so that
+    capacity flows around the whole ring (starts at ``i * r`` could align runs into islands)."""
+    n = len(members)
+    return {m: sorted({(i * partitions // n + j) % partitions for j in range(r)}) for i, m in enumerate(members)}

@@ -211,7 +211,7 @@ class GroupCoordinator:
     def _rebalance(self, g: ShareGroup) -> None:
         """Membership or topics changed: new group epoch and target assignment."""
         g.epoch += 1
-        g.target = assign({m.member_id: m.subscribed for m in g.members.values()}, self.topics())
+        g.target = assign({m.member_id: m.subscribed for m in g.members.values()}, self.topics(), g.target)
 
     def _reconcile(self, g: ShareGroup, m: Member, sent_epoch: int, result: HeartbeatResult) -> None:
         """Bring the member to the group's epoch and target assignment at once (share groups have
@@ -247,7 +247,7 @@ class GroupCoordinator:
         for g in self.groups.values():
             if not g.members:
                 continue
-            target = assign({m.member_id: m.subscribed for m in g.members.values()}, view)
+            target = assign({m.member_id: m.subscribed for m in g.members.values()}, view, g.target)
             if target != g.target:
                 g.epoch += 1
                 g.target = target
