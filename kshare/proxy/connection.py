@@ -177,7 +177,7 @@ class ClientConnection(asyncio.Protocol):
                 log.info("client %s: connection closed %d byte(s) short of the end of a request frame",
                          self.peer, missing)
         self.closed = True
-        self.proxy.connections.discard(self)
+        self.proxy.client_closed(self)
         if self.upstream is not None:
             self.upstream.close()
         for task in self._tasks:

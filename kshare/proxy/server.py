@@ -132,6 +132,8 @@ class Proxy:
             key: (messages.api(key).min_version, messages.api(key).max_version) for key in filters.RESPONSE_FILTERS
         }
         self._probe_task: asyncio.Task | None = None
+        # called with each client connection that closed (the share layer ends its share sessions)
+        self.disconnect_listeners: list[Callable[[ClientConnection], None]] = []
         # why the cluster could not be reached, while it cannot (for readiness and for clients)
         self.upstream_error: str | None = None
         self._unreachable_warned_at = -60.0
@@ -207,6 +209,14 @@ class Proxy:
             ",".join(f"{h}:{p}" for h, p in cfg.upstream),
         )
         self._probe_task = loop.create_task(self._probe_upstream())
+
+    def client_closed(self, conn: ClientConnection) -> None:
+        self.connections.discard(conn)
+        for listener in self.disconnect_listeners:
+            try:
+                listener(conn)
+            except Exception:  # noqa: BLE001 - one listener's failure must not keep the others from running
+                log.exception("disconnect listener failed for client %s", conn.peer)
 
     def upstream_unreachable(self, what: str, exc: BaseException | None) -> None:
         """A client connection found its broker unreachable: warn once a minute, not per connection."""

@@ -29,6 +29,8 @@ Assignment = dict[bytes, list[int]]  # topic id -> partitions
 # Every member fetches from at least this many partitions of a topic (all of them if fewer): enough
 # overlap for capacity to flow, while keeping each member's fetches small when partitions are many.
 MAX_SHARED = 8
+# A sticky assignment is kept only if its drain time stays within this factor of the ideal.
+SLACK = 1.05
 
 
 def partitions_per_member(members: int, partitions: int) -> int:
@@ -111,7 +113,82 @@ def _assign_topic(members: list[str], partitions: int, held: dict[str, list[int]
                 count[q] += 1
             out[m].append(p)
             mine.add(p)
-    return {m: sorted(ps) for m, ps in out.items()}
+    sticky = {m: sorted(ps) for m, ps in out.items()}
+    # Kept choices can leave a member alone on a run of partitions nobody else can help with;
+    # then rebalancing from scratch (the ring) is worth the moves.
+    return sticky if drain_slack(sticky, partitions) <= SLACK else ring
+
+
+def drain_slack(assignment: Mapping[str, Sequence[int]], partitions: int) -> float:
+    """How much longer than ideal a backlog spread evenly over the partitions takes to drain when
+    every member works at the same rate on any partition it is assigned (1.0: ideal).
+
+    The bottleneck of that model is a max-flow question: can every partition's work reach members
+    whose time is capped at ``SLACK`` times the ideal? Answered for the cap, not searched: the
+    result is 1.0 when it can and ``inf`` when it cannot (enough to choose an assignment).
+    """
+    members = [m for m, ps in assignment.items() if ps]
+    if not members:
+        return float("inf")
+    # work units: each partition has len(members) units, so ideal per member is `partitions`
+    cap = int(partitions * SLACK)
+    need = partitions * len(members)
+    return 1.0 if _max_flow(assignment, members, partitions, len(members), cap) >= need else float("inf")
+
+
+def _max_flow(assignment: Mapping[str, Sequence[int]], members: list[str], partitions: int,
+              supply: int, cap: int) -> int:
+    """Max flow source -> partition (``supply`` each) -> assigned member -> sink (``cap`` each),
+    by augmenting along shortest paths (Dinic); the graph has P + M nodes and one edge per
+    assigned (member, partition), so a rebalance costs milliseconds."""
+    n = 2 + partitions + len(members)
+    source, sink = 0, n - 1
+    graph: list[list[list[int]]] = [[] for _ in range(n)]  # edge: [to, capacity, index of reverse]
+
+    def edge(a: int, b: int, c: int) -> None:
+        graph[a].append([b, c, len(graph[b])])
+        graph[b].append([a, 0, len(graph[a]) - 1])
+
+    for p in range(partitions):
+        edge(source, 1 + p, supply)
+    for i, m in enumerate(members):
+        node = 1 + partitions + i
+        for p in assignment[m]:
+            edge(1 + p, node, supply)
+        edge(node, sink, cap)
+    flow = 0
+    while True:
+        level = [-1] * n
+        level[source] = 0
+        queue = [source]
+        for u in queue:
+            for v, c, _ in graph[u]:
+                if c > 0 and level[v] < 0:
+                    level[v] = level[u] + 1
+                    queue.append(v)
+        if level[sink] < 0:
+            return flow
+        cursor = [0] * n
+        while f := _augment(graph, level, cursor, source, sink, 1 << 60):
+            flow += f
+
+
+def _augment(graph: list[list[list[int]]], level: list[int], cursor: list[int], u: int, sink: int, f: int) -> int:
+    """Push up to ``f`` along one path of increasing level from ``u`` (Dinic's blocking flow)."""
+    if u == sink:
+        return f
+    edges = graph[u]
+    while cursor[u] < len(edges):
+        e = edges[cursor[u]]
+        v, c, rev = e
+        if c > 0 and level[v] == level[u] + 1:
+            got = _augment(graph, level, cursor, v, sink, min(f, c))
+            if got:
+                e[1] -= got
+                graph[v][rev][1] += got
+                return got
+        cursor[u] += 1
+    return 0
 
 
 def _swap(out: dict[str, list[int]], m: str, mine: set[int], open_: list[int]) -> tuple[int, int] | None:

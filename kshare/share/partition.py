@@ -530,7 +530,8 @@ class SharePartition:
 
         ``types`` is one type for the whole range or one per offset. Every offset must be
         acquired by ``member_id`` with its lock still valid, else INVALID_RECORD_STATE and
-        nothing changes; malformed batches give INVALID_REQUEST. Renew (4) is accepted only
+        nothing changes; malformed batches, and batches reaching past the last offset in flight
+        (as Kafka 4.4 answers them), give INVALID_REQUEST. Renew (4) is accepted only
         when ``renew_enabled``. Lock expiries due by now are processed first and their
         durable change is part of the returned update even when the acknowledgement fails.
         """
@@ -577,6 +578,10 @@ class SharePartition:
             if spans[k][0] <= spans[k - 1][1]:
                 return [], ErrorCode.INVALID_REQUEST
         for first, last in spans:
+            # As Kafka's SharePartition: a batch starting before the in-flight records is an
+            # invalid state, one reaching past the last of them an invalid request
+            if self._spso < self._speo and first >= self._spso and last >= self._speo:
+                return [], ErrorCode.INVALID_REQUEST
             if not self._held_by(member_id, first, last):
                 return [], ErrorCode.INVALID_RECORD_STATE
         plan.sort()

@@ -89,6 +89,7 @@ class ShareGroupService:
         self._timer_wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._group_writes: dict[str, asyncio.Task] = {}
+        self._releases: set[asyncio.Task] = set()  # releases after connections closed, kept referenced
         self._producer = None  # aiokafka producer for dead letters, created on first use
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -191,6 +192,17 @@ class ShareGroupService:
         if close_sessions:
             self.sessions.close_member(group_id, member_id)
         await self.release_member(group_id, member_id, None)
+
+    def connection_closed(self, conn: object) -> None:
+        """A client connection closed: its share sessions end, and what their members acquired on
+        those partitions becomes available again at once, as on Kafka 4.4 (membership itself still
+        follows the heartbeat session timeout)."""
+        for session in self.sessions.close_owner(conn):
+            group_id, member_id, _ = session.key
+            task = asyncio.get_running_loop().create_task(
+                self.release_member(group_id, member_id, list(session.partitions)))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
 
     async def release_member(self, group_id: str, member_id: str, only: Iterable[tuple[bytes, int]] | None) -> None:
         wanted = None if only is None else set(only)
@@ -462,6 +474,7 @@ class ShareGroupService:
         """Serve the share-group APIs on the proxy (and advertise them in ApiVersions)."""
         from .handlers import HANDLERS
 
+        proxy.disconnect_listeners.append(self.connection_closed)
         for h in HANDLERS:
             lo, hi = h.VERSIONS
 

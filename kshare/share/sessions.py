@@ -29,6 +29,9 @@ class ShareSession:
     # partitions whose last answer was an error must be mentioned again even without data
     needs_update: set[TopicPartition] = field(default_factory=set)
     rotation: int = 0
+    # the client connection the session was last used on (opaque here): when it closes, the
+    # session ends, as on Kafka, where a share session lives and dies with its connection
+    owner: object = None
 
     def add(self, partitions: Iterable[TopicPartition]) -> None:
         for tp in partitions:
@@ -62,41 +65,68 @@ class ShareSessionCache:
     def __init__(self, max_sessions: int = 2000) -> None:
         self.max_sessions = max_sessions
         self.sessions: OrderedDict[SessionKey, ShareSession] = OrderedDict()
+        self.by_owner: dict[object, set[SessionKey]] = {}
 
     def __len__(self) -> int:
         return len(self.sessions)
 
     def open(self, key: SessionKey, epoch: int, add: Iterable[TopicPartition], forget: Iterable[TopicPartition],
-             *, fetch: bool = True) -> SessionResult:
-        """Validate a ShareFetch (``fetch``) or ShareAcknowledge's session epoch and apply its changes."""
+             *, fetch: bool = True, owner: object = None) -> SessionResult:
+        """Validate a ShareFetch (``fetch``) or ShareAcknowledge's session epoch and apply its changes.
+
+        ``owner``: the connection the request came on; the session is bound to it.
+        """
         if epoch == INITIAL_EPOCH:
             if not fetch:  # ShareAcknowledge cannot open a session
                 return SessionResult(ErrorCode.INVALID_SHARE_SESSION_EPOCH)
-            replaced = self.sessions.pop(key, None)
+            replaced = self._pop(key)
             if len(self.sessions) >= self.max_sessions:
                 if replaced is not None:
-                    self.sessions[key] = replaced
+                    self._put(replaced)
                 return SessionResult(ErrorCode.SHARE_SESSION_LIMIT_REACHED)
             # A replaced session's records stay acquired: the member may still acknowledge them.
-            session = ShareSession(key)
+            session = ShareSession(key, owner=owner)
             session.add(add)
-            self.sessions[key] = session
+            self._put(session)
             return SessionResult(ErrorCode.NONE, session)
         session = self.sessions.get(key)
         if session is None:
             return SessionResult(ErrorCode.SHARE_SESSION_NOT_FOUND)
         if epoch == FINAL_EPOCH:
-            del self.sessions[key]
+            self._pop(key)
             return SessionResult(ErrorCode.NONE, session, closed=session)
         if epoch != session.next_epoch:
             return SessionResult(ErrorCode.INVALID_SHARE_SESSION_EPOCH)
         session.next_epoch = epoch + 1 if epoch < 0x7FFFFFFF else 1
         session.add(add)
         session.forget(forget)
+        if owner is not None and owner is not session.owner:
+            self._pop(key)
+            session.owner = owner
+            self._put(session)
         self.sessions.move_to_end(key)
         return SessionResult(ErrorCode.NONE, session)
 
     def close_member(self, group_id: str, member_id: str) -> list[ShareSession]:
         """Drop every session of a member (it left the group or was removed)."""
         gone = [k for k in self.sessions if k[0] == group_id and k[1] == member_id]
-        return [self.sessions.pop(k) for k in gone]
+        return [s for s in map(self._pop, gone) if s is not None]
+
+    def close_owner(self, owner: object) -> list[ShareSession]:
+        """Drop the sessions bound to a connection that closed."""
+        return [s for s in map(self._pop, list(self.by_owner.get(owner, ()))) if s is not None]
+
+    def _put(self, session: ShareSession) -> None:
+        self.sessions[session.key] = session
+        if session.owner is not None:
+            self.by_owner.setdefault(session.owner, set()).add(session.key)
+
+    def _pop(self, key: SessionKey) -> ShareSession | None:
+        session = self.sessions.pop(key, None)
+        if session is not None and session.owner is not None:
+            keys = self.by_owner.get(session.owner)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.by_owner[session.owner]
+        return session

@@ -73,12 +73,16 @@ def test_transition_table_is_the_only_source_of_truth() -> None:
 
 
 def test_ack_of_offset_never_fetched() -> None:
+    """As Kafka 4.4's SharePartition: past the last offset in flight is an invalid request, before
+    the first one (or with nothing in flight) an invalid record state."""
     sp, _ = make(100)
+    assert sp.acknowledge("m", [(100, 100, ACCEPT)]).error_code == INVALID_RECORD_STATE  # nothing in flight
     sp.acquire("m", [FB(100, 109)], 500)
     before = states(sp)
-    assert sp.acknowledge("m", [(110, 110, ACCEPT)]).error_code == INVALID_RECORD_STATE
-    assert sp.acknowledge("m", [(105, 112, ACCEPT)]).error_code == INVALID_RECORD_STATE
+    assert sp.acknowledge("m", [(110, 110, ACCEPT)]).error_code == INVALID_REQUEST
+    assert sp.acknowledge("m", [(105, 112, ACCEPT)]).error_code == INVALID_REQUEST
     assert sp.acknowledge("m", [(99, 100, ACCEPT)]).error_code == INVALID_RECORD_STATE
+    assert sp.acknowledge("m", [(99, 112, ACCEPT)]).error_code == INVALID_RECORD_STATE
     assert states(sp) == before
 
 

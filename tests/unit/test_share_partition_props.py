@@ -256,10 +256,13 @@ class Model:
         spans.sort()
         if any(spans[k][0] <= spans[k - 1][1] for k in range(1, len(spans))):
             return 42, []
-        for o, _ in plan:
-            r = self.recs.get(o) if self.spso <= o < self.speo else None
-            if r is None or r.state != ACQUIRED or r.member != member:
-                return 121, []
+        for first, last in spans:
+            if self.spso < self.speo and first >= self.spso and last >= self.speo:
+                return 42, []  # past the last offset in flight
+            for o in range(first, last + 1):
+                r = self.recs.get(o) if self.spso <= o < self.speo else None
+                if r is None or r.state != ACQUIRED or r.member != member:
+                    return 121, []
         return 0, plan
 
     def release_member(self, member):

@@ -30,7 +30,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     group = service.coordinator.ensure_group(group_id)
     lock_ms = group.config.record_lock_duration_ms
     opened = service.sessions.open(session_key(group_id, member_id, conn), req.share_session_epoch, (), (),
-                                   fetch=False)
+                                   fetch=False, owner=conn)
     if opened.error_code:
         return version, Response(error_code=opened.error_code, acquisition_lock_timeout_ms=lock_ms)
     acks = [(t.topic_id, p.partition_index, p.acknowledgement_batches) for t in req.topics for p in t.partitions]

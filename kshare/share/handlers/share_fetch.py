@@ -60,7 +60,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
 
     added = [(t.topic_id, p.partition_index) for t in req.topics for p in t.partitions]
     forgotten = [(t.topic_id, p) for t in req.forgotten_topics_data for p in t.partitions]
-    opened = service.sessions.open(session_key(group_id, member_id, conn), req.share_session_epoch, added, forgotten)
+    opened = service.sessions.open(session_key(group_id, member_id, conn), req.share_session_epoch, added, forgotten,
+                                   owner=conn)
     if opened.error_code:
         return _error(version, opened.error_code, None, lock_ms)
     session = opened.session
@@ -98,6 +99,9 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
                 await fut
             except Exception:  # noqa: BLE001 - WriteFailed: the records are not handed out
                 out.drop_records(topic_id, partition, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        if conn.closed and out.record_count:
+            # the connection closed while this fetch waited: nobody will get these records
+            await service.release_member(group_id, member_id, list(session.partitions))
     await _settle_acks(outcomes, out)
     return version, out.build(lock_ms)
 
