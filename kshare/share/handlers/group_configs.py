@@ -1,8 +1,8 @@
 """DescribeConfigs (32) and IncrementalAlterConfigs (44) for share groups (GROUP resources).
 
-The fronted cluster knows nothing of share groups, so GROUP resources that are share groups (or
-that set share-group configs) are answered here; every other resource still goes to the cluster.
-A request naming only other resources is forwarded untouched (``applies`` is false for it).
+Every GROUP resource is answered here (a group that is no share group gets the share group
+configs at their defaults, as on Kafka 4.4, besides what the cluster knows of it); a request
+naming no GROUP resource is forwarded untouched (``applies`` is false for it).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
-from ..config import CONFIG_DEFS, ConfigError, validate
+from ..config import CONFIG_DEFS, ConfigError, GroupConfig, validate
 from ..errors import ErrorCode
 from .common import admin_loaded
 
@@ -33,8 +33,7 @@ def _is_share_config(name: str) -> bool:
 
 
 def describe_applies(service: ShareGroupService, header: Any, req: Any) -> bool:
-    return any(r.resource_type == GROUP and (not service.loaded or service.coordinator.group(r.resource_name))
-               for r in req.resources)
+    return any(r.resource_type == GROUP for r in req.resources)
 
 
 def alter_applies(service: ShareGroupService, header: Any, req: Any) -> bool:
@@ -74,25 +73,40 @@ class DescribeConfigs:
             upstream = await _forward(service, 32, version, cls(resources=others, include_synonyms=req.include_synonyms,
                                                                 include_documentation=req.include_documentation))
             for r, res in zip(others, upstream.results, strict=False):
+                if r.resource_type == GROUP:
+                    # A group that is no share group (yet): as on Kafka 4.4, every group has the
+                    # share group configs, at their defaults. The cluster adds what it knows of
+                    # the group (consumer group configs), or knows nothing of GROUP resources.
+                    known = list(res.configs or []) if res.error_code == 0 else []
+                    have = {c.name for c in known}
+                    res = DescribeResponse.DescribeConfigsResult(
+                        error_code=0, error_message=None, resource_type=GROUP, resource_name=r.resource_name,
+                        configs=known + [c for c in _group_configs(GroupConfig(limits=service.limits), r, req)
+                                         if c.name not in have])
                 results[id(r)] = res
         for r in ours:
             group = service.coordinator.group(r.resource_name)
             assert group is not None
-            names = r.configuration_keys if r.configuration_keys is not None else list(CONFIG_DEFS)
-            configs = []
-            for name in names:
-                d = CONFIG_DEFS.get(name)
-                if d is None:
-                    continue
-                overridden = name in group.config.overrides
-                configs.append(DescribeResponse.DescribeConfigsResourceResult(
-                    name=name, value=group.config.get(name), read_only=False, is_default=not overridden,
-                    config_source=SOURCE_GROUP if overridden else SOURCE_DEFAULT, is_sensitive=False,
-                    synonyms=[], config_type=TYPES[d.type],
-                    documentation=d.doc if req.include_documentation else None))
             results[id(r)] = DescribeResponse.DescribeConfigsResult(
-                error_code=0, error_message=None, resource_type=GROUP, resource_name=r.resource_name, configs=configs)
+                error_code=0, error_message=None, resource_type=GROUP, resource_name=r.resource_name,
+                configs=_group_configs(group.config, r, req))
         return version, DescribeResponse(results=[results[id(r)] for r in req.resources])
+
+
+def _group_configs(config: GroupConfig, resource: Any, req: Any) -> list[Any]:
+    """The share group configs a DescribeConfigs resource asks for, with their sources."""
+    names = resource.configuration_keys if resource.configuration_keys is not None else list(CONFIG_DEFS)
+    configs = []
+    for name in names:
+        d = CONFIG_DEFS.get(name)
+        if d is None:
+            continue
+        overridden = name in config.overrides
+        configs.append(DescribeResponse.DescribeConfigsResourceResult(
+            name=name, value=config.get(name), read_only=False, is_default=not overridden,
+            config_source=SOURCE_GROUP if overridden else SOURCE_DEFAULT, is_sensitive=False,
+            synonyms=[], config_type=TYPES[d.type], documentation=d.doc if req.include_documentation else None))
+    return configs
 
 
 class IncrementalAlterConfigs:
