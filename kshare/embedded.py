@@ -11,7 +11,9 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from typing import IO
 
 log = logging.getLogger("kshare.embedded")
 
@@ -51,6 +53,7 @@ class EmbeddedTansu:
         self.host = host
         self.port = port or free_port(host)
         self.process: subprocess.Popen | None = None
+        self._stderr: IO[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -62,15 +65,19 @@ class EmbeddedTansu:
                "--storage-engine", "memory://tansu/"]
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "warn")
+        # a file, not a pipe: nobody reads the broker's stderr while it runs, and a full pipe
+        # would block it; the file is read only when the broker fails to start
+        self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True,
+            cmd, stdout=subprocess.DEVNULL, stderr=self._stderr, env=env, start_new_session=True,
             preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                raise RuntimeError(f"embedded Tansu broker exited at start: {err[-2000:]}")
+                self._stderr.seek(0)
+                err = self._stderr.read()[-2000:].decode(errors="replace")
+                raise RuntimeError(f"embedded Tansu broker exited at start: {err}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.5):
                     return self
@@ -88,6 +95,9 @@ class EmbeddedTansu:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
 
     def __enter__(self) -> EmbeddedTansu:
         return self.start()
