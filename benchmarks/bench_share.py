@@ -34,6 +34,13 @@ which all N consumers are busy (from the last consumer's first record to the fir
 last record), and over the whole run, against the ideal N x 1000 / process-ms and against the
 ideal with the measured length of a ``time.sleep`` (longer than asked on a loaded machine), and
 the load average.
+
+Part 3, balance (``--only balance``): for each ``--mixes`` entry ``MxP``, M ShareConsumers (threads)
+join a group on a P-partition topic, then M x ``--per-member`` records are produced round-robin in
+producer batches of ``--balance-max-poll`` records (share fetches take whole batches); each record
+takes ``--process-ms``. Reported: the drain ratio, ideal time over actual (tests/integration/drain.py),
+kshare and native Kafka 4.4 alternated, median of ``--rounds``; once steady, once with one member
+joining at 30 % and one leaving at 60 % of the ideal time.
 """
 
 from __future__ import annotations
@@ -415,6 +422,48 @@ def scaling_table(rows: list[Scale], process_ms: float) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+# --------------------------------------------------------------------------------------------
+# part 3: balance -- members / partitions mixes, drain time against the ideal
+
+
+BALANCE_MIXES = "3x2,5x4,7x3,16x1,4x4,2x8"
+
+
+def balance(k3: KafkaBroker, k4: KafkaBroker, kshare_bootstrap: str, mixes: list[tuple[int, int]], per_member: int,
+            process_ms: float, max_poll: int, rounds: int, churn: bool) -> str:
+    """Drain ratio (ideal / actual) per mix, kshare and native alternated, median of ``rounds``.
+
+    tests/integration/drain.py runs it: members join first (threads), then members x per_member
+    records are produced round-robin in batches of max.poll.records; with ``churn`` one member
+    joins at 30 % of the ideal time and one leaves at 60 %."""
+    from tests.integration.drain import drain, names
+
+    systems = {"kshare": (kshare_bootstrap, k3), "native": (k4.bootstrap, k4)}
+    rows = []
+    for members, partitions in mixes:
+        got: dict[str, list] = {s: [] for s in systems}
+        for r in range(rounds):
+            for name in (list(systems) if r % 2 == 0 else list(reversed(systems))):
+                bootstrap, broker = systems[name]
+                topic, group = names("bench-balance")
+                broker.create_topic(topic, partitions)
+                share_group(bootstrap, group)
+                res = drain(bootstrap, broker.bootstrap, topic, group, partitions=partitions, members=members,
+                            work_ms=process_ms, per_member=per_member, max_poll=max_poll,
+                            joins=(0.3,) if churn else (), leaves=(0.6,) if churn else ())
+                got[name].append(res)
+                print(f"  {members} on {partitions} {name:6}: {res.ratio:.2f} of ideal ({res.seconds:.2f} s vs "
+                      f"{res.ideal:.2f} s); per member {res.per_member}", flush=True)
+                with contextlib.suppress(Exception):
+                    broker.delete_topic(topic)
+        med = {s: statistics.median(x.ratio for x in v) for s, v in got.items()}
+        rows.append(f"| {members} on {partitions} | {med['kshare']:.2f} | {med['native']:.2f} | "
+                    f"{med['kshare'] / med['native']:.2f} |")
+    head = ["| members on partitions | kshare (Kafka 3.9) | native Kafka 4.4 | kshare / native |",
+            "|---|---|---|---|"]
+    return "\n".join(head + rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 50,000 records, 1 round, 1/2/4 consumers")
@@ -430,11 +479,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-batch", type=int, default=1, help="scaling: records per producer batch")
     parser.add_argument("--scale-targets", default="kshare,native",
                         help="scaling through kshare and, as a reference, on Kafka 4.4's share groups")
-    parser.add_argument("--skip", choices=["throughput", "scaling"], action="append", default=[])
+    parser.add_argument("--skip", choices=["throughput", "scaling", "balance"], action="append", default=[])
+    parser.add_argument("--only", choices=["throughput", "scaling", "balance"], default=None,
+                        help="run this part alone")
+    parser.add_argument("--mixes", default=BALANCE_MIXES, help="balance: MEMBERSxPARTITIONS,... (default %(default)s)")
+    parser.add_argument("--per-member", type=int, default=1000, help="balance: records per member (1000: 5 s ideal)")
+    parser.add_argument("--balance-max-poll", type=int, default=10, help="balance: max.poll.records (10)")
     parser.add_argument("--profile", choices=["none", "py-spy"], default="none",
                         help="py-spy kshare during one extra share-consumer run of the first size")
     parser.add_argument("--outdir", default=None, help="where profiles go (default: a temp directory)")
     args = parser.parse_args(argv)
+    if args.only:
+        args.skip = [part for part in ("throughput", "scaling", "balance") if part != args.only]
 
     records = args.records or (50_000 if args.quick else 1_000_000)
     rounds = args.rounds or (1 if args.quick else 2)
@@ -479,6 +535,15 @@ def main(argv: list[str] | None = None) -> int:
                         report += [f"Scaling, {where}, 1 partition, {args.process_ms:g} ms per record, "
                                    f"max.poll.records {mpr}, producer batches of {args.scale_batch}:", "",
                                    scaling_table(rows, args.process_ms), ""]
+            if "balance" not in args.skip:
+                mixes = [tuple(int(x) for x in mix.split("x")) for mix in args.mixes.split(",")]
+                for churn in (False, True):
+                    what = "one member joins at 30 % and one leaves at 60 % of the ideal time" if churn else "steady"
+                    print(f"\n== balance ({what}): {args.per_member} records per member, {args.process_ms:g} ms "
+                          f"per record, max.poll.records {args.balance_max_poll}", flush=True)
+                    table = balance(k3, k4, bootstrap, mixes, args.per_member, args.process_ms,
+                                    args.balance_max_poll, rounds, churn)
+                    report += [f"Balance ({what}), drain ratio ideal / actual, median of {rounds}:", "", table, ""]
         finally:
             kshare.stop()
             notes = [line for line in kshare.output if " WARNING " in line or " ERROR " in line or "Traceback" in line]
