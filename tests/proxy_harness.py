@@ -13,60 +13,73 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any, Self
 
 from kshare.proxy.config import ProxyConfig, parse_hostports
 from kshare.proxy.server import Proxy
 
 
-class ProxyThread:
-    """The proxy on its own uvloop event loop in a background thread."""
+class LoopThread:
+    """A server on its own uvloop event loop in a background thread.
 
-    def __init__(self, upstream: str, **config: object) -> None:
-        config.setdefault("bootstrap_port", 0)
-        config.setdefault("broker_port_base", 0)
-        self.config = ProxyConfig(upstream=parse_hostports(upstream), **config)  # type: ignore[arg-type]
-        self.proxy: Proxy | None = None
+    Subclasses create the server in :meth:`_create` (called on that loop): an object with
+    ``async start()``, ``async wait_ready(timeout)`` and ``async stop()``.
+    """
+
+    thread_name = "kshare-proxy"
+    start_slack = 5.0  # seconds the starting thread waits beyond the ready timeout
+    join_timeout = 15.0  # seconds stop() waits for the thread
+
+    def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
 
-    @property
-    def bootstrap(self) -> str:
-        assert self.proxy is not None and self.proxy.bootstrap_port
-        return f"{self.config.advertised}:{self.proxy.bootstrap_port}"
+    def _create(self) -> Any:
+        raise NotImplementedError
 
-    def start(self, timeout: float = 30.0) -> ProxyThread:
+    def start(self, timeout: float = 30.0) -> Self:
+        """Start and wait until the server is ready (its error if it fails, TimeoutError if it is not ready)."""
         import uvloop
 
         started: Future = Future()
 
         async def main() -> None:
+            server = None
             try:
-                self.proxy = Proxy(self.config)
+                server = self._create()
                 self._stopped = asyncio.Event()
-                await self.proxy.start()
-                await self.proxy.wait_ready(timeout)
+                await server.start()
+                await server.wait_ready(timeout)
             except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
                 started.set_exception(exc)
+                if server is not None:
+                    try:
+                        await server.stop()
+                    except Exception:  # noqa: BLE001
+                        pass
                 return
             started.set_result(None)
             await self._stopped.wait()
-            await self.proxy.stop()
+            await server.stop()
 
         def run() -> None:
             self.loop = uvloop.new_event_loop()
             asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(main())
-            self.loop.close()
+            try:
+                self.loop.run_until_complete(main())
+            finally:
+                self.loop.close()
 
-        self._thread = threading.Thread(target=run, name="kshare-proxy", daemon=True)
+        self._thread = threading.Thread(target=run, name=self.thread_name, daemon=True)
         self._thread.start()
-        started.result(timeout + 5)
+        started.result(timeout + self.start_slack)
         return self
 
-    def call(self, fn, *args):
-        """Run ``fn(*args)`` on the proxy's loop and return its result (for inspecting state)."""
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the server's loop and return its result (for inspecting state)."""
         assert self.loop is not None
         fut: Future = Future()
 
@@ -79,17 +92,45 @@ class ProxyThread:
         self.loop.call_soon_threadsafe(run)
         return fut.result(10)
 
+    def run(self, coro_fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
+        """Run the coroutine ``coro_fn(*args)`` on the server's loop and return its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro_fn(*args), self.loop).result(timeout)
+
     def stop(self) -> None:
         if self.loop is not None and self._stopped is not None and self._thread is not None:
-            self.loop.call_soon_threadsafe(self._stopped.set)
-            self._thread.join(15)
+            try:
+                self.loop.call_soon_threadsafe(self._stopped.set)
+            except RuntimeError:  # loop already closed
+                pass
+            self._thread.join(self.join_timeout)
         self._thread = None
 
-    def __enter__(self) -> ProxyThread:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class ProxyThread(LoopThread):
+    """The proxy on its own uvloop event loop in a background thread."""
+
+    def __init__(self, upstream: str, **config: object) -> None:
+        super().__init__()
+        config.setdefault("bootstrap_port", 0)
+        config.setdefault("broker_port_base", 0)
+        self.config = ProxyConfig(upstream=parse_hostports(upstream), **config)  # type: ignore[arg-type]
+        self.proxy: Proxy | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.proxy is not None and self.proxy.bootstrap_port
+        return f"{self.config.advertised}:{self.proxy.bootstrap_port}"
+
+    def _create(self) -> Proxy:
+        self.proxy = Proxy(self.config)
+        return self.proxy
 
 
 class ProxyProcess:

@@ -7,14 +7,12 @@ product's ``KShare`` on uvloop, consumers are librdkafka's ``ShareConsumer``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from confluent_kafka.admin import (
 from kshare.app import KShare
 from kshare.proxy.config import ProxyConfig, parse_hostports
 from kshare.share.config import BrokerLimits
+from tests.proxy_harness import LoopThread
 
 log = logging.getLogger("kshare.tests.share")
 
@@ -47,12 +46,17 @@ def quiet_logger() -> logging.Logger:
 # kshare in a thread
 
 
-class ShareProxyThread:
+class ShareProxyThread(LoopThread):
     """``KShare`` (proxy + share-group service with its state on the fronted cluster) on its own
     uvloop event loop in a background thread."""
 
+    thread_name = "kshare-share-proxy"
+    start_slack = 10.0
+    join_timeout = 30.0
+
     def __init__(self, upstream: str, *, limits: BrokerLimits = TEST_LIMITS, start_timeout: float = 60.0,
                  metrics_port: int | None = None, **config: object) -> None:
+        super().__init__()
         config.setdefault("bootstrap_port", 0)
         config.setdefault("broker_port_base", 0)
         # A state topic of its own: a store prunes its topic below what *it* knows, so two
@@ -64,9 +68,6 @@ class ShareProxyThread:
         self.start_timeout = start_timeout
         self.metrics_port = metrics_port  # 0: a free port, read back from app.metrics_server.port
         self.app: KShare | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped: asyncio.Event | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -78,77 +79,13 @@ class ShareProxyThread:
         assert self.app is not None
         return self.app.service
 
+    def _create(self) -> KShare:
+        self.app = KShare(self.config, metrics_port=self.metrics_port, metrics_host="127.0.0.1")
+        return self.app
+
     def start(self, timeout: float | None = None) -> ShareProxyThread:
         """Start and wait until the proxy serves and the share state is loaded (TimeoutError if not)."""
-        import uvloop
-
-        timeout = self.start_timeout if timeout is None else timeout
-        started: Future = Future()
-
-        async def main() -> None:
-            try:
-                self.app = KShare(self.config, metrics_port=self.metrics_port, metrics_host="127.0.0.1")
-                self._stopped = asyncio.Event()
-                await self.app.start()
-                await self.app.wait_ready(timeout)
-            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
-                started.set_exception(exc)
-                if self.app is not None:
-                    try:
-                        await self.app.stop()
-                    except Exception:  # noqa: BLE001
-                        pass
-                return
-            started.set_result(None)
-            await self._stopped.wait()
-            await self.app.stop()
-
-        def run() -> None:
-            self.loop = uvloop.new_event_loop()
-            asyncio.set_event_loop(self.loop)
-            try:
-                self.loop.run_until_complete(main())
-            finally:
-                self.loop.close()
-
-        self._thread = threading.Thread(target=run, name="kshare-share-proxy", daemon=True)
-        self._thread.start()
-        started.result(timeout + 10)
-        return self
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on the proxy's loop and return its result (for inspecting state)."""
-        assert self.loop is not None
-        fut: Future = Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001
-                fut.set_exception(exc)
-
-        self.loop.call_soon_threadsafe(run)
-        return fut.result(10)
-
-    def run(self, coro_fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
-        """Run the coroutine ``coro_fn(*args)`` on the proxy's loop and return its result."""
-        assert self.loop is not None
-        return asyncio.run_coroutine_threadsafe(coro_fn(*args), self.loop).result(timeout)
-
-    def stop(self) -> None:
-        if self.loop is not None and self._stopped is not None and self._thread is not None:
-            try:
-                self.loop.call_soon_threadsafe(self._stopped.set)
-            except RuntimeError:  # loop already closed
-                pass
-            self._thread.join(30)
-        self._thread = None
-
-    def __enter__(self) -> ShareProxyThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return super().start(self.start_timeout if timeout is None else timeout)
 
 
 # ------------------------------------------------------------------------------------------------
