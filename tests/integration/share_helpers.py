@@ -1,5 +1,8 @@
-"""Helpers for end-to-end share-group tests: kshare (proxy + share-group service) in a thread,
-group configs through the proxy, producers, confluent ShareConsumer loops, raw protocol calls.
+"""Helpers for end-to-end share-group tests: kshare (proxy + share-group service) in a thread (and
+the ``kshare39`` fixture), group configs through the proxy, producers (plain and transactional),
+confluent ShareConsumer loops and their acknowledgement actions, a consumer process that holds its
+records until killed, raw protocol calls (``Raw``) with the API keys and error codes they use, and
+Apache Kafka's Java share consumer.
 
 Nothing here stands in for the proxy, the broker or the client: ``ShareProxyThread`` runs the
 product's ``KShare`` on uvloop, consumers are librdkafka's ``ShareConsumer``.
@@ -7,16 +10,22 @@ product's ``KShare`` on uvloop, consumers are librdkafka's ``ShareConsumer``.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import AcknowledgeType, Consumer, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import (
     AdminClient,
@@ -27,8 +36,11 @@ from confluent_kafka.admin import (
 )
 
 from kshare.app import KShare
+from kshare.client import KafkaConnection
+from kshare.protocol import messages
 from kshare.proxy.config import ProxyConfig, parse_hostports
 from kshare.share.config import BrokerLimits
+from tests.brokers import KafkaBroker
 from tests.proxy_harness import LoopThread
 
 log = logging.getLogger("kshare.tests.share")
@@ -36,6 +48,21 @@ log = logging.getLogger("kshare.tests.share")
 # Broker-level bounds low enough for tests (Kafka's are 45 s session timeout, 5 s heartbeat).
 TEST_LIMITS = BrokerLimits(min_session_timeout_ms=1000, min_heartbeat_interval_ms=100,
                            min_record_lock_duration_ms=1000)
+
+# API keys, error codes and acknowledge types of the share-group RPCs the tests send themselves
+METADATA, HEARTBEAT, SHARE_FETCH, SHARE_ACK = 3, 76, 78, 79
+NONE = 0
+UNKNOWN_TOPIC_OR_PARTITION = 3
+INCONSISTENT_GROUP_PROTOCOL = 23
+UNKNOWN_MEMBER_ID = 25
+INVALID_CONFIG = 40
+INVALID_REQUEST = 42
+UNKNOWN_TOPIC_ID = 100
+FENCED_MEMBER_EPOCH = 110
+INVALID_RECORD_STATE = 121
+SHARE_SESSION_NOT_FOUND = 122
+INVALID_SHARE_SESSION_EPOCH = 123
+ACCEPT, RELEASE, REJECT = 1, 2, 3
 
 
 def quiet_logger() -> logging.Logger:
@@ -86,6 +113,15 @@ class ShareProxyThread(LoopThread):
     def start(self, timeout: float | None = None) -> ShareProxyThread:
         """Start and wait until the proxy serves and the share state is loaded (TimeoutError if not)."""
         return super().start(self.start_timeout if timeout is None else timeout)
+
+
+@pytest.fixture(scope="module")
+def kshare39(kafka39: KafkaBroker) -> Iterator[ShareProxyThread]:
+    """Fixture: kshare in front of the session's Apache Kafka 3.9, one for each test module that
+    takes it, by assignment: ``kshare39 = share_helpers.kshare39`` (pytest knows a fixture by the
+    name it is assigned to; imported by name, it would be shadowed by the test arguments)."""
+    with ShareProxyThread(kafka39.bootstrap) as proxy:
+        yield proxy
 
 
 # ------------------------------------------------------------------------------------------------
@@ -154,6 +190,50 @@ def produce(bootstrap: str, topic: str, values: Sequence[bytes | str], *, partit
             p.flush(30)
     assert p.flush(30) == 0
     assert not errors, errors
+
+
+def values(prefix: str, n: int) -> list[bytes]:
+    """``<prefix>-0`` ... ``<prefix>-<n-1>``."""
+    return [f"{prefix}-{i}".encode() for i in range(n)]
+
+
+def produce_poison_bad_good(bootstrap: str, topic: str, *, per_batch: int = 1) -> None:
+    """The dead-letter tests' records: ``poison``, ``bad`` and ``good``, keyed ``k-<value>``, each
+    with a header ``h`` (``p``, ``b``, ``g``)."""
+    produce(bootstrap, topic, [b"poison", b"bad", b"good"], keys=[b"k-poison", b"k-bad", b"k-good"],
+            headers=[[("h", b"p")], [("h", b"b")], [("h", b"g")]], per_batch=per_batch)
+
+
+class Transactions:
+    """A transactional producer (linger 0) writing to partition 0 of ``topic``: flushed once per
+    transaction, or after every record with ``flush_each_record``."""
+
+    def __init__(self, bootstrap: str, topic: str, *, flush_each_record: bool = False) -> None:
+        self.topic = topic
+        self.flush_each_record = flush_each_record
+        self.producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
+                                  "linger.ms": 0, "logger": quiet_logger()})
+        self.producer.init_transactions(30)
+
+    def txn(self, vals: Sequence[bytes], commit: bool | None) -> None:
+        """One transaction of ``vals``: committed (True), aborted (False) or left open (None; see
+        :meth:`commit`)."""
+        p = self.producer
+        p.begin_transaction()
+        for v in vals:
+            p.produce(self.topic, value=v, partition=0)
+            if self.flush_each_record:
+                p.flush(30)
+        if not self.flush_each_record:
+            p.flush(30)
+        if commit is True:
+            p.commit_transaction(30)
+        elif commit is False:
+            p.abort_transaction(30)
+
+    def commit(self) -> None:
+        """Commit the transaction left open."""
+        self.producer.commit_transaction(30)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -273,6 +353,38 @@ class ConsumerLoop:
             return [g.value for g in self.received]
 
 
+def stop_all(loops: Iterable[ConsumerLoop]) -> None:
+    """Stop (and close) every loop, then check that none of them failed."""
+    loops = list(loops)
+    for loop in loops:
+        loop.stop()
+    for loop in loops:
+        assert not loop.errors, (loop.name, loop.errors)
+
+
+def wait_received(loops: Sequence[ConsumerLoop], n: int, timeout: float, what: str = "every record") -> None:
+    """Until the loops received ``n`` records between them."""
+    wait_until(lambda: sum(len(lp.received) for lp in loops) >= n, timeout, what)
+
+
+def acknowledger(seen: list[tuple], *, release: Collection[bytes] = (), release_once: Collection[bytes] = (),
+                 reject: Collection[bytes] = (), offsets: bool = False) -> Callable[[Any], int]:
+    """A ``ConsumerLoop`` action for explicit mode: notes every record in ``seen`` as (value,
+    delivery count), or (offset, value, delivery count) with ``offsets``, and answers RELEASE for
+    the values in ``release`` and for those in ``release_once`` on their first delivery, REJECT
+    for the values in ``reject``, ACCEPT for the rest."""
+
+    def action(m: Any) -> int:
+        seen.append((m.offset(), m.value(), m.delivery_count()) if offsets else (m.value(), m.delivery_count()))
+        if m.value() in release or (m.value() in release_once and m.delivery_count() == 1):
+            return AcknowledgeType.RELEASE
+        if m.value() in reject:
+            return AcknowledgeType.REJECT
+        return AcknowledgeType.ACCEPT
+
+    return action
+
+
 def wait_until(pred: Callable[[], bool], timeout: float, what: str = "condition", interval: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -293,6 +405,24 @@ def poll_until(consumer: ShareConsumer, pred: Callable[[list[Any]], bool], timeo
             if on_record is not None:
                 on_record(m)
     return out
+
+
+@contextmanager
+def subscribed(bootstrap: str, group: str, topic: str, *, explicit: bool = False,
+               **conf: object) -> Iterator[ShareConsumer]:
+    """A ``share_consumer`` subscribed to ``topic``, closed when the ``with`` block is left."""
+    c = share_consumer(bootstrap, group, explicit=explicit, **conf)
+    c.subscribe([topic])
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def newcomer_gets(bootstrap: str, group: str, topic: str, seconds: float) -> list[Got]:
+    """What a new consumer of the group receives in ``seconds`` (nothing, once every record is settled)."""
+    with subscribed(bootstrap, group, topic) as c:
+        return poll_until(c, lambda out: False, seconds)
 
 
 def read_plain(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> list[Any]:
@@ -328,6 +458,213 @@ class Tally:
 
     def duplicates(self) -> dict[bytes, int]:
         return {v: c for v, c in self.counts.items() if c > 1}
+
+
+def assert_each_once(loops: Iterable[ConsumerLoop], expected: Iterable[bytes]) -> None:
+    """Between them, the loops received every value of ``expected`` and none twice."""
+    tally = Tally()
+    for lp in loops:
+        tally.add(lp.values())
+    assert set(tally.counts) == set(expected)
+    assert tally.duplicates() == {}
+
+
+# ------------------------------------------------------------------------------------------------
+# a consumer process that holds its records until it is killed
+
+HOLDER_SCRIPT = r"""
+import json, sys, time
+from confluent_kafka import ShareConsumer
+bootstrap, group, topic = sys.argv[1:4]
+c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                   "share.acknowledgement.mode": "explicit", "log_level": 0})
+c.subscribe([topic])
+while True:
+    msgs = [m for m in c.poll(0.5) if m.error() is None]
+    if msgs:
+        for m in msgs:
+            print(json.dumps([m.offset(), m.value().decode(), m.delivery_count()]), flush=True)
+        break
+print("HOLDING", flush=True)
+while True:  # never acknowledges; heartbeats go on in librdkafka's threads until SIGKILL
+    time.sleep(1)
+"""
+
+
+class HolderProcess:
+    """An explicit-mode ShareConsumer in a child process: it takes its first records and holds
+    them, never acknowledging, until it is killed. Entering the ``with`` block waits until it
+    holds them (``held``: (offset, value, delivery count) each); leaving it kills the process if
+    :meth:`kill` did not."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str) -> None:
+        self.args = [sys.executable, "-c", HOLDER_SCRIPT, bootstrap, group, topic]
+        self.proc: subprocess.Popen | None = None
+        self.held: list[tuple[int, bytes, int]] = []
+
+    def __enter__(self) -> HolderProcess:
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                if line.startswith("HOLDING"):
+                    break
+                o, v, dc = json.loads(line)
+                self.held.append((o, v.encode(), dc))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL (no leave, no acknowledgement, no goodbye), and wait for the process to end."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ------------------------------------------------------------------------------------------------
+# raw share-group requests (ShareGroupHeartbeat, ShareFetch and ShareAcknowledge v1, the versions
+# librdkafka sends), built by hand for exact control and for misbehaving on purpose
+
+HeartbeatRequest = messages.message_class("ShareGroupHeartbeatRequest")
+ShareFetchRequest = messages.message_class("ShareFetchRequest")
+ShareAckRequest = messages.message_class("ShareAcknowledgeRequest")
+
+# (topic id, partition) -> acknowledgement batches (first offset, last offset, acknowledge types)
+Acks = dict[tuple[bytes, int], list[tuple[int, int, list[int]]]]
+
+
+def hb_request(group: str, member: str, epoch: int, topics: list[str] | None = None) -> Any:
+    return HeartbeatRequest(group_id=group, member_id=member, member_epoch=epoch, rack_id=None,
+                            subscribed_topic_names=topics)
+
+
+def fetch_request(group: str, member: str, epoch: int, parts: dict[bytes, list[int]] | None = None, *,
+                  acks: Acks | None = None, forget: dict[bytes, list[int]] | None = None,
+                  max_wait_ms: int = 0) -> Any:
+    """ShareFetch of the partitions ``parts`` (topic id -> partitions) with ``acks`` piggybacked,
+    forgetting ``forget``."""
+    R = ShareFetchRequest
+    topics: dict[bytes, dict[int, list]] = {}
+    for tid, ps in (parts or {}).items():
+        for p in ps:
+            topics.setdefault(tid, {})[p] = []
+    for (tid, p), batches in (acks or {}).items():
+        topics.setdefault(tid, {})[p] = [
+            R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=ty) for a, z, ty in batches]
+    return R(group_id=group, member_id=member, share_session_epoch=epoch, max_wait_ms=max_wait_ms,
+             min_bytes=1, max_bytes=1 << 20, max_records=100, batch_size=100,
+             topics=[R.FetchTopic(topic_id=tid, partitions=[
+                 R.FetchPartition(partition_index=p, acknowledgement_batches=b) for p, b in ps.items()])
+                 for tid, ps in topics.items()],
+             forgotten_topics_data=[R.ForgottenTopic(topic_id=t, partitions=ps) for t, ps in (forget or {}).items()])
+
+
+def ack_request(group: str, member: str, epoch: int, acks: Acks) -> Any:
+    R = ShareAckRequest
+    topics: dict[bytes, list] = {}
+    for (tid, p), batches in acks.items():
+        topics.setdefault(tid, []).append(R.AcknowledgePartition(
+            partition_index=p, acknowledgement_batches=[
+                R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=ty)
+                for a, z, ty in batches]))
+    return R(group_id=group, member_id=member, share_session_epoch=epoch,
+             topics=[R.AcknowledgeTopic(topic_id=t, partitions=ps) for t, ps in topics.items()])
+
+
+def partitions(resp: Any) -> dict[tuple[bytes, int], Any]:
+    """(topic id, partition) -> partition of a ShareFetch or ShareAcknowledge answer."""
+    return {(t.topic_id, p.partition_index): p for t in resp.responses for p in t.partitions}
+
+
+def acquired(resp: Any) -> list[tuple[int, int, int]]:
+    """(first offset, last offset, delivery count) of every range a ShareFetch answer acquired."""
+    return [(a.first_offset, a.last_offset, a.delivery_count)
+            for p in partitions(resp).values() for a in p.acquired_records]
+
+
+async def topic_id(conn: KafkaConnection, topic: str, *, attempts: int = 50) -> bytes:
+    """The topic's id by Metadata, asked every 0.2 s until the topic has one."""
+    Req = messages.message_class("MetadataRequest")
+    version = conn.best_version(METADATA, hi=12)
+    for _ in range(attempts):
+        md = await conn.request(METADATA, version, Req(topics=[Req.MetadataRequestTopic(name=topic)],
+                                                       allow_auto_topic_creation=False))
+        for t in md.topics:
+            if t.name == topic and t.error_code == 0 and t.topic_id != bytes(16):
+                return t.topic_id
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no topic id for {topic}")
+
+
+class Raw:
+    """Hand-built share-group requests on one connection."""
+
+    def __init__(self, conn: KafkaConnection) -> None:
+        self.conn = conn
+
+    @classmethod
+    async def open(cls, bootstrap: str, client_id: str = "raw") -> Raw:
+        host, _, port = bootstrap.rpartition(":")
+        return cls(await KafkaConnection.open(host, int(port), client_id=client_id))
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    async def topic_id(self, topic: str, *, attempts: int = 100) -> bytes:
+        return await topic_id(self.conn, topic, attempts=attempts)
+
+    async def hb(self, group: str, member: str, epoch: int, topics: list[str] | None = None) -> Any:
+        return await self.conn.request(HEARTBEAT, 1, hb_request(group, member, epoch, topics))
+
+    async def join(self, group: str, topic: str, timeout: float = 30.0) -> tuple[str, int]:
+        """A new member, heartbeating until it has an assignment (Kafka 4.4 assigns on a later
+        heartbeat); returns (member id, member epoch)."""
+        member = str(uuid.uuid4())
+        r = await self.hb(group, member, 0, [topic])
+        assert r.error_code == NONE, r
+        epoch = r.member_epoch
+        deadline = time.monotonic() + timeout
+        while r.assignment is None or not r.assignment.topic_partitions:
+            assert time.monotonic() < deadline, "no assignment"
+            await asyncio.sleep(0.3)
+            r = await self.hb(group, member, epoch, None)
+            assert r.error_code == NONE, r
+            epoch = r.member_epoch
+        return member, epoch
+
+    async def resubscribe(self, group: str, member: str, epoch: int, topics: list[str],
+                          timeout: float = 30.0) -> list[int]:
+        """Change the subscription; heartbeat until the assignment covers every topic. Returns
+        the member epochs the answers carried, in order, without repeats."""
+        seen = [epoch]
+        r = await self.hb(group, member, epoch, topics)
+        deadline = time.monotonic() + timeout
+        while True:
+            assert r.error_code == NONE, r
+            if r.member_epoch != seen[-1]:
+                seen.append(r.member_epoch)
+            if r.assignment is not None and len(r.assignment.topic_partitions) == len(topics):
+                return seen[1:]
+            assert time.monotonic() < deadline, "no new assignment"
+            await asyncio.sleep(0.3)
+            r = await self.hb(group, member, seen[-1], None)
+
+    async def fetch(self, group: str, member: str, epoch: int, parts: dict[bytes, list[int]] | None = None, *,
+                    acks: Acks | None = None, forget: dict[bytes, list[int]] | None = None,
+                    max_wait_ms: int = 0) -> Any:
+        return await self.conn.request(SHARE_FETCH, 1, fetch_request(
+            group, member, epoch, parts, acks=acks, forget=forget, max_wait_ms=max_wait_ms))
+
+    async def ack(self, group: str, member: str, epoch: int, acks: Acks) -> Any:
+        return await self.conn.request(SHARE_ACK, 1, ack_request(group, member, epoch, acks))
 
 
 # ------------------------------------------------------------------------------------------------

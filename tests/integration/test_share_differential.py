@@ -25,10 +25,7 @@ Both brokers are session fixtures; kshare runs for the module with the broker-le
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -38,35 +35,47 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from confluent_kafka import AcknowledgeType, Producer
+from confluent_kafka import KafkaException, Producer
 
-from kshare.client import KafkaConnection
 from kshare.protocol import messages
 from tests.brokers import KAFKA_4, KafkaBroker
 from tests.integration.share_helpers import (
+    ACCEPT,
+    FENCED_MEMBER_EPOCH,
+    INVALID_RECORD_STATE,
+    INVALID_REQUEST,
+    INVALID_SHARE_SESSION_EPOCH,
+    NONE,
+    REJECT,
+    RELEASE,
+    SHARE_SESSION_NOT_FOUND,
     TEST_LIMITS,
+    UNKNOWN_MEMBER_ID,
+    UNKNOWN_TOPIC_ID,
+    Acks,
     ConsumerLoop,
+    HolderProcess,
+    Raw,
     ShareProxyThread,
+    Transactions,
+    acknowledger,
+    acquired,
+    describe_group_configs,
+    newcomer_gets,
+    partitions,
     poll_until,
     produce,
+    produce_poison_bad_good,
     quiet_logger,
     read_plain,
     set_group_configs,
-    share_consumer,
+    share_group,
+    stop_all,
+    subscribed,
+    values,
+    wait_received,
     wait_until,
 )
-
-HEARTBEAT, SHARE_FETCH, SHARE_ACK, METADATA = 76, 78, 79, 3
-NONE = 0
-UNKNOWN_TOPIC_OR_PARTITION = 3
-UNKNOWN_MEMBER_ID = 25
-INVALID_REQUEST = 42
-UNKNOWN_TOPIC_ID = 100
-FENCED_MEMBER_EPOCH = 110
-INVALID_RECORD_STATE = 121
-SHARE_SESSION_NOT_FOUND = 122
-INVALID_SHARE_SESSION_EPOCH = 123
-ACCEPT, RELEASE, REJECT = 1, 2, 3
 
 KSHARE, KAFKA4 = "kshare", "kafka4"
 KAFKA4_VERSION = os.environ.get("KSHARE_KAFKA4_VERSION", KAFKA_4)
@@ -92,9 +101,7 @@ class Target:
     def configure(self, group: str, **configs: object) -> None:
         """IncrementalAlterConfigs on the GROUP resource (through kshare for kshare): earliest and
         HEARTBEAT_MS unless said otherwise, plus ``configs`` (underscores in names stand for dots)."""
-        settings: dict[str, object] = {"share.auto.offset.reset": "earliest", "share.heartbeat.interval.ms": HEARTBEAT_MS}
-        settings.update({k.replace("_", "."): v for k, v in configs.items()})
-        set_group_configs(self.bootstrap, group, settings)
+        share_group(self.bootstrap, group, **{"share.heartbeat.interval.ms": HEARTBEAT_MS, **configs})
 
 
 # Kafka 4.4's broker-level bounds lowered as kshare's are here (share_helpers.TEST_LIMITS): its
@@ -136,17 +143,6 @@ def on_both(targets: dict[str, Target], scenario: Callable[..., Any], *args: Any
         return {name: f.result(300) for name, f in futures.items()}
 
 
-def values(prefix: str, n: int) -> list[bytes]:
-    return [f"{prefix}-{i}".encode() for i in range(n)]
-
-
-def stop_all(loops: list[ConsumerLoop]) -> None:
-    for loop in loops:
-        loop.stop()
-    for loop in loops:
-        assert not loop.errors, (loop.name, loop.errors)
-
-
 # ------------------------------------------------------------------------------------------------
 # scenarios with confluent-kafka ShareConsumers
 
@@ -158,7 +154,7 @@ def implicit_two_consumers(t: Target, topic: str, group: str) -> dict[str, Any]:
     produce(t.bootstrap, topic, values("r", 40), partitions=2, per_batch=4)
     loops = [ConsumerLoop(f"c{i}", t.bootstrap, group, topic, **{"max.poll.records": 5}).start() for i in range(2)]
     try:
-        wait_until(lambda: sum(len(lp.received) for lp in loops) >= 40, 60, f"every record ({t.name})")
+        wait_received(loops, 40, 60, f"every record ({t.name})")
         time.sleep(1.5)  # anything delivered twice would show up now
     finally:
         stop_all(loops)
@@ -182,8 +178,6 @@ def two_groups_one_topic(t: Target, topic: str, group: str) -> dict[str, Any]:
     """Two share groups read the same topic, one after the other: each gets every record once.
     24,000 x 1 KiB on one partition, more than kshare caches per partition (16 MiB), so the second
     group reads behind the cached data (kshare once evicted such reads at once and stalled)."""
-    from confluent_kafka import Producer
-
     n = 24_000
     t.create_topic(topic, 1)
     p = Producer({"bootstrap.servers": t.bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
@@ -200,13 +194,9 @@ def two_groups_one_topic(t: Target, topic: str, group: str) -> dict[str, Any]:
     for name in ("first", "second"):
         g = f"{group}-{name}"
         t.configure(g)
-        c = share_consumer(t.bootstrap, g)
-        c.subscribe([topic])
-        try:
+        with subscribed(t.bootstrap, g, topic) as c:
             got = poll_until(c, lambda recs: len(recs) >= n, 90)
             got += poll_until(c, lambda recs: False, 1)
-        finally:
-            c.close()
         offsets = Counter(g.offset for g in got)
         out[name] = {"distinct": len(offsets), "twice": sum(1 for k in offsets.values() if k > 1),
                      "counts": Counter(g.delivery_count for g in got)}
@@ -226,14 +216,8 @@ def explicit_acknowledgement(t: Target, topic: str, group: str) -> dict[str, Any
     t.configure(group, **{"share.delivery.count.limit": 3, "share.record.lock.duration.ms": 15000})
     produce(t.bootstrap, topic, [b"accept", b"release-once", b"reject", b"poison"], per_batch=4)
     seen: list[tuple[int, bytes, int]] = []
-
-    def action(m):
-        seen.append((m.offset(), m.value(), m.delivery_count()))
-        if m.value() == b"release-once":
-            return AcknowledgeType.RELEASE if m.delivery_count() == 1 else AcknowledgeType.ACCEPT
-        return {b"reject": AcknowledgeType.REJECT, b"poison": AcknowledgeType.RELEASE}.get(
-            m.value(), AcknowledgeType.ACCEPT)
-
+    action = acknowledger(seen, release={b"poison"}, release_once={b"release-once"}, reject={b"reject"},
+                          offsets=True)
     loop = ConsumerLoop("c", t.bootstrap, group, topic, explicit=True, action=action).start()
     try:
         wait_until(lambda: (3, b"poison", 3) in seen and (1, b"release-once", 2) in seen, 60,
@@ -242,12 +226,7 @@ def explicit_acknowledgement(t: Target, topic: str, group: str) -> dict[str, Any
     finally:
         stop_all([loop])
     # nothing is left for a newcomer either
-    c = share_consumer(t.bootstrap, group)
-    c.subscribe([topic])
-    try:
-        later = poll_until(c, lambda out: False, 6)
-    finally:
-        c.close()
+    later = newcomer_gets(t.bootstrap, group, topic, 6)
     return {"deliveries": sorted(seen), "later": [(g.offset, g.value, g.delivery_count) for g in later]}
 
 
@@ -296,54 +275,24 @@ def test_closed_consumer_releases_its_records(targets, names):
     assert r[KSHARE]["seconds"] < 30 and r[KAFKA4]["seconds"] < 30, r
 
 
-HOLDER_SCRIPT = r"""
-import json, sys
-from confluent_kafka import ShareConsumer
-bootstrap, group, topic = sys.argv[1:4]
-c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
-                   "share.acknowledgement.mode": "explicit", "log_level": 0})
-c.subscribe([topic])
-while True:
-    msgs = [m for m in c.poll(0.5) if m.error() is None]
-    if msgs:
-        for m in msgs:
-            print(json.dumps([m.offset(), m.value().decode(), m.delivery_count()]), flush=True)
-        break
-print("HOLDING", flush=True)
-sys.stdin.read()  # never acknowledges; heartbeats go on in librdkafka's threads until SIGKILL
-"""
-
-
 def killed_consumer(t: Target, topic: str, group: str) -> dict[str, Any]:
     """A consumer process holding records is SIGKILLed: after share.session.timeout.ms (2 s) it
     is removed and its records come back with delivery count 2 (long before the 60 s lock)."""
     t.create_topic(topic, 1)
     t.configure(group, **{"share.record.lock.duration.ms": 60000, "share.session.timeout.ms": 2000})
     produce(t.bootstrap, topic, values("r", 5), per_batch=5)
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER_SCRIPT, t.bootstrap, group, topic],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    held: list[tuple[int, bytes, int]] = []
-    taker = None
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("HOLDING"):
-                break
-            o, v, dc = json.loads(line)
-            held.append((o, v.encode(), dc))
+    with HolderProcess(t.bootstrap, group, topic) as holder:
+        held = holder.held
         taker = ConsumerLoop("taker", t.bootstrap, group, topic, explicit=True).start()
-        time.sleep(2.0)
-        early = sorted((g.offset, g.value, g.delivery_count) for g in taker.received)
-        proc.kill()
-        proc.wait(10)
-        killed_at = time.monotonic()
-        wait_until(lambda: {v for _, v, _ in held} <= set(taker.values()), 40, f"the dead consumer's records ({t.name})")
-        time.sleep(1.0)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if taker is not None:
+        try:
+            time.sleep(2.0)
+            early = sorted((g.offset, g.value, g.delivery_count) for g in taker.received)
+            holder.kill()
+            killed_at = time.monotonic()
+            wait_until(lambda: {v for _, v, _ in held} <= set(taker.values()), 40,
+                       f"the dead consumer's records ({t.name})")
+            time.sleep(1.0)
+        finally:
             stop_all([taker])
     return {
         "held": sorted(held),
@@ -382,35 +331,18 @@ def read_committed(t: Target, topic: str, group: str) -> dict[str, Any]:
     """Committed, aborted, committed and (for now) open transactions; read_committed."""
     t.create_topic(topic, 1)
     t.configure(group, **{"share.isolation.level": "read_committed"})
-    p = Producer({"bootstrap.servers": t.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
-                  "linger.ms": 0, "logger": quiet_logger()})
-    p.init_transactions(30)
-
-    def txn(vals: list[bytes], commit: bool | None) -> None:
-        p.begin_transaction()
-        for v in vals:
-            p.produce(topic, value=v, partition=0)
-        p.flush(30)
-        if commit is True:
-            p.commit_transaction(30)
-        elif commit is False:
-            p.abort_transaction(30)
-
-    txn(values("c", 3), True)
-    txn(values("a", 3), False)
-    txn(values("d", 3), True)
-    txn(values("o", 2), None)
-    c = share_consumer(t.bootstrap, group)
-    c.subscribe([topic])
-    try:
+    tx = Transactions(t.bootstrap, topic)
+    tx.txn(values("c", 3), True)
+    tx.txn(values("a", 3), False)
+    tx.txn(values("d", 3), True)
+    tx.txn(values("o", 2), None)
+    with subscribed(t.bootstrap, group, topic) as c:
         want = set(values("c", 3) + values("d", 3))
         before = poll_until(c, lambda out: want <= {g.value for g in out}, 60)
         before += poll_until(c, lambda out: False, 2)
-        p.commit_transaction(30)
+        tx.commit()
         after = poll_until(c, lambda out: set(values("o", 2)) <= {g.value for g in out}, 30)
         after += poll_until(c, lambda out: False, 1)
-    finally:
-        c.close()
     return {"before": sorted((g.offset, g.value, g.delivery_count) for g in before),
             "after": sorted((g.offset, g.value, g.delivery_count) for g in after)}
 
@@ -462,7 +394,6 @@ def test_auto_offset_reset_latest(targets, names):
 # group configs
 
 
-INVALID_CONFIG = 40
 # (name, value) set on a group, one at a time. Bounds lowered on both sides (TEST_LIMITS /
 # KAFKA4_TEST_LIMITS: the minimum lock duration, session timeout and heartbeat interval) are only
 # probed below the absolute minimum both share.
@@ -485,10 +416,6 @@ CONFIG_PROBES = [
 def group_configs(t: Target, topic: str, group: str) -> dict[str, Any]:
     """The share-group configs of a group with one config set (to its default value), and which
     settings are accepted."""
-    from confluent_kafka import KafkaException
-
-    from tests.integration.share_helpers import describe_group_configs
-
     set_group_configs(t.bootstrap, group, {"share.auto.offset.reset": "latest"})
     defaults = {k: v for k, v in describe_group_configs(t.bootstrap, group).items()
                 if k.startswith(("share.", "errors."))}
@@ -509,10 +436,6 @@ def test_group_config_defaults_and_validation(targets, names):
 
 
 def describe_unknown_group(t: Target, topic: str, group: str) -> Any:
-    from confluent_kafka import KafkaException
-
-    from tests.integration.share_helpers import describe_group_configs
-
     try:
         return {k: v for k, v in describe_group_configs(t.bootstrap, group).items() if k.startswith("share.")}
     except KafkaException as exc:
@@ -536,7 +459,7 @@ def test_broker_level_bound_defaults(kafka4_low_limits):
     Req = messages.message_class("DescribeConfigsRequest")
 
     async def describe() -> Any:
-        raw = await Raw.open(kafka4_low_limits.bootstrap)
+        raw = await Raw.open(kafka4_low_limits.bootstrap, "differential")
         try:
             return await raw.conn.request(32, 4, Req(resources=[Req.DescribeConfigsResource(
                 resource_type=4, resource_name="1", configuration_keys=list(LIMIT_NAMES))],
@@ -565,15 +488,9 @@ def dead_letters(t: Target, topic: str, group: str) -> dict[str, Any]:
     t.create_topic(dlq, 1, {"errors.deadletterqueue.group.enable": "true"} if t.name == KAFKA4 else None)
     t.configure(group, **{"share.delivery.count.limit": 2, "errors.deadletterqueue.topic.name": dlq,
                           "errors.deadletterqueue.copy.record.enable": "true"})
-    produce(t.bootstrap, topic, [b"poison", b"bad", b"good"], keys=[b"k-poison", b"k-bad", b"k-good"],
-            headers=[[("h", b"p")], [("h", b"b")], [("h", b"g")]], per_batch=3)
+    produce_poison_bad_good(t.bootstrap, topic, per_batch=3)
     seen: list[tuple[bytes, int]] = []
-
-    def action(m):
-        seen.append((m.value(), m.delivery_count()))
-        return {b"poison": AcknowledgeType.RELEASE, b"bad": AcknowledgeType.REJECT}.get(m.value(),
-                                                                                      AcknowledgeType.ACCEPT)
-
+    action = acknowledger(seen, release={b"poison"}, reject={b"bad"})
     loop = ConsumerLoop("c", t.bootstrap, group, topic, explicit=True, action=action).start()
     try:
         wait_until(lambda: (b"poison", 2) in seen, 60, f"the second delivery ({t.name})")
@@ -628,118 +545,6 @@ def test_dead_letter_headers_as_kafka(dead_letter_runs):
 # raw protocol
 
 
-HeartbeatRequest = messages.message_class("ShareGroupHeartbeatRequest")
-ShareFetchRequest = messages.message_class("ShareFetchRequest")
-ShareAckRequest = messages.message_class("ShareAcknowledgeRequest")
-
-Acks = dict[tuple[bytes, int], list[tuple[int, int, list[int]]]]
-
-
-class Raw:
-    """Hand-built share-group requests on one connection (ShareGroupHeartbeat, ShareFetch and
-    ShareAcknowledge v1, the versions librdkafka sends)."""
-
-    def __init__(self, conn: KafkaConnection) -> None:
-        self.conn = conn
-
-    @classmethod
-    async def open(cls, bootstrap: str) -> Raw:
-        host, _, port = bootstrap.rpartition(":")
-        return cls(await KafkaConnection.open(host, int(port), client_id="differential"))
-
-    async def close(self) -> None:
-        await self.conn.close()
-
-    async def topic_id(self, topic: str) -> bytes:
-        Req = messages.message_class("MetadataRequest")
-        version = self.conn.best_version(METADATA, hi=12)
-        for _ in range(100):
-            md = await self.conn.request(METADATA, version, Req(topics=[Req.MetadataRequestTopic(name=topic)],
-                                                                allow_auto_topic_creation=False))
-            for t in md.topics:
-                if t.name == topic and t.error_code == 0 and t.topic_id != bytes(16):
-                    return t.topic_id
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"no topic id for {topic}")
-
-    async def hb(self, group: str, member: str, epoch: int, topics: list[str] | None = None) -> Any:
-        return await self.conn.request(HEARTBEAT, 1, HeartbeatRequest(
-            group_id=group, member_id=member, member_epoch=epoch, rack_id=None, subscribed_topic_names=topics))
-
-    async def join(self, group: str, topic: str, timeout: float = 30.0) -> tuple[str, int]:
-        """A new member, heartbeating until it has an assignment (Kafka 4.4 assigns on a later
-        heartbeat); returns (member id, member epoch)."""
-        member = str(uuid.uuid4())
-        r = await self.hb(group, member, 0, [topic])
-        assert r.error_code == NONE, r
-        epoch = r.member_epoch
-        deadline = time.monotonic() + timeout
-        while r.assignment is None or not r.assignment.topic_partitions:
-            assert time.monotonic() < deadline, "no assignment"
-            await asyncio.sleep(0.3)
-            r = await self.hb(group, member, epoch, None)
-            assert r.error_code == NONE, r
-            epoch = r.member_epoch
-        return member, epoch
-
-    async def resubscribe(self, group: str, member: str, epoch: int, topics: list[str],
-                          timeout: float = 30.0) -> list[int]:
-        """Change the subscription; heartbeat until the assignment covers every topic. Returns
-        the member epochs the answers carried, in order, without repeats."""
-        seen = [epoch]
-        r = await self.hb(group, member, epoch, topics)
-        deadline = time.monotonic() + timeout
-        while True:
-            assert r.error_code == NONE, r
-            if r.member_epoch != seen[-1]:
-                seen.append(r.member_epoch)
-            if r.assignment is not None and len(r.assignment.topic_partitions) == len(topics):
-                return seen[1:]
-            assert time.monotonic() < deadline, "no new assignment"
-            await asyncio.sleep(0.3)
-            r = await self.hb(group, member, seen[-1], None)
-
-    async def fetch(self, group: str, member: str, epoch: int, parts: dict[bytes, list[int]] | None = None, *,
-                    acks: Acks | None = None, forget: dict[bytes, list[int]] | None = None,
-                    max_wait_ms: int = 0) -> Any:
-        R = ShareFetchRequest
-        topics: dict[bytes, dict[int, list]] = {}
-        for tid, ps in (parts or {}).items():
-            for p in ps:
-                topics.setdefault(tid, {})[p] = []
-        for (tid, p), batches in (acks or {}).items():
-            topics.setdefault(tid, {})[p] = [
-                R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=ty) for a, z, ty in batches]
-        return await self.conn.request(SHARE_FETCH, 1, R(
-            group_id=group, member_id=member, share_session_epoch=epoch, max_wait_ms=max_wait_ms,
-            min_bytes=1, max_bytes=1 << 20, max_records=100, batch_size=100,
-            topics=[R.FetchTopic(topic_id=tid, partitions=[
-                R.FetchPartition(partition_index=p, acknowledgement_batches=b) for p, b in ps.items()])
-                for tid, ps in topics.items()],
-            forgotten_topics_data=[R.ForgottenTopic(topic_id=t, partitions=ps) for t, ps in (forget or {}).items()]))
-
-    async def ack(self, group: str, member: str, epoch: int, acks: Acks) -> Any:
-        R = ShareAckRequest
-        topics: dict[bytes, list] = {}
-        for (tid, p), batches in acks.items():
-            topics.setdefault(tid, []).append(R.AcknowledgePartition(
-                partition_index=p, acknowledgement_batches=[
-                    R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=ty)
-                    for a, z, ty in batches]))
-        return await self.conn.request(SHARE_ACK, 1, R(
-            group_id=group, member_id=member, share_session_epoch=epoch,
-            topics=[R.AcknowledgeTopic(topic_id=t, partitions=ps) for t, ps in topics.items()]))
-
-
-def partitions(resp: Any) -> dict[tuple[bytes, int], Any]:
-    return {(t.topic_id, p.partition_index): p for t in resp.responses for p in t.partitions}
-
-
-def acquired(resp: Any) -> list[tuple[int, int, int]]:
-    return [(a.first_offset, a.last_offset, a.delivery_count)
-            for p in partitions(resp).values() for a in p.acquired_records]
-
-
 class Session:
     """A share session of one member: the epoch goes up by one per accepted request."""
 
@@ -779,7 +584,7 @@ def lock_timeouts(t: Target, topic: str, group: str) -> dict[str, Any]:
     produce(t.bootstrap, topic, values("r", 3), per_batch=3)
 
     async def run() -> dict[str, Any]:
-        raw = await Raw.open(t.bootstrap)
+        raw = await Raw.open(t.bootstrap, "differential")
         out: dict[str, Any] = {}
         try:
             tid = await raw.topic_id(topic)
@@ -837,7 +642,7 @@ def misbehave(t: Target, topic: str, group: str) -> dict[str, Any]:
     produce(t.bootstrap, topic, values("m", 3), per_batch=3)
 
     async def run() -> dict[str, Any]:
-        raw = await Raw.open(t.bootstrap)
+        raw = await Raw.open(t.bootstrap, "differential")
         out: dict[str, Any] = {}
         try:
             tid = await raw.topic_id(topic)

@@ -19,67 +19,60 @@ broker.
 from __future__ import annotations
 
 import asyncio
-import json
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import AcknowledgeType, Consumer, Producer
+from confluent_kafka import AcknowledgeType, Consumer
 
-from kshare.client import KafkaConnection
-from kshare.protocol import messages
 from kshare.share.dead_letter import HEADER_PREFIX, REASON_DELIVERY_LIMIT, REASON_REJECTED
-from tests.brokers import KafkaBroker
+from tests.integration import share_helpers
 from tests.integration.share_helpers import (
+    ACCEPT,
+    FENCED_MEMBER_EPOCH,
+    INCONSISTENT_GROUP_PROTOCOL,
+    INVALID_RECORD_STATE,
+    INVALID_REQUEST,
+    INVALID_SHARE_SESSION_EPOCH,
+    SHARE_SESSION_NOT_FOUND,
+    UNKNOWN_MEMBER_ID,
+    UNKNOWN_TOPIC_ID,
+    UNKNOWN_TOPIC_OR_PARTITION,
     ConsumerLoop,
+    HolderProcess,
+    Raw,
     ShareProxyThread,
-    Tally,
+    Transactions,
+    acknowledger,
+    assert_each_once,
+    newcomer_gets,
+    partitions,
     poll_until,
     produce,
+    produce_poison_bad_good,
     quiet_logger,
     read_plain,
     records_of,
-    share_consumer,
     share_group,
+    stop_all,
+    subscribed,
+    topic_id,
+    values,
+    wait_received,
     wait_until,
 )
-
-HEARTBEAT, SHARE_FETCH, SHARE_ACK, METADATA = 76, 78, 79, 3
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INCONSISTENT_GROUP_PROTOCOL = 23
-UNKNOWN_MEMBER_ID = 25
-INVALID_REQUEST = 42
-UNKNOWN_TOPIC_ID = 100
-FENCED_MEMBER_EPOCH = 110
-INVALID_RECORD_STATE = 121
-SHARE_SESSION_NOT_FOUND = 122
-INVALID_SHARE_SESSION_EPOCH = 123
-ACCEPT, RELEASE, REJECT = 1, 2, 3
-
 
 # ------------------------------------------------------------------------------------------------
 # fixtures
 
 
-@pytest.fixture(scope="module")
-def kshare39(kafka39: KafkaBroker) -> Iterator[ShareProxyThread]:
-    """kshare in front of the session's Apache Kafka 3.9, for the whole module."""
-    with ShareProxyThread(kafka39.bootstrap) as proxy:
-        yield proxy
+kshare39 = share_helpers.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
 
 
 @pytest.fixture
 def group() -> str:
     return f"share-{uuid.uuid4().hex[:12]}"
-
-
-def values(prefix: str, n: int) -> list[bytes]:
-    return [f"{prefix}-{i}".encode() for i in range(n)]
 
 
 def members(proxy: ShareProxyThread, group_id: str) -> dict[str, dict]:
@@ -97,13 +90,6 @@ def wait_members(proxy: ShareProxyThread, group_id: str, n: int, timeout: float 
                f"{n} assigned members in {group_id}")
 
 
-def stop_all(loops: list[ConsumerLoop]) -> None:
-    for loop in loops:
-        loop.stop()
-    for loop in loops:
-        assert not loop.errors, (loop.name, loop.errors)
-
-
 # ------------------------------------------------------------------------------------------------
 # implicit acknowledgement
 
@@ -118,15 +104,11 @@ def test_implicit_three_consumers_two_partitions(kafka39, kshare39, topic_name, 
         wait_members(kshare39, group, 3)
         expected = values("r", 300)
         produce(kshare39.bootstrap, topic_name, expected, partitions=2, per_batch=3)
-        wait_until(lambda: sum(len(lp.received) for lp in loops) >= len(expected), 60, "every record")
+        wait_received(loops, len(expected), 60)
         time.sleep(1.0)  # anything delivered twice would show up now
     finally:
         stop_all(loops)
-    tally = Tally()
-    for lp in loops:
-        tally.add(lp.values())
-    assert set(tally.counts) == set(expected)
-    assert tally.duplicates() == {}
+    assert_each_once(loops, expected)
     assert all(g.delivery_count == 1 for lp in loops for g in lp.received)
     per_consumer = {lp.name: len(lp.received) for lp in loops}
     assert all(per_consumer.values()), per_consumer
@@ -143,15 +125,11 @@ def test_implicit_eight_consumers_one_partition(kafka39, kshare39, topic_name, g
         wait_members(kshare39, group, 8)
         expected = values("r", 200)
         produce(kshare39.bootstrap, topic_name, expected, per_batch=1)
-        wait_until(lambda: sum(len(lp.received) for lp in loops) >= len(expected), 90, "every record")
+        wait_received(loops, len(expected), 90)
         time.sleep(1.0)
     finally:
         stop_all(loops)
-    tally = Tally()
-    for lp in loops:
-        tally.add(lp.values())
-    assert set(tally.counts) == set(expected)
-    assert tally.duplicates() == {}
+    assert_each_once(loops, expected)
     per_consumer = {lp.name: len(lp.received) for lp in loops}
     assert all(per_consumer.values()), per_consumer
 
@@ -165,15 +143,7 @@ def test_explicit_release_and_reject(kafka39, kshare39, topic_name, group):
     share_group(kshare39.bootstrap, group)
     produce(kshare39.bootstrap, topic_name, [b"release-once", b"reject", b"accept"])
     seen: list[tuple[bytes, int]] = []
-
-    def action(m):
-        seen.append((m.value(), m.delivery_count()))
-        if m.value() == b"release-once" and m.delivery_count() == 1:
-            return AcknowledgeType.RELEASE
-        if m.value() == b"reject":
-            return AcknowledgeType.REJECT
-        return AcknowledgeType.ACCEPT
-
+    action = acknowledger(seen, release_once={b"release-once"}, reject={b"reject"})
     loop = ConsumerLoop("c", kshare39.bootstrap, group, topic_name, explicit=True, action=action).start()
     try:
         wait_until(lambda: (b"release-once", 2) in seen and (b"accept", 1) in seen, 30, "the redelivery")
@@ -182,12 +152,7 @@ def test_explicit_release_and_reject(kafka39, kshare39, topic_name, group):
         stop_all([loop])
     assert sorted(seen) == [(b"accept", 1), (b"reject", 1), (b"release-once", 1), (b"release-once", 2)]
     # nothing is left for a newcomer either
-    c = share_consumer(kshare39.bootstrap, group)
-    c.subscribe([topic_name])
-    try:
-        assert poll_until(c, lambda out: False, 3) == []
-    finally:
-        c.close()
+    assert newcomer_gets(kshare39.bootstrap, group, topic_name, 3) == []
 
 
 def test_delivery_limit_archives_to_dead_letter_topic(kafka39, kshare39, topic_name, group):
@@ -202,15 +167,9 @@ def test_delivery_limit_archives_to_dead_letter_topic(kafka39, kshare39, topic_n
         "errors.deadletterqueue.topic.name": dlq,
         "errors.deadletterqueue.copy.record.enable": "true",
     })
-    produce(kshare39.bootstrap, topic_name, [b"poison", b"bad", b"good"], keys=[b"k-poison", b"k-bad", b"k-good"],
-            headers=[[("h", b"p")], [("h", b"b")], [("h", b"g")]])
+    produce_poison_bad_good(kshare39.bootstrap, topic_name)
     seen: list[tuple[bytes, int]] = []
-
-    def action(m):
-        seen.append((m.value(), m.delivery_count()))
-        return {b"poison": AcknowledgeType.RELEASE, b"bad": AcknowledgeType.REJECT}.get(m.value(),
-                                                                                      AcknowledgeType.ACCEPT)
-
+    action = acknowledger(seen, release={b"poison"}, reject={b"bad"})
     loop = ConsumerLoop("c", kshare39.bootstrap, group, topic_name, explicit=True, action=action).start()
     try:
         wait_until(lambda: (b"poison", 3) in seen, 30, "the third delivery")
@@ -288,26 +247,6 @@ def test_closed_consumer_releases_at_once(kafka39, kshare39, topic_name, group):
     assert all(g.delivery_count == 2 for g in taken), taken
 
 
-HOLDER_SCRIPT = r"""
-import json, sys, time
-from confluent_kafka import ShareConsumer
-bootstrap, group, topic = sys.argv[1:4]
-c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
-                   "share.acknowledgement.mode": "explicit", "log_level": 0})
-c.subscribe([topic])
-while True:
-    msgs = [m for m in c.poll(0.5) if m.error() is None]
-    if msgs:
-        for m in msgs:
-            print(json.dumps({"offset": m.offset(), "value": m.value().decode(),
-                              "delivery_count": m.delivery_count()}), flush=True)
-        break
-print("HOLDING", flush=True)
-while True:  # never acknowledges; heartbeats go on in librdkafka's threads
-    time.sleep(1)
-"""
-
-
 def test_killed_consumer_records_return_after_session_timeout(kafka39, kshare39, topic_name, group):
     """A SIGKILLed consumer stops heartbeating: after share.session.timeout.ms it is removed and
     its records released (long before their 60 s locks would expire)."""
@@ -318,31 +257,19 @@ def test_killed_consumer_records_return_after_session_timeout(kafka39, kshare39,
         "share.heartbeat.interval.ms": 500,
     })
     produce(kshare39.bootstrap, topic_name, values("r", 5), per_batch=5)
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER_SCRIPT, kshare39.bootstrap, group, topic_name],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    held: set[bytes] = set()
-    taker = None
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("HOLDING"):
-                break
-            held.add(json.loads(line)["value"].encode())
+    with HolderProcess(kshare39.bootstrap, group, topic_name) as holder:
+        held = {v for _, v, _ in holder.held}
         assert held
         taker = ConsumerLoop("taker", kshare39.bootstrap, group, topic_name, explicit=True).start()
-        wait_members(kshare39, group, 2)
-        time.sleep(1.0)
-        assert not taker.received
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        killed_at = time.monotonic()
-        wait_until(lambda: held <= set(taker.values()), 30, "the dead consumer's records at the taker")
-        wait_members(kshare39, group, 1)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if taker is not None:
+        try:
+            wait_members(kshare39, group, 2)
+            time.sleep(1.0)
+            assert not taker.received
+            holder.kill()
+            killed_at = time.monotonic()
+            wait_until(lambda: held <= set(taker.values()), 30, "the dead consumer's records at the taker")
+            wait_members(kshare39, group, 1)
+        finally:
             stop_all([taker])
     taken = [g for g in taker.received if g.value in held]
     first = min(g.at for g in taken) - killed_at
@@ -359,47 +286,26 @@ def test_read_committed_never_delivers_aborted_records(kafka39, kshare39, topic_
     share_group(kshare39.bootstrap, group, **{"share.isolation.level": "read_committed"})
     uncommitted_group = group + "-ru"
     share_group(kshare39.bootstrap, uncommitted_group)
-    p = Producer({"bootstrap.servers": kshare39.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
-                  "linger.ms": 0, "logger": quiet_logger()})
-    p.init_transactions(30)
-
-    def txn(vals: list[bytes], commit: bool | None) -> None:
-        p.begin_transaction()
-        for v in vals:
-            p.produce(topic_name, value=v, partition=0)
-            p.flush(30)
-        if commit is True:
-            p.commit_transaction(30)
-        elif commit is False:
-            p.abort_transaction(30)
-
-    txn(values("c", 5), True)
-    txn(values("a", 5), False)
-    txn(values("d", 5), True)
-    txn(values("o", 3), None)  # left open for now
+    tx = Transactions(kshare39.bootstrap, topic_name, flush_each_record=True)
+    tx.txn(values("c", 5), True)
+    tx.txn(values("a", 5), False)
+    tx.txn(values("d", 5), True)
+    tx.txn(values("o", 3), None)  # left open for now
     committed = set(values("c", 5) + values("d", 5))
 
-    c = share_consumer(kshare39.bootstrap, group)
-    c.subscribe([topic_name])
-    try:
+    with subscribed(kshare39.bootstrap, group, topic_name) as c:
         got = poll_until(c, lambda out: committed <= {g.value for g in out}, 30)
         got += poll_until(c, lambda out: False, 2)  # nothing else: not the aborted, not the open
         assert Counter(g.value for g in got) == Counter(committed)
-        p.commit_transaction(30)
+        tx.commit()
         got += poll_until(c, lambda out: set(values("o", 3)) <= {g.value for g in out}, 30)
         got += poll_until(c, lambda out: False, 1)
-    finally:
-        c.close()
     assert Counter(g.value for g in got) == Counter(committed | set(values("o", 3)))
 
     # the same log read_uncommitted: the aborted records are there, so the check above means something
-    ru = share_consumer(kshare39.bootstrap, uncommitted_group)
-    ru.subscribe([topic_name])
-    try:
+    with subscribed(kshare39.bootstrap, uncommitted_group, topic_name) as ru:
         everything = set(values("c", 5) + values("a", 5) + values("d", 5) + values("o", 3))
         got_ru = poll_until(ru, lambda out: everything <= {g.value for g in out}, 30)
-    finally:
-        ru.close()
     assert set(values("a", 5)) <= {g.value for g in got_ru}
 
 
@@ -407,74 +313,13 @@ def test_read_committed_never_delivers_aborted_records(kafka39, kshare39, topic_
 # misbehaving clients
 
 
-def _hb(group_id: str, member_id: str, epoch: int, topics: list[str] | None = None):
-    return messages.message_class("ShareGroupHeartbeatRequest")(
-        group_id=group_id, member_id=member_id, member_epoch=epoch, rack_id=None, subscribed_topic_names=topics)
-
-
-ShareFetchRequest = messages.message_class("ShareFetchRequest")
-ShareAckRequest = messages.message_class("ShareAcknowledgeRequest")
-
-
-def _fetch(group_id: str, member_id: str, epoch: int, parts: dict[bytes, list[int]] | None = None, *,
-           acks: dict[tuple[bytes, int], list[tuple[int, int, list[int]]]] | None = None, max_wait_ms: int = 0,
-           forget: dict[bytes, list[int]] | None = None):
-    R = ShareFetchRequest
-    topics: dict[bytes, dict[int, list]] = {}
-    for tid, ps in (parts or {}).items():
-        for p in ps:
-            topics.setdefault(tid, {})[p] = []
-    for (tid, p), batches in (acks or {}).items():
-        topics.setdefault(tid, {})[p] = [R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=t)
-                                         for a, z, t in batches]
-    return R(group_id=group_id, member_id=member_id, share_session_epoch=epoch, max_wait_ms=max_wait_ms,
-             min_bytes=1, max_bytes=1 << 20, max_records=100, batch_size=100,
-             topics=[R.FetchTopic(topic_id=tid, partitions=[R.FetchPartition(partition_index=p,
-                                                                             acknowledgement_batches=b)
-                                                             for p, b in ps.items()])
-                     for tid, ps in topics.items()],
-             forgotten_topics_data=[R.ForgottenTopic(topic_id=t, partitions=ps) for t, ps in (forget or {}).items()])
-
-
-def _ack(group_id: str, member_id: str, epoch: int, acks: dict[tuple[bytes, int], list[tuple[int, int, list[int]]]]):
-    R = ShareAckRequest
-    topics: dict[bytes, list] = {}
-    for (tid, p), batches in acks.items():
-        topics.setdefault(tid, []).append(R.AcknowledgePartition(
-            partition_index=p,
-            acknowledgement_batches=[R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=t)
-                                     for a, z, t in batches]))
-    return R(group_id=group_id, member_id=member_id, share_session_epoch=epoch,
-             topics=[R.AcknowledgeTopic(topic_id=t, partitions=ps) for t, ps in topics.items()])
-
-
-def _partitions(resp) -> dict[tuple[bytes, int], object]:
-    return {(t.topic_id, p.partition_index): p for t in resp.responses for p in t.partitions}
-
-
-async def _topic_id(conn: KafkaConnection, topic: str) -> bytes:
-    Req = messages.message_class("MetadataRequest")
-    version = conn.best_version(METADATA, hi=12)
-    for _ in range(50):
-        md = await conn.request(METADATA, version, Req(topics=[Req.MetadataRequestTopic(name=topic)],
-                                                       allow_auto_topic_creation=False))
-        for t in md.topics:
-            if t.name == topic and t.error_code == 0 and t.topic_id != bytes(16):
-                return t.topic_id
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no topic id for {topic}")
-
-
 async def _misbehave(bootstrap: str, group_id: str, topic: str, classic_group: str) -> dict[str, object]:
     """Every misbehaviour in turn; returns what the proxy answered to each."""
-    host, _, port = bootstrap.rpartition(":")
-    conn = await KafkaConnection.open(host, int(port), client_id="misbehaving")
+    raw = await Raw.open(bootstrap, "misbehaving")
     out: dict[str, object] = {}
     try:
-        tid = await _topic_id(conn, topic)
-        hb = lambda *a: conn.request(HEARTBEAT, 1, _hb(*a))  # noqa: E731
-        fetch = lambda *a, **k: conn.request(SHARE_FETCH, 1, _fetch(*a, **k))  # noqa: E731
-        ack = lambda *a: conn.request(SHARE_ACK, 1, _ack(*a))  # noqa: E731
+        tid = await topic_id(raw.conn, topic)
+        hb, fetch, ack = raw.hb, raw.fetch, raw.ack
 
         m1, m2 = str(uuid.uuid4()), str(uuid.uuid4())
         joined = await hb(group_id, m1, 0, [topic])
@@ -525,12 +370,12 @@ async def _misbehave(bootstrap: str, group_id: str, topic: str, classic_group: s
         opened = await fetch(group_id, m1, 0, {tid: [0]}, max_wait_ms=2000)
         out["fetch_open"] = opened.error_code
         session = 1  # m1's next share session epoch
-        acquired = [(a.first_offset, a.last_offset) for p in _partitions(opened).values() for a in p.acquired_records]
+        acquired = [(a.first_offset, a.last_offset) for p in partitions(opened).values() for a in p.acquired_records]
         while not acquired and session < 10:  # a broker may answer the first fetch before it has data
             r = await fetch(group_id, m1, session, {}, max_wait_ms=2000)
             assert r.error_code == 0, r
             session += 1
-            acquired = [(a.first_offset, a.last_offset) for p in _partitions(r).values() for a in p.acquired_records]
+            acquired = [(a.first_offset, a.last_offset) for p in partitions(r).values() for a in p.acquired_records]
         out["acquired"] = acquired
         out["fetch_wrong_epoch"] = (await fetch(group_id, m1, session + 5, {})).error_code
         out["fetch_no_session"] = (await fetch(group_id, m2, 1, {})).error_code
@@ -540,40 +385,40 @@ async def _misbehave(bootstrap: str, group_id: str, topic: str, classic_group: s
         # acks for offsets never acquired (far beyond the log), in ShareAcknowledge
         r = await ack(group_id, m1, session, {(tid, 0): [(10_000, 10_005, [ACCEPT])]})
         session += 1
-        out["ack_never_acquired"] = (r.error_code, _partitions(r)[(tid, 0)].error_code)
+        out["ack_never_acquired"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
         # a second member acknowledges what the first one holds: not its records
         r2 = await fetch(group_id, m2, 0, {tid: [0]})
         assert r2.error_code == 0
         first, last = acquired[0]
         r = await ack(group_id, m2, 1, {(tid, 0): [(first, last, [ACCEPT])]})
-        out["ack_foreign"] = (r.error_code, _partitions(r)[(tid, 0)].error_code)
+        out["ack_foreign"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
         # a stale epoch on ShareAcknowledge (the one just used)
         out["ack_stale_epoch"] = (await ack(group_id, m1, session - 1, {(tid, 0): [(first, last, [ACCEPT])]})).error_code
         # unknown topic id, with piggybacked acks on it, in a ShareFetch with the right epoch
         bogus = uuid.uuid4().bytes
         r = await fetch(group_id, m1, session, {bogus: [0]}, acks={(bogus, 0): [(0, 0, [ACCEPT])]})
         session += 1
-        parts = _partitions(r)
+        parts = partitions(r)
         out["fetch_unknown_topic"] = (r.error_code, parts[(bogus, 0)].error_code,
                                       parts[(bogus, 0)].acknowledge_error_code)
         # an invalid acknowledge type
         r = await fetch(group_id, m1, session, {}, acks={(tid, 0): [(first, last, [9])]}, forget={bogus: [0]})
         session += 1
-        p = _partitions(r).get((tid, 0))
+        p = partitions(r).get((tid, 0))
         out["ack_bad_type"] = (r.error_code, p.acknowledge_error_code if p is not None else None)
         # a batch with last < first, and Renew (4) without IsRenewAck
         r = await fetch(group_id, m1, session, {}, acks={(tid, 0): [(last, first - 1, [ACCEPT])]})
         session += 1
-        p = _partitions(r).get((tid, 0))
+        p = partitions(r).get((tid, 0))
         out["ack_backwards"] = (r.error_code, p.acknowledge_error_code if p is not None else None)
         r = await fetch(group_id, m1, session, {}, acks={(tid, 0): [(first, last, [4])]})
         session += 1
-        p = _partitions(r).get((tid, 0))
+        p = partitions(r).get((tid, 0))
         out["ack_renew_without_flag"] = (r.error_code, p.acknowledge_error_code if p is not None else None)
         # a partition the topic does not have
         r = await fetch(group_id, m1, session, {tid: [7]})
         session += 1
-        p = _partitions(r).get((tid, 7))
+        p = partitions(r).get((tid, 7))
         out["fetch_bad_partition"] = (r.error_code, p.error_code if p is not None else None)
         r = await fetch(group_id, m1, session, {}, forget={tid: [7]})
         session += 1
@@ -581,14 +426,14 @@ async def _misbehave(bootstrap: str, group_id: str, topic: str, classic_group: s
         # the real records acknowledged properly: accepted
         r = await fetch(group_id, m1, session, {}, acks={(tid, 0): [(first, last, [ACCEPT])]})
         session += 1
-        out["ack_proper"] = (r.error_code, _partitions(r)[(tid, 0)].acknowledge_error_code)
+        out["ack_proper"] = (r.error_code, partitions(r)[(tid, 0)].acknowledge_error_code)
         # close the session and leave
         out["fetch_close"] = (await fetch(group_id, m1, -1, {})).error_code
         out["fetch_after_close"] = (await fetch(group_id, m1, session, {})).error_code
         out["leave"] = (await hb(group_id, m1, -1, None)).error_code
         out["hb_after_leave"] = (await hb(group_id, m1, epoch, None)).error_code
     finally:
-        await conn.close()
+        await raw.close()
     return out
 
 
@@ -696,23 +541,22 @@ def test_misbehaving_clients_get_protocol_errors_and_others_are_served(kafka39, 
 async def _hold_until_archived(bootstrap: str, group_id: str, topic: str) -> list[tuple[str, int]]:
     """A raw client takes records and never acknowledges them (delivery count limit 2, 1 s locks):
     offset 0 runs out of deliveries by lock expiry, offset 1 by its holder leaving the group."""
-    host, _, port = bootstrap.rpartition(":")
-    conn = await KafkaConnection.open(host, int(port), client_id="holder")
+    raw = await Raw.open(bootstrap, "holder")
     steps = []
     try:
-        tid = await _topic_id(conn, topic)
+        tid = await topic_id(raw.conn, topic)
         member = str(uuid.uuid4())
-        joined = await conn.request(HEARTBEAT, 1, _hb(group_id, member, 0, [topic]))
+        joined = await raw.hb(group_id, member, 0, [topic])
         assert joined.error_code == 0
         session = 0
 
         async def take(offset: int) -> int:
             nonlocal session
             for _ in range(20):
-                r = await conn.request(SHARE_FETCH, 1, _fetch(group_id, member, session, {tid: [0]}, max_wait_ms=1000))
+                r = await raw.fetch(group_id, member, session, {tid: [0]}, max_wait_ms=1000)
                 session += 1
                 assert r.error_code == 0, r
-                for p in _partitions(r).values():
+                for p in partitions(r).values():
                     for a in p.acquired_records:
                         if a.first_offset <= offset <= a.last_offset:
                             steps.append((f"acquired {offset}", a.delivery_count))
@@ -724,9 +568,9 @@ async def _hold_until_archived(bootstrap: str, group_id: str, topic: str) -> lis
         assert await take(0) == 2
         await asyncio.sleep(1.3)  # expired at the limit: archived, dead-lettered
         steps.append(("produce 1", 0))
-        return steps, tid, member, session, conn
+        return steps, tid, member, session, raw
     except BaseException:
-        await conn.close()
+        await raw.close()
         raise
 
 
@@ -744,14 +588,14 @@ def test_dead_letters_for_lock_expiry_and_leave_at_the_limit(kafka39, kshare39, 
     produce(kshare39.bootstrap, topic_name, [b"expires"])
 
     async def scenario() -> None:
-        steps, tid, member, session, conn = await _hold_until_archived(kshare39.bootstrap, group, topic_name)
+        steps, tid, member, session, raw = await _hold_until_archived(kshare39.bootstrap, group, topic_name)
         try:
             await asyncio.to_thread(produce, kshare39.bootstrap, topic_name, [b"left-behind"])
             for expected_count in (1, 2):
                 for _ in range(20):
-                    r = await conn.request(SHARE_FETCH, 1, _fetch(group, member, session, {}, max_wait_ms=1000))
+                    r = await raw.fetch(group, member, session, {}, max_wait_ms=1000)
                     session += 1
-                    got = [a for p in _partitions(r).values() for a in p.acquired_records if a.first_offset <= 1 <= a.last_offset]
+                    got = [a for p in partitions(r).values() for a in p.acquired_records if a.first_offset <= 1 <= a.last_offset]
                     if got:
                         assert got[0].delivery_count == expected_count
                         break
@@ -760,10 +604,10 @@ def test_dead_letters_for_lock_expiry_and_leave_at_the_limit(kafka39, kshare39, 
                 if expected_count == 1:
                     await asyncio.sleep(1.3)
             # holding offset 1 at its last delivery, the member leaves: archived, dead-lettered
-            left = await conn.request(HEARTBEAT, 1, _hb(group, member, -1, None))
+            left = await raw.hb(group, member, -1, None)
             assert left.error_code == 0
         finally:
-            await conn.close()
+            await raw.close()
 
     asyncio.run(scenario())
     letters = read_plain(kafka39.bootstrap, dlq, 2)
@@ -788,30 +632,28 @@ def test_state_survives_a_restart(kafka39, topic_name, group):
     first = ShareProxyThread(kafka39.bootstrap, state_topic=state_topic).start()
     try:
         share_group(first.bootstrap, group)
-        c = share_consumer(first.bootstrap, group, explicit=True, **{"max.poll.records": 5})
-        c.subscribe([topic_name])
-        phase1: dict[int, list[int]] = {}  # offset -> delivery counts seen
-        decided: dict[int, str] = {}
-        deadline = time.monotonic() + 30
-        while not all(o in decided for o in range(10)) and time.monotonic() < deadline:
-            for m in records_of(c, 0.5):
-                o = m.offset()
-                phase1.setdefault(o, []).append(m.delivery_count())
-                if o == 3:
-                    c.acknowledge(m, AcknowledgeType.RELEASE)
-                    decided.setdefault(o, "released")
-                elif o == 4:
-                    c.acknowledge(m, AcknowledgeType.REJECT)
-                    decided[o] = "rejected"
-                elif o < 10:
-                    c.acknowledge(m, AcknowledgeType.ACCEPT)
-                    decided[o] = "accepted"
-                else:
-                    c.acknowledge(m, AcknowledgeType.RELEASE)
-                    decided.setdefault(o, "released")
-        assert all(o in decided for o in range(10)), decided
-        c.commit_sync(30)
-        c.close()
+        with subscribed(first.bootstrap, group, topic_name, explicit=True, **{"max.poll.records": 5}) as c:
+            phase1: dict[int, list[int]] = {}  # offset -> delivery counts seen
+            decided: dict[int, str] = {}
+            deadline = time.monotonic() + 30
+            while not all(o in decided for o in range(10)) and time.monotonic() < deadline:
+                for m in records_of(c, 0.5):
+                    o = m.offset()
+                    phase1.setdefault(o, []).append(m.delivery_count())
+                    if o == 3:
+                        c.acknowledge(m, AcknowledgeType.RELEASE)
+                        decided.setdefault(o, "released")
+                    elif o == 4:
+                        c.acknowledge(m, AcknowledgeType.REJECT)
+                        decided[o] = "rejected"
+                    elif o < 10:
+                        c.acknowledge(m, AcknowledgeType.ACCEPT)
+                        decided[o] = "accepted"
+                    else:
+                        c.acknowledge(m, AcknowledgeType.RELEASE)
+                        decided.setdefault(o, "released")
+            assert all(o in decided for o in range(10)), decided
+            c.commit_sync(30)
         key = first.call(lambda: next(k for k in first.service.partitions if k.group_id == group))
         spso_before = first.call(lambda: first.service.partitions[key].engine.start_offset)
     finally:
@@ -822,12 +664,10 @@ def test_state_survives_a_restart(kafka39, topic_name, group):
     try:
         durable = second.call(lambda: second.service.store.share_partitions().get(key))
         assert durable is not None and durable.start_offset == spso_before
-        c = share_consumer(second.bootstrap, group)
-        c.subscribe([topic_name])
         expected = {o for o in range(25) if decided.get(o) not in ("accepted", "rejected")}
-        got = poll_until(c, lambda out: expected <= {g.offset for g in out}, 30)
-        got += poll_until(c, lambda out: False, 2)
-        c.close()
+        with subscribed(second.bootstrap, group, topic_name) as c:
+            got = poll_until(c, lambda out: expected <= {g.offset for g in out}, 30)
+            got += poll_until(c, lambda out: False, 2)
     finally:
         second.stop()
     assert sorted(g.offset for g in got) == sorted(expected)  # once each, nothing accepted or rejected
@@ -854,7 +694,7 @@ def test_smoke_in_front_of_tansu(tansu, topic_name, group):
         produce(proxy.bootstrap, topic_name, expected, partitions=2, per_batch=4)
         loops = [ConsumerLoop(f"c{i}", proxy.bootstrap, group, topic_name).start() for i in range(2)]
         try:
-            wait_until(lambda: sum(len(lp.received) for lp in loops) >= len(expected), 60, "every record")
+            wait_received(loops, len(expected), 60)
             time.sleep(1.0)
         finally:
             stop_all(loops)
@@ -863,23 +703,13 @@ def test_smoke_in_front_of_tansu(tansu, topic_name, group):
         explicit_group = group + "-explicit"
         share_group(proxy.bootstrap, explicit_group)
         seen: list[tuple[bytes, int]] = []
-
-        def action(m):
-            seen.append((m.value(), m.delivery_count()))
-            if m.value() == b"t-0" and m.delivery_count() == 1:
-                return AcknowledgeType.RELEASE
-            return AcknowledgeType.REJECT if m.value() == b"t-1" else AcknowledgeType.ACCEPT
-
+        action = acknowledger(seen, release_once={b"t-0"}, reject={b"t-1"})
         loop = ConsumerLoop("x", proxy.bootstrap, explicit_group, topic_name, explicit=True, action=action).start()
         try:
             wait_until(lambda: (b"t-0", 2) in seen and len(seen) >= len(expected) + 1, 60, "the redelivery")
             time.sleep(2.0)
         finally:
             stop_all([loop])
-    tally = Tally()
-    for lp in loops:
-        tally.add(lp.values())
-    assert set(tally.counts) == set(expected)
-    assert tally.duplicates() == {}
+    assert_each_once(loops, expected)
     assert Counter(v for v, _ in seen) == Counter(expected + [b"t-0"])
     assert sorted(dc for v, dc in seen if v == b"t-0") == [1, 2]
