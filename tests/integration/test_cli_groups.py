@@ -18,20 +18,22 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 from confluent_kafka import AcknowledgeType, KafkaException, Producer, ShareConsumer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka.admin import AdminClient
 
 from kshare.cli import main as kshare_main
 from tests.brokers import BrokerError, ensure_kafka, free_port
-from tests.integration.share_helpers import ShareProxyThread
+from tests.integration import share_helpers
+from tests.integration.share_helpers import share_group
 
 log = logging.getLogger("kshare.tests.cli")
 
@@ -47,13 +49,7 @@ def _quiet() -> logging.Logger:
 # kshare in a thread
 
 
-@pytest.fixture(scope="module")
-def kshare(kafka39) -> Iterator[ShareProxyThread]:
-    k = ShareProxyThread(kafka39.bootstrap).start()
-    try:
-        yield k
-    finally:
-        k.stop()
+kshare = share_helpers.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
 
 
 @pytest.fixture
@@ -106,15 +102,6 @@ def iso(ms: int) -> str:
 
 # ------------------------------------------------------------------------------------------------
 # clients
-
-
-def set_earliest(bootstrap: str, group: str) -> None:
-    """share.auto.offset.reset=earliest on the GROUP resource (IncrementalAlterConfigs)."""
-    client = AdminClient({"bootstrap.servers": bootstrap, "logger": _quiet()})
-    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
-        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
-    for fut in client.incremental_alter_configs([res]).values():
-        fut.result(30)
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
@@ -192,13 +179,8 @@ class Member:
         self.consumer.close()
 
 
-def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+# checked every 0.3 s: most conditions here run the CLI
+wait_until = partial(share_helpers.wait_until, interval=0.3)
 
 
 def lag_zero(bootstrap: str, group: str, partitions: int) -> bool:
@@ -222,7 +204,7 @@ def not_empty_message(group: str, n: int = 1) -> str:
 def test_list_describe_lag_and_refusals(kafka39, kshare, topic_name, group):
     ks = kshare.bootstrap
     create_topic(kafka39.bootstrap, topic_name, 3)
-    set_earliest(ks, group)
+    share_group(ks, group)
     produce(ks, topic_name, [(i % 3, b"v%d" % i, None) for i in range(30)])
 
     # a reset before any consumer creates the group's offsets (as Kafka allows)
@@ -291,7 +273,7 @@ def test_list_describe_lag_and_refusals(kafka39, kshare, topic_name, group):
 def test_reset_to_datetime_delete_offsets_and_delete(kafka39, kshare, topic_name, group):
     ks = kshare.bootstrap
     create_topic(kafka39.bootstrap, topic_name, 2)
-    set_earliest(ks, group)
+    share_group(ks, group)
     t0 = (int(time.time()) - 3600) * 1000
     produce(ks, topic_name, [(p, b"p%d-%d" % (p, i), t0 + i * 1000) for p in range(2) for i in range(20)])
 
@@ -440,7 +422,7 @@ def test_progress_on_a_large_reset(kafka39, kshare, topic_name, group):
 def test_console_produce_and_consume(kafka39, kshare, topic_name, group):
     ks = kshare.bootstrap
     create_topic(kafka39.bootstrap, topic_name, 1)
-    set_earliest(ks, group)
+    share_group(ks, group)
     r = cli("produce", "--bootstrap-server", ks, "--topic", topic_name, "--key-separator", ":",
             input="k1:hello\nk2:world\nk3:again\n")
     assert r.exit_code == 0, r.stderr
@@ -485,7 +467,7 @@ def test_console_produce_and_consume(kafka39, kshare, topic_name, group):
 def test_native_kafka4(kafka4, topic_name, group):
     k4 = kafka4.bootstrap
     create_topic(k4, topic_name, 2)
-    set_earliest(k4, group)
+    share_group(k4, group)
     t0 = (int(time.time()) - 3600) * 1000
     produce(k4, topic_name, [(p, b"p%d-%d" % (p, i), t0 + i * 1000) for p in range(2) for i in range(10)])
     assert group not in groups_ok(k4, "--list").split()
@@ -571,7 +553,7 @@ def share_group_command(libs: Path, bootstrap: str, *args: str) -> subprocess.Co
 def test_kafka_share_group_command_through_kshare(kafka39, kshare, kafka_tools, topic_name, group):
     ks = kshare.bootstrap
     create_topic(kafka39.bootstrap, topic_name, 2)
-    set_earliest(ks, group)
+    share_group(ks, group)
     produce(ks, topic_name, [(p, b"v%d" % i, None) for p in range(2) for i in range(8)])
 
     member = Member(ks, group, topic_name, client_id="java-tool-member")

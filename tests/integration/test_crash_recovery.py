@@ -56,7 +56,20 @@ from kshare.share.states import ShareSnapshot, ShareUpdate
 from kshare.share.store import SharePartitionKey
 from kshare.tools.admin_client import ShareGroupAdmin
 from tests.brokers import KafkaBroker, free_port
-from tests.integration.share_helpers import quiet_logger, share_consumer, share_group, wait_until
+from tests.integration.share_helpers import (
+    ACCEPT,
+    HEARTBEAT,
+    REJECT,
+    RELEASE,
+    SHARE_ACK,
+    SHARE_FETCH,
+    quiet_logger,
+    share_consumer,
+    share_group,
+    subscribed,
+    topic_id,
+    wait_until,
+)
 from tests.proxy_harness import ProxyProcess
 
 log = logging.getLogger("kshare.tests.crash")
@@ -77,8 +90,6 @@ LIMITS = ("--group-limit", "group.share.min.heartbeat.interval.ms=100",
           "--group-limit", "group.share.min.record.lock.duration.ms=1000")
 GROUP_CONFIGS = {"share.heartbeat.interval.ms": 500, "share.session.timeout.ms": 10000}
 
-HEARTBEAT, SHARE_FETCH, SHARE_ACK, METADATA = 76, 78, 79, 3
-ACCEPT, RELEASE, REJECT = 1, 2, 3
 AVAILABLE, ACKNOWLEDGED, ARCHIVED = 0, 2, 4
 RETRIABLE = {14, 15, 16}  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
 
@@ -555,19 +566,6 @@ class RawMember:
         await self.conn.close()
 
 
-async def topic_id(conn: KafkaConnection, topic: str) -> bytes:
-    Req = messages.message_class("MetadataRequest")
-    version = conn.best_version(METADATA, hi=12)
-    for _ in range(50):
-        md = await conn.request(METADATA, version, Req(topics=[Req.MetadataRequestTopic(name=topic)],
-                                                       allow_auto_topic_creation=False))
-        for t in md.topics:
-            if t.name == topic and t.error_code == 0 and t.topic_id != bytes(16):
-                return t.topic_id
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no topic id for {topic}")
-
-
 def expand(ranges: list[tuple[int, int, int]]) -> dict[int, int]:
     """offset -> delivery count of acquired ranges."""
     return {o: dc for a, z, dc in ranges for o in range(a, z + 1)}
@@ -812,18 +810,14 @@ def test_damaged_state_records_are_skipped(kafka39, topic_name, group, state_top
         assert configs["share.auto.offset.reset"] == "earliest"
         assert configs["share.heartbeat.interval.ms"] == "500"
 
-        c = share_consumer(kshare.bootstrap, group)
-        c.subscribe([topic_name])
         got: list[tuple[int, int]] = []
-        try:
+        with subscribed(kshare.bootstrap, group, topic_name) as c:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and len(got) < 5:
                 got += [(m.offset(), m.delivery_count()) for m in c.poll(0.5) if m.error() is None]
             end = time.monotonic() + 2
             while time.monotonic() < end:
                 got += [(m.offset(), m.delivery_count()) for m in c.poll(0.5) if m.error() is None]
-        finally:
-            c.close()
         assert sorted(got) == [(o, 2) for o in range(20, 25)]
         wait_until(lambda: describe_offsets(kshare.bootstrap, group) == {0: 40}, 20, "SPSO 40")
 

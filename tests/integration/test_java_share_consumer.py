@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
-from tests.brokers import KafkaBroker
+from tests.integration import share_helpers
 from tests.integration.share_helpers import (
     JavaShareConsumer,
-    ShareProxyThread,
-    poll_until,
+    newcomer_gets,
     produce,
-    share_consumer,
     share_group,
+    values,
     wait_until,
 )
 
@@ -34,19 +32,12 @@ def java_driver() -> list[str]:
     return java_share_driver()
 
 
-@pytest.fixture(scope="module")
-def kshare39(kafka39: KafkaBroker) -> Iterator[ShareProxyThread]:
-    with ShareProxyThread(kafka39.bootstrap) as proxy:
-        yield proxy
+kshare39 = share_helpers.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
 
 
 @pytest.fixture
 def group() -> str:
     return f"java-share-{uuid.uuid4().hex[:12]}"
-
-
-def values(prefix: str, n: int) -> list[bytes]:
-    return [f"{prefix}-{i}".encode() for i in range(n)]
 
 
 def finish(*consumers: JavaShareConsumer, timeout: float = 90.0) -> None:
@@ -59,16 +50,6 @@ def finish(*consumers: JavaShareConsumer, timeout: float = 90.0) -> None:
         assert rc == 0, f"{c.name} exited with {rc}\n{c.diagnostics()}"
         assert c.has_event("closed"), c.diagnostics()
         assert not [e for e in c.events if e.get("event") == "commit"], c.diagnostics()
-
-
-def assert_nothing_left(bootstrap: str, group: str, topic: str) -> None:
-    """A newcomer (librdkafka) in the group gets nothing: every record was settled."""
-    c = share_consumer(bootstrap, group)
-    c.subscribe([topic])
-    try:
-        assert poll_until(c, lambda out: False, 3) == []
-    finally:
-        c.close()
 
 
 def test_java_implicit(kafka39, kshare39, java_driver, topic_name, group):
@@ -85,7 +66,7 @@ def test_java_implicit(kafka39, kshare39, java_driver, topic_name, group):
     assert Counter(java.values()) == Counter(expected), java.diagnostics()
     assert {g.partition for g in java.records} == {0, 1}
     assert all(g.delivery_count == 1 for g in java.records)
-    assert_nothing_left(kshare39.bootstrap, group, topic_name)
+    assert newcomer_gets(kshare39.bootstrap, group, topic_name, 3) == []  # a librdkafka newcomer: all settled
 
 
 def test_java_explicit_release_and_reject(kafka39, kshare39, java_driver, topic_name, group):
@@ -101,7 +82,7 @@ def test_java_explicit_release_and_reject(kafka39, kshare39, java_driver, topic_
         java.kill()
     seen = sorted((g.value, g.delivery_count) for g in java.records)
     assert seen == [(b"ok", 1), (b"reject-me", 1), (b"release-me", 1), (b"release-me", 2)], java.diagnostics()
-    assert_nothing_left(kshare39.bootstrap, group, topic_name)
+    assert newcomer_gets(kshare39.bootstrap, group, topic_name, 3) == []  # a librdkafka newcomer: all settled
 
 
 def test_java_lock_timeout(kafka39, kshare39, java_driver, topic_name, group):

@@ -18,8 +18,8 @@ from tests.integration.share_helpers import (
     ShareProxyThread,
     produce,
     records_of,
-    share_consumer,
     share_group,
+    subscribed,
     wait_until,
 )
 
@@ -54,11 +54,9 @@ def test_metrics_match_what_happened(kafka39) -> None:
         produce(proxy.bootstrap, topic, [f"v{i}" for i in range(30)], per_batch=10)
         before = scrape(port)
 
-        consumer = share_consumer(proxy.bootstrap, group, explicit=True)
-        consumer.subscribe([topic])
-        seen: set[int] = set()
-        deadline = time.monotonic() + 60
-        try:
+        with subscribed(proxy.bootstrap, group, topic, explicit=True) as consumer:
+            seen: set[int] = set()
+            deadline = time.monotonic() + 60
             while len(seen) < 30 and time.monotonic() < deadline:
                 msgs = records_of(consumer, 1.0)
                 for m in msgs:
@@ -69,8 +67,6 @@ def test_metrics_match_what_happened(kafka39) -> None:
             assert len(seen) == 30
             during = scrape(port)
             assert value(during, "kshare_share_group_members", group=group, state="Stable") == 1
-        finally:
-            consumer.close()
 
         labels = {"group": group, "topic": topic}
         wait_until(lambda: value(scrape(port), "kshare_share_partition_spso", partition=0, **labels) == 30, 20,
