@@ -205,6 +205,32 @@ def confluent_transactions(bootstrap: str, topic: str, label: str, n: int) -> Co
 
 
 # ------------------------------------------------------------------------------------------------
+# kafka-python 3 and aiokafka (the same consumer settings, the same cluster metadata classes)
+
+
+def _group_consumer_config(bootstrap: str, group: str) -> dict[str, object]:
+    """A consumer in group ``group``, from the earliest offset, committing only when told."""
+    return {
+        "bootstrap_servers": bootstrap,
+        "group_id": group,
+        "auto_offset_reset": "earliest",
+        "enable_auto_commit": False,
+        "session_timeout_ms": SESSION_TIMEOUT_MS,
+        "heartbeat_interval_ms": HEARTBEAT_MS,
+    }
+
+
+def _add_cluster_addresses(result: Consumed, cluster, coordinator_id: int | None) -> None:
+    """Every broker of the client's cluster metadata, and the group coordinator, into ``result``."""
+    for b in cluster.brokers():
+        result.addresses.add((b.host, b.port))
+    if coordinator_id is not None:
+        md = cluster.broker_metadata(coordinator_id)
+        result.coordinator = (md.host, md.port)
+        result.addresses.add(result.coordinator)
+
+
+# ------------------------------------------------------------------------------------------------
 # kafka-python 3
 
 
@@ -230,14 +256,7 @@ def kafka_python_produce(bootstrap: str, topic: str, records: list[Outgoing]) ->
 def kafka_python_consume(bootstrap: str, topic: str, group: str, n: int) -> Consumed:
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        session_timeout_ms=SESSION_TIMEOUT_MS,
-        heartbeat_interval_ms=HEARTBEAT_MS,
-    )
+    consumer = KafkaConsumer(**_group_consumer_config(bootstrap, group))
     # kafka-python 3.0.12 race, seen directly against Kafka 3.9 as well: a group leader that joins
     # before it has the topic's metadata assigns nothing ("No partition metadata for topic") and
     # never rejoins. Learn the topic's partitions first, then subscribe.
@@ -254,14 +273,7 @@ def kafka_python_consume(bootstrap: str, topic: str, group: str, n: int) -> Cons
                     )
         _kafka_python_commit(consumer)
         result = Consumed(out)
-        cluster = consumer._client.cluster
-        for b in cluster.brokers():
-            result.addresses.add((b.host, b.port))
-        coordinator_id = consumer._coordinator.coordinator_id
-        if coordinator_id is not None:
-            md = cluster.broker_metadata(coordinator_id)
-            result.coordinator = (md.host, md.port)
-            result.addresses.add(result.coordinator)
+        _add_cluster_addresses(result, consumer._client.cluster, consumer._coordinator.coordinator_id)
         return result
     finally:
         consumer.close()
@@ -332,15 +344,7 @@ def aiokafka_consume(bootstrap: str, topic: str, group: str, n: int) -> Consumed
     async def run() -> Consumed:
         from aiokafka import AIOKafkaConsumer
 
-        consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=bootstrap,
-            group_id=group,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            session_timeout_ms=SESSION_TIMEOUT_MS,
-            heartbeat_interval_ms=HEARTBEAT_MS,
-        )
+        consumer = AIOKafkaConsumer(topic, **_group_consumer_config(bootstrap, group))
         await consumer.start()
         out: list[Rec] = []
         deadline = time.monotonic() + CONSUME_TIMEOUT
@@ -362,15 +366,9 @@ def aiokafka_consume(bootstrap: str, topic: str, group: str, n: int) -> Consumed
             await consumer.commit()
             result = Consumed(out)
             client = consumer._client
-            for b in client.cluster.brokers():
-                result.addresses.add((b.host, b.port))
+            _add_cluster_addresses(result, client.cluster, consumer._coordinator.coordinator_id)
             for conn in client._conns.values():  # every connection the client actually opened
                 result.addresses.add((conn.host, conn.port))
-            coordinator_id = consumer._coordinator.coordinator_id
-            if coordinator_id is not None:
-                md = client.cluster.broker_metadata(coordinator_id)
-                result.coordinator = (md.host, md.port)
-                result.addresses.add(result.coordinator)
             return result
         finally:
             await consumer.stop()
