@@ -56,7 +56,6 @@ class Slot:
         self.started = perf_counter()
 
 
-
 def produce_acks(frame: memoryview, version: int) -> int | None:
     """``acks`` of a Produce request from a prefix of its frame (size prefix excluded).
 
@@ -162,12 +161,9 @@ class ClientConnection(asyncio.Protocol):
         cls = messages.message_class("ApiVersionsResponse")
         if version > messages.api(api_key).max_version:
             version = 0  # the client reads a v0 answer first when it is newer than us, as from Kafka
-        data = messages.encode_response(api_key, version, corr, cls(error_code=BROKER_NOT_AVAILABLE, api_keys=[]))
-        self.close_after_write(data)
-
-    def close_after_write(self, data: bytes | bytearray) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(data)
+        if self.transport is not None:
+            self.transport.write(messages.encode_response(
+                api_key, version, corr, cls(error_code=BROKER_NOT_AVAILABLE, api_keys=[])))
         self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
