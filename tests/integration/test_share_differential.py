@@ -808,7 +808,9 @@ def test_work_is_balanced(targets, members, partitions):
     k, n = r[KSHARE], r[KAFKA4]
     assert k.missing == n.missing == 0, (k, n)
     assert k.ratio >= n.ratio - NOISE, (k, n)
-    assert k.ratio >= 0.6, k  # 0.75-0.9 on a quiet machine with 1 s of ideal work (fixed costs)
+    # 0.75-0.9 on a quiet machine with 1 s of ideal work (fixed costs), about 0.5 on a loaded one;
+    # below this, records waited for something (a lock timeout, a stalled fetch)
+    assert k.ratio >= 0.3, k
 
 
 @pytest.mark.parametrize(("members", "partitions"), [(3, 2), (5, 4)], ids=["3on2", "5on4"])
