@@ -1,10 +1,19 @@
 """A cache of one topic-partition's raw record batches, fetched from the cluster on demand.
 
 Share-partitions of every group reading a topic-partition share its ``PartitionLog``. The log
-keeps the bytes of recent Fetch responses as ``Segment``s (a fetch offset and the complete
-batches that followed it, headers parsed, bodies untouched) so redeliveries and other groups are
-served without another round trip, re-reads from the cluster what was evicted, and runs at most
-one long-polling Fetch to learn about new data as soon as the cluster has it.
+keeps the batches of recent Fetch responses (headers parsed, bodies untouched, each a slice of the
+fetched bytes) so redeliveries and other groups are served without another round trip, re-reads
+from the cluster what was evicted, and keeps one long-polling Fetch running while share fetches
+wait, to learn about new data as soon as the cluster has it.
+
+The cached batches are kept in ``_Run``s: stretches of offsets [start, end) of which every batch is
+cached (offsets between batches are missing upstream: compacted or aborted-and-cleaned). Fetched
+batches that continue a run are appended to it, others open a run of their own; runs never
+overlap, and a read continues from one run into the next when they touch. So a read is a bisection
+over the runs' starts and one over the run's last offsets, a store costs the new batches and a
+bisection, and eviction drops the oldest batches from the front of a run, one at a time: none of
+them depends on how many batches or fetches are cached (with 1-record producer batches that is
+hundreds of thousands).
 """
 
 from __future__ import annotations
@@ -21,25 +30,65 @@ from .upstream import FetchResult, TopicInfo, UpstreamCluster
 
 log = logging.getLogger("kshare.share")
 
+# Each cached batch costs Python objects besides its bytes (its ``Batch``, list slots, its last
+# offset): counted against the budget so that a cache of tiny batches is bounded too.
+BATCH_OVERHEAD = 160
+# A long-polling Fetch asks the cluster to wait at most this long; while share fetches still wait
+# the next one follows at once. The cluster answers as soon as one byte is there (MinBytes 1), so
+# this bounds only how long a poll at an offset nobody wants any more keeps running.
+POLL_WAIT_MS = 500
+# A Fetch at an offset the cluster is known to have data for, to a broker that gave up at MaxWaitMs
+# before it found the data (see PartitionLog._fetch): time to find it.
+DATA_WAIT_MS = 5000
+# Brokers that hold a long poll although data arrived (see PartitionLog._learn)
+QUICK_WAIT_MS = 2
+QUICK_MAX_WAIT_MS = 64
+# Evicted batches are dropped from a run's lists in bulk, once this many have accumulated.
+_COMPACT_AT = 1024
 
-def _last_offset(b: Batch) -> int:
-    return b.last_offset
+
+class _Run:
+    """Cached batches covering every offset of [start, end), sorted by offset."""
+
+    __slots__ = ("start", "end", "lasts", "batches", "bufs", "head", "lso", "aborted")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+        self.lasts: list[int] = []  # last offset of each batch, ascending (bisection)
+        self.batches: list[Batch] = []
+        self.bufs: list[memoryview] = []  # the fetched bytes each batch points into
+        self.head = 0  # batches before ``head`` are evicted (dropped from the lists in bulk)
+        self.lso = -1  # the highest last stable offset any of its fetches reported
+        # aborted transactions per fetch that added batches: (first offset, end, [(producer, first)])
+        self.aborted: list[tuple[int, int, list[tuple[int, int]]]] = []
+
+    def add(self, batches: list[Batch], buf: memoryview, lasts: list[int], lso: int,
+            aborted: list[tuple[int, int]]) -> None:
+        if aborted and batches:
+            self.aborted.append((batches[0].base_offset, batches[-1].last_offset + 1, aborted))
+        self.batches += batches
+        self.lasts += lasts
+        self.bufs += [buf] * len(batches)
+        self.lso = max(self.lso, lso)
+
+    def compact(self) -> None:
+        h = self.head
+        del self.batches[:h], self.lasts[:h], self.bufs[:h]
+        self.head = 0
+        if self.aborted:
+            self.aborted = [a for a in self.aborted if a[1] > self.start]
 
 
 @dataclass(slots=True)
-class Segment:
-    """Complete batches fetched from ``start``: every offset in [start, end) is covered."""
-
-    start: int
-    end: int
+class _Fetched:
+    error_code: int
+    log_start_offset: int
     batches: list[Batch]
-    data: memoryview  # the fetched bytes the batches point into
-    lso: int
-    aborted: list[tuple[int, int]]
 
-    @property
-    def size(self) -> int:
-        return len(self.data)
+
+def _size(b: Batch) -> int:
+    return b.end - b.start + BATCH_OVERHEAD
 
 
 @dataclass(slots=True)
@@ -61,41 +110,60 @@ class PartitionLog:
         self.read_committed = read_committed
         self.fetch_bytes = fetch_bytes
         self.budget_bytes = budget_bytes
-        self.segments: list[Segment] = []  # sorted by start
-        self.cached_bytes = 0
+        self._runs: list[_Run] = []  # sorted by start, never overlapping
+        self._starts: list[int] = []  # their starts, for bisection
+        self.cached_bytes = 0  # bytes of the cached batches + BATCH_OVERHEAD each
+        self.cached_batches = 0
         self.high_watermark = -1
+        self.last_stable_offset = -1
         self.log_start_offset = -1
         self.listeners: set[Callable[[], None]] = set()  # told when new data arrived
         self._poll: asyncio.Task | None = None
+        self._poll_offset = -1  # where the running long poll fetches
+        self._quick = False  # the cluster holds long polls although data came: poll with short waits
+        self._suspects = 0  # polls in a row that looked so
+        self._quick_wait = QUICK_WAIT_MS
+        self._slow_finder = False  # the cluster answered empty for lack of time although data was there
         self._fetching: dict[int, asyncio.Task] = {}
 
     # -- reads --------------------------------------------------------------------------------------
     def _cached(self, offset: int, max_bytes: int, until: int | None = None) -> ReadResult | None:
-        starts = [s.start for s in self.segments]
-        i = bisect_right(starts, offset) - 1
-        if i < 0 or self.segments[i].end <= offset:
+        i = bisect_right(self._starts, offset) - 1
+        if i < 0:
+            return None
+        runs = self._runs
+        run = runs[i]
+        if run.end <= offset:
             return None
         result = ReadResult(ErrorCode.NONE, fetch_offset=offset)
+        out = result.batches
         size = 0
-        seg = self.segments[i]
-        # the first batch holding ``offset`` or later (a segment may hold thousands of batches)
-        j = bisect_left(seg.batches, offset, key=_last_offset)
+        # the first batch holding ``offset`` or later
+        j = bisect_left(run.lasts, offset, run.head)
         while True:
-            result.lso = seg.lso
-            result.aborted.extend(seg.aborted)
-            batches = seg.batches
-            for k in range(j, len(batches)):
+            batches, bufs = run.batches, run.bufs
+            first = len(out)
+            k, n_batches = j, len(batches)
+            while k < n_batches:
                 b = batches[k]
-                if result.batches and (size + (b.end - b.start) > max_bytes
-                                       or (until is not None and b.base_offset >= until)):
-                    return result
-                result.batches.append((b, seg.data[b.start:b.end]))
-                size += b.end - b.start
+                n = b.end - b.start
+                if out and (size + n > max_bytes or (until is not None and b.base_offset >= until)):
+                    break
+                out.append((b, bufs[k][b.start:b.end]))
+                size += n
+                k += 1
+            if len(out) > first:
+                if run.lso > result.lso:
+                    result.lso = run.lso
+                if run.aborted:
+                    _add_aborted(result.aborted, run.aborted, out[first][0].base_offset, out[-1][0].last_offset)
+            if k < n_batches:
+                return result  # stopped by a limit
             i += 1
-            if i >= len(self.segments) or self.segments[i].start != seg.end:
+            if i >= len(runs) or runs[i].start != run.end:
                 return result
-            seg = self.segments[i]
-            j = 0
+            run = runs[i]
+            j = run.head
 
     async def read(self, offset: int, max_bytes: int, until: int | None = None) -> ReadResult:
         """Batches from ``offset`` on (the first may start before it), from cache or the cluster;
@@ -107,68 +175,230 @@ class PartitionLog:
             return ReadResult(ErrorCode.NONE, fetch_offset=offset)  # nothing new yet; the poll will tell
         task = self._fetching.get(offset)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._fetch(offset, 0, ""))
+            # no wait: the cluster answers at once with what it has (a broker that does not find
+            # the data that fast, once seen, gets time to find it at once)
+            wait = DATA_WAIT_MS if self._slow_finder and self._readable_end() > offset else 0
+            task = asyncio.get_running_loop().create_task(self._fetch(offset, wait, ""))
             self._fetching[offset] = task
             task.add_done_callback(lambda _t, o=offset: self._fetching.pop(o, None))
-        res = await asyncio.shield(task)
+        res, _ = await asyncio.shield(task)
         if res.error_code:
             return ReadResult(res.error_code, fetch_offset=offset, log_start_offset=res.log_start_offset)
         return self._cached(offset, max_bytes, until) or ReadResult(ErrorCode.NONE, fetch_offset=offset)
 
-    async def _fetch(self, offset: int, max_wait_ms: int, lane: str) -> FetchResult:
+    def _readable_end(self) -> int:
+        """Where the data a Fetch may return ends, as last heard (-1 unknown)."""
+        return self.last_stable_offset if self.read_committed else self.high_watermark
+
+    async def _fetch(self, offset: int, max_wait_ms: int, lane: str) -> tuple[FetchResult, list[Batch]]:
+        """A Fetch at ``offset``, its batches cached; (the result, the batches it brought)."""
+        res = await self._fetch_once(offset, max_wait_ms, lane)
+        if (res.error_code == ErrorCode.NONE and not res.batches and max_wait_ms < DATA_WAIT_MS
+                and self._readable_end() > offset):
+            # Data is there, but the answer came without it: a broker that gives up when MaxWaitMs
+            # runs out before it found the data (Tansu scans its in-memory log for every Fetch;
+            # 30 ms at 30,000 batches). Ask again, with time to find it. (Kafka never does this: it
+            # answers with the data it has whatever MaxWaitMs is, so it never sees a long wait here
+            # that would hold the requests behind it on the connection.)
+            self._slow_finder = True
+            res = await self._fetch_once(offset, DATA_WAIT_MS, lane)
+        return res, res.batches
+
+    async def _fetch_once(self, offset: int, max_wait_ms: int, lane: str) -> _Fetched:
         res = await self.upstream.fetch(self.topic, self.partition, offset, max_bytes=self.fetch_bytes,
                                         max_wait_ms=max_wait_ms, read_committed=self.read_committed, lane=lane)
+        batches: list[Batch] = []
         if res.error_code == ErrorCode.NONE:
-            self._store(offset, res)
+            batches = self._store(offset, res)
         elif res.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
             # find out where the log starts now (retention or deletion moved it)
             err, start = await self.upstream.list_offset(self.topic, self.partition, -2)
             if not err:
                 res.log_start_offset = start
                 self.log_start_offset = start
-        return res
+        return _Fetched(res.error_code, res.log_start_offset, batches)
 
-    def _store(self, offset: int, res: FetchResult) -> None:
+    # -- the cache ------------------------------------------------------------------------------------
+    def _store(self, offset: int, res: FetchResult) -> list[Batch]:
+        """Cache what a Fetch at ``offset`` returned; returns its batches."""
         self.high_watermark = res.high_watermark
         self.log_start_offset = res.log_start_offset
+        lso = res.last_stable_offset if res.last_stable_offset >= 0 else res.high_watermark
+        self.last_stable_offset = lso
         data = res.records if res.records is not None else memoryview(b"")
         batches = split_batches(data)
-        if not batches:
-            return
+        if batches:
+            self._insert(offset, batches, data, lso, res.aborted or [])
+        return batches
+
+    def _insert(self, offset: int, batches: list[Batch], data: memoryview, lso: int,
+                aborted: list[tuple[int, int]]) -> None:
+        """Add the batches a Fetch at ``offset`` returned: every offset from ``offset`` (or the first
+        batch, which may start before it) to the last batch's end is covered by them."""
+        start = min(offset, batches[0].base_offset)
         end = batches[-1].last_offset + 1
-        lso = res.last_stable_offset if res.last_stable_offset >= 0 else res.high_watermark
-        seg = Segment(offset, end, batches, data, lso, res.aborted)
-        # drop segments the new one covers entirely, then insert in order
-        kept = [s for s in self.segments if not (offset <= s.start and s.end <= end)]
-        self.cached_bytes -= sum(s.size for s in self.segments) - sum(s.size for s in kept)
-        starts = [s.start for s in kept]
-        kept.insert(bisect_right(starts, offset), seg)
-        self.segments = kept
-        self.cached_bytes += seg.size
-        while self.cached_bytes > self.budget_bytes and len(self.segments) > 1:
-            # evict the oldest data; a redelivery that needs it fetches it again. Never the
-            # segment just stored: a reader behind the cached data (another group, an old
-            # redelivery) fetched it to read it, and would otherwise fetch it again forever.
-            old = self.segments.pop(1 if self.segments[0] is seg else 0)
-            self.cached_bytes -= old.size
+        lasts = [b.last_offset for b in batches]
+        runs, starts = self._runs, self._starts
+        i = bisect_right(starts, start) - 1
+        prev: _Run | None = None  # the run the next new batches continue, if any
+        cursor = start
+        if i >= 0 and runs[i].end >= start:
+            prev = runs[i]
+            cursor = max(cursor, prev.end)
+        i += 1  # runs[i]: the first run starting after ``start``
+        k = 0  # next new batch to consider
+        protect: list[tuple[_Run, int]] = []  # (run, first index) of the batches added now
+        while cursor < end:
+            gap_end = min(end, runs[i].start) if i < len(runs) else end
+            if gap_end > cursor:
+                # the new batches in [cursor, gap_end): the log's batch boundaries never change, so
+                # a batch continuing a run starts at its end, and none crosses the next run's start
+                k = bisect_left(lasts, cursor, k)
+                if prev is not None and prev.end == cursor:
+                    while k < len(batches) and batches[k].base_offset < cursor:
+                        k += 1
+                k1 = bisect_left(lasts, gap_end, k)
+                if k1 > k:
+                    piece = batches[k:k1]
+                    if prev is not None and prev.end == cursor:
+                        run = prev
+                    else:
+                        run = _Run(cursor, cursor)
+                        runs.insert(i, run)
+                        starts.insert(i, cursor)
+                        i += 1
+                    protect.append((run, len(run.batches)))
+                    run.add(piece, data, lasts[k:k1], lso, aborted)
+                    run.end = gap_end
+                    self.cached_bytes += piece[-1].end - piece[0].start + BATCH_OVERHEAD * len(piece)
+                    self.cached_batches += len(piece)
+                    prev = run
+                    k = k1
+                elif prev is not None and prev.end == cursor:
+                    prev.end = gap_end  # offsets missing upstream, known to be missing
+                elif i < len(runs) and runs[i].start == gap_end:
+                    starts[i] = runs[i].start = cursor  # the same, just before the next run
+                cursor = gap_end
+            if i < len(runs) and runs[i].start <= cursor:
+                prev = runs[i]
+                cursor = max(cursor, prev.end)
+                i += 1
+        if self.cached_bytes > self.budget_bytes:
+            self._evict(protect)
+
+    def _evict(self, protect: list[tuple[_Run, int]]) -> None:
+        """Drop the oldest (lowest) cached batches until within budget. Never the batches just
+        stored: a reader behind the cached data (another group, an old redelivery) fetched them to
+        read them, and would otherwise fetch them again forever."""
+        guarded = {id(run): first for run, first in protect}
+        runs, starts = self._runs, self._starts
+        r = 0
+        while self.cached_bytes > self.budget_bytes and r < len(runs):
+            run = runs[r]
+            limit = guarded.get(id(run), len(run.batches))
+            h = run.head
+            while h < limit and self.cached_bytes > self.budget_bytes:
+                b = run.batches[h]
+                self.cached_bytes -= _size(b)
+                self.cached_batches -= 1
+                h += 1
+                run.start = b.last_offset + 1
+            run.head = h
+            if h == len(run.batches):
+                del runs[r], starts[r]
+                continue
+            starts[r] = run.start
+            if h >= _COMPACT_AT and h * 2 >= len(run.batches):
+                run.compact()
+                if id(run) in guarded:
+                    guarded[id(run)] -= h
+            r += 1
+
+    def covered(self) -> list[tuple[int, int]]:
+        """The cached stretches of offsets, (start, end) each (for tests and diagnostics)."""
+        return [(r.start, r.end) for r in self._runs]
 
     # -- waiting for new data -------------------------------------------------------------------------
-    def want_data_from(self, offset: int, max_wait_ms: int) -> None:
-        """Make sure a long-polling Fetch at ``offset`` is running; listeners hear when data came."""
+    def want_data_from(self, offset: int, max_wait_ms: int = POLL_WAIT_MS) -> None:
+        """Make sure a long-polling Fetch is running while anybody listens, at ``offset`` (or, if one
+        runs already, wherever it is); listeners hear as soon as it brought data (or an error).
+
+        ``max_wait_ms`` is not used: the poll asks for at most ``POLL_WAIT_MS`` and, while
+        listeners remain, polls again, so a wait that ends empty never leaves a listener deaf.
+        """
         if self._poll is not None and not self._poll.done():
             return
-        self._poll = asyncio.get_running_loop().create_task(self._long_poll(offset, max_wait_ms))
+        self._poll = asyncio.get_running_loop().create_task(self._long_poll(offset))
 
-    async def _long_poll(self, offset: int, max_wait_ms: int) -> None:
+    async def _long_poll(self, offset: int) -> None:
         lane = f"poll:{self.topic.name}:{self.partition}:{int(self.read_committed)}"
-        res = await self._fetch(offset, max(max_wait_ms, 0), lane)
-        if res.error_code or split_batches(res.records or memoryview(b"")):
-            for notify in list(self.listeners):
-                notify()
-        elif res.error_code == ErrorCode.NONE:
-            # the wait ran out with nothing new: wake nobody (their own deadline will)
-            pass
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = self._quick_wait if self._quick else POLL_WAIT_MS
+            self._poll_offset = offset
+            started = loop.time()
+            res, got = await self._fetch(offset, wait, lane)
+            elapsed_ms = (loop.time() - started) * 1000
+            self._learn(elapsed_ms, got)
+            if res.error_code or got:
+                for notify in list(self.listeners):
+                    notify()
+            if res.error_code or not self.listeners:
+                return
+            if got:
+                # the listeners were woken and will read; the next poll is in flight meanwhile
+                offset = max(offset, self._end_after(offset))
+            elif elapsed_ms < wait / 2:
+                # an empty answer that did not wait (a broker that does not long-poll): no busy loop
+                await asyncio.sleep(0.002)
+
+    def _learn(self, elapsed_ms: float, got: list[Batch]) -> None:
+        """Some brokers (Tansu) do not answer a long-polling Fetch when data arrives, only when
+        their wait runs out or at fixed points of it (Tansu: after half of it): a poll of 500 ms
+        would hold records for 250 ms. Kafka answers as soon as MinBytes (1) are there, so a poll
+        that waited brings the batch or two that just came. A poll that waited and brought batches
+        produced over a good part of its wait, twice in a row, marks the cluster as one of those;
+        from then on the polls ask for QUICK_WAIT_MS, doubling up to QUICK_MAX_WAIT_MS while
+        nothing comes (an empty Fetch costs the broker little)."""
+        if self._quick:
+            self._quick_wait = QUICK_WAIT_MS if got else min(self._quick_wait * 2, QUICK_MAX_WAIT_MS)
+            return
+        if not got or elapsed_ms < 20:
+            return  # no evidence: the wait ran out, or the data came (or was there) at once
+        first, last = got[0].max_timestamp, got[-1].max_timestamp
+        span = last - first if first >= 0 and last >= 0 else 0
+        if len(got) >= 3 and span >= 10 and span >= 0.3 * elapsed_ms:
+            self._suspects += 1
+            if self._suspects >= 2:
+                self._quick = True
+                self._quick_wait = QUICK_WAIT_MS
+                log.info("%s-%d: the cluster holds long-polling fetches although data arrived (a poll "
+                         "of %.0f ms brought %d batches produced over %d ms); polling with waits of "
+                         "%d-%d ms instead", self.topic.name, self.partition, elapsed_ms, len(got), span,
+                         QUICK_WAIT_MS, QUICK_MAX_WAIT_MS)
+        else:
+            self._suspects = 0
+
+    def _end_after(self, offset: int) -> int:
+        """The end of the cached stretch holding ``offset`` (``offset`` if none does)."""
+        i = bisect_right(self._starts, offset) - 1
+        if i < 0 or self._runs[i].end <= offset:
+            return offset
+        runs = self._runs
+        while i + 1 < len(runs) and runs[i + 1].start == runs[i].end:
+            i += 1
+        return runs[i].end
 
     def close(self) -> None:
         if self._poll is not None:
             self._poll.cancel()
+
+
+def _add_aborted(out: list[tuple[int, int]], pieces: list[tuple[int, int, list[tuple[int, int]]]], lo: int,
+                 hi: int) -> None:
+    """The aborted transactions of the fetches that brought the batches lo..hi."""
+    for first, end, entries in pieces:
+        if first > hi:
+            break
+        if end > lo:
+            out.extend(entries)

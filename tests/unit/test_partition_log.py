@@ -1,0 +1,530 @@
+"""The partition log cache (kshare.share.partition_log) against an in-memory upstream.
+
+What it must do: serve reads of cached batches exactly as the log holds them (raw bytes, never
+decoded), at a cost that does not grow with the number of cached batches; evict the oldest data
+but never what was just fetched; wake listeners as soon as a long poll brings data, keep polling
+while anybody listens, and cope with a broker that neither answers long polls early nor finds
+data within a short MaxWaitMs (Tansu).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+import time
+
+import pytest
+
+from kshare.share import partition_log as pl
+from kshare.share.errors import ErrorCode
+from kshare.share.partition_log import PartitionLog
+from kshare.share.records import split_batches
+from kshare.share.upstream import FetchResult, TopicInfo
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+
+
+def batch_bytes(base: int, count: int = 1, payload: int = 40, ts: int = 0, attributes: int = 0,
+                producer_id: int = -1) -> bytes:
+    """A v2 record batch: a valid header and ``payload`` opaque bytes (never decoded)."""
+    body = bytes([base % 251]) * payload
+    length = _HEADER.size - 12 + len(body)
+    return _HEADER.pack(base, length, 0, 2, 0, attributes, count - 1, ts, ts, producer_id, 0, 0, count) + body
+
+
+class FakeUpstream:
+    """A partition log in memory, fetched like Kafka: the batch holding the offset first, at least
+    one batch, long polls answered as soon as data comes (``wakes``), or only when their wait runs
+    out (``wakes=False``: Tansu); ``slow_scan_ms``: a broker that answers empty when MaxWaitMs is
+    shorter than that while there is data to find (Tansu's in-memory scan)."""
+
+    def __init__(self, *, wakes: bool = True, slow_scan_ms: float = 0.0) -> None:
+        self.batches: list[tuple[int, int, bytes]] = []  # base, last, bytes
+        self.end = 0
+        self.start = 0
+        self.wakes = wakes
+        self.slow_scan_ms = slow_scan_ms
+        self.fetches: list[tuple[int, int, str]] = []  # offset, max wait, lane
+        self._arrived = asyncio.Event()
+
+    def append(self, count: int = 1, *, payload: int = 40, gap: int = 0, ts: int | None = None) -> None:
+        base = self.end + gap
+        stamp = ts if ts is not None else int(time.monotonic() * 1000)
+        self.batches.append((base, base + count - 1, batch_bytes(base, count, payload, stamp)))
+        self.end = base + count
+        self._arrived.set()
+        self._arrived = asyncio.Event()
+
+    def _collect(self, offset: int, max_bytes: int) -> bytes:
+        out = []
+        size = 0
+        for _base, last, data in self.batches:
+            if last < offset:
+                continue
+            if out and size + len(data) > max_bytes:
+                break
+            out.append(data)
+            size += len(data)
+        return b"".join(out)
+
+    async def fetch(self, topic, partition, offset, *, max_bytes=1 << 20, max_wait_ms=0, read_committed=False,
+                    lane=""):
+        self.fetches.append((offset, max_wait_ms, lane))
+        if offset < self.start or offset > self.end:
+            return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE)
+        if offset < self.end:
+            if self.slow_scan_ms and max(max_wait_ms, 1) < self.slow_scan_ms:
+                await asyncio.sleep(max(max_wait_ms, 1) / 1000)
+                return FetchResult(ErrorCode.NONE, self.end, self.end, self.start, [], memoryview(b""))
+            data = self._collect(offset, max_bytes)
+            return FetchResult(ErrorCode.NONE, self.end, self.end, self.start, [], memoryview(data))
+        wait = max(max_wait_ms, 1) / 1000
+        if self.wakes:
+            try:
+                await asyncio.wait_for(self._arrived.wait(), wait)
+            except TimeoutError:
+                pass
+        else:
+            await asyncio.sleep(wait)
+        data = self._collect(offset, max_bytes) if offset < self.end else b""
+        return FetchResult(ErrorCode.NONE, self.end, self.end, self.start, [], memoryview(data))
+
+    async def list_offset(self, topic, partition, timestamp):
+        return ErrorCode.NONE, self.start
+
+
+TOPIC = TopicInfo("t", b"\x01" * 16, [1])
+
+
+def make_log(up: FakeUpstream, **kw) -> PartitionLog:
+    return PartitionLog(up, TOPIC, 0, False, **kw)  # type: ignore[arg-type]
+
+
+def offsets(read) -> list[tuple[int, int]]:
+    return [(b.base_offset, b.last_offset) for b, _ in read.batches]
+
+
+# --------------------------------------------------------------------------------------------
+# reads, stores, eviction
+
+
+def test_reads_return_the_logs_batches_byte_for_byte() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        for i in range(50):
+            up.append(count=1 + i % 3, gap=1 if i % 7 == 6 else 0)
+        plog = make_log(up)
+        read = await plog.read(0, 1 << 20)
+        assert read.error_code == 0 and read.fetch_offset == 0
+        assert b"".join(bytes(d) for _, d in read.batches) == up._collect(0, 1 << 20)
+        assert offsets(read) == [(b, z) for b, z, _ in up.batches]
+        # from the middle of a batch: that batch first; from a gap: the next batch
+        base, last, _ = up.batches[10]
+        assert offsets(await plog.read(last, 1 << 20))[0] == (base, last)
+        gap_start = next(up.batches[i][1] + 1 for i in range(len(up.batches) - 1)
+                         if up.batches[i + 1][0] > up.batches[i][1] + 1)
+        first = offsets(await plog.read(gap_start, 1 << 20))[0]
+        assert first[0] > gap_start
+        assert len(up.fetches) == 1  # all from the cache
+
+    asyncio.run(main())
+
+
+def test_read_limits_bytes_and_until() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        for _ in range(20):
+            up.append(payload=40)
+        plog = make_log(up)
+        await plog.read(0, 1 << 20)
+        size = len(up.batches[0][2])
+        assert len((await plog.read(0, 3 * size)).batches) == 3
+        assert len((await plog.read(0, 1)).batches) == 1  # always at least one
+        assert offsets(await plog.read(5, 1 << 20, until=8)) == [(5, 5), (6, 6), (7, 7)]
+        assert offsets(await plog.read(5, 1 << 20, until=5)) == [(5, 5)]
+
+    asyncio.run(main())
+
+
+def test_appended_fetches_join_one_run_and_reads_cross_touching_runs() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        plog = make_log(up)
+        for i in range(100):
+            up.append()
+            read = await plog.read(i, 1 << 20)
+            assert offsets(read) == [(i, i)]
+        assert plog.covered() == [(0, 100)]
+        assert offsets(await plog.read(0, 1 << 20)) == [(k, k) for k in range(100)]
+        # a reader behind an evicted region fetches it again: a run of its own, touching the next
+        plog2 = make_log(up)
+        await plog2.read(50, 1 << 20)
+        plog2.fetch_bytes = 5 * len(up.batches[0][2])
+        await plog2.read(10, 1 << 20)
+        assert plog2.covered() == [(10, 15), (50, 100)]
+        plog2.fetch_bytes = 1 << 20
+        await plog2.read(15, 1 << 20)  # fills the gap up to the next run
+        assert plog2.covered() == [(10, 50), (50, 100)]
+        assert offsets(await plog2.read(10, 1 << 20)) == [(k, k) for k in range(10, 100)]
+
+    asyncio.run(main())
+
+
+def test_overlapping_fetches_keep_one_copy_of_each_batch() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        for _ in range(30):
+            up.append()
+        plog = make_log(up)
+        size = len(up.batches[0][2])
+        await plog.read(10, 10 * size)  # 10..19
+        await plog._fetch(0, 0, "")  # 0..29, overlapping both sides
+        await plog._fetch(5, 0, "")
+        assert plog.covered() == [(0, 10), (10, 30)]
+        assert plog.cached_batches == 30
+        assert plog.cached_bytes == 30 * (size + pl.BATCH_OVERHEAD)
+        assert offsets(await plog.read(0, 1 << 20)) == [(k, k) for k in range(30)]
+
+    asyncio.run(main())
+
+
+def test_eviction_drops_the_oldest_never_what_was_just_fetched() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        for _ in range(200):
+            up.append(payload=100)
+        size = len(up.batches[0][2]) + pl.BATCH_OVERHEAD
+        plog = make_log(up, budget_bytes=50 * size, fetch_bytes=1 << 20)
+        await plog.read(0, 1 << 20)  # all 200 fetched at once: kept although over budget
+        assert plog.cached_batches == 200
+        up.append(payload=100)
+        await plog.read(200, 1 << 20)
+        assert plog.cached_batches == 50 and plog.cached_bytes == 50 * size
+        assert plog.covered() == [(151, 201)]
+        # a reader far behind: what it fetched stays, the oldest of the rest goes
+        plog.fetch_bytes = 10 * (size - pl.BATCH_OVERHEAD)
+        read = await plog.read(3, 1 << 20)
+        assert offsets(read)[0] == (3, 3)
+        assert plog.covered()[0] == (3, 13)
+        assert plog.cached_bytes <= 50 * size
+        assert offsets(await plog.read(3, 1 << 20)) == [(k, k) for k in range(3, 13)]
+
+    asyncio.run(main())
+
+
+def test_a_read_in_a_gap_is_served_from_the_cache_next_time() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        for _ in range(5):
+            up.append()
+        up.append(gap=3)  # offsets 5-7 missing upstream (compacted)
+        up.append()
+        plog = make_log(up)
+        await plog._fetch(8, 0, "")
+        assert plog.covered() == [(8, 10)]
+        assert offsets(await plog.read(6, 1 << 20)) == [(8, 8), (9, 9)]
+        assert plog.covered() == [(6, 10)]
+        fetches = len(up.fetches)
+        assert offsets(await plog.read(6, 1 << 20)) == [(8, 8), (9, 9)]
+        assert len(up.fetches) == fetches
+
+    asyncio.run(main())
+
+
+def test_read_committed_reads_carry_the_lso_and_the_aborted_transactions_of_their_fetches() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        plog = PartitionLog(up, TOPIC, 0, True)  # type: ignore[arg-type]
+        first = b"".join(batch_bytes(i) for i in range(10))
+        second = b"".join(batch_bytes(i) for i in range(10, 20))
+        plog._store(0, FetchResult(0, 30, 12, 0, [(7, 3)], memoryview(first)))
+        plog._store(10, FetchResult(0, 30, 20, 0, [(9, 15)], memoryview(second)))
+        read = await plog.read(0, 1 << 20, None)
+        assert len(read.batches) == 20 and read.lso == 20 and read.aborted == [(7, 3), (9, 15)]
+        read = await plog.read(12, 1 << 20, None)
+        assert read.lso == 20 and read.aborted == [(9, 15)]
+        size = len(batch_bytes(0))
+        read = await plog.read(2, 3 * size, None)
+        # the highest LSO heard: every cached batch lies below the LSO of the fetch that brought it
+        assert read.lso == 20 and read.aborted == [(7, 3)]
+
+    asyncio.run(main())
+
+
+def test_matches_a_model_under_random_fetches_reads_and_eviction() -> None:
+    """Whatever the order of fetches, reads and evictions, a read returns consecutive batches of
+    the log from the one holding the offset, and the byte count matches the batches cached."""
+
+    async def main(seed: int) -> None:
+        rnd = random.Random(seed)
+        up = FakeUpstream()
+        for _ in range(400):
+            up.append(count=rnd.choice([1, 1, 1, 3]), payload=rnd.randrange(10, 200), gap=rnd.choice([0] * 9 + [2]))
+        log_batches = [(b, z) for b, z, _ in up.batches]
+        data = {b: d for b, _, d in up.batches}
+        plog = make_log(up, budget_bytes=rnd.choice([4000, 20000, 1 << 20]), fetch_bytes=rnd.choice([300, 3000]))
+        for _ in range(300):
+            offset = rnd.randrange(0, up.end)
+            until = rnd.choice([None, offset + rnd.randrange(1, 30)])
+            read = await plog.read(offset, rnd.choice([1, 500, 5000]), until)
+            got = offsets(read)
+            assert got, (seed, offset)
+            i = next(k for k, (_, z) in enumerate(log_batches) if z >= offset)
+            assert got == log_batches[i:i + len(got)], (seed, offset)
+            for b, view in read.batches:
+                assert bytes(view) == data[b.base_offset]
+            if until is not None:
+                assert all(b < until for b, _ in got[1:])
+            cached = [b for run in plog._runs for b in run.batches[run.head:]]
+            assert plog.cached_batches == len(cached)
+            assert plog.cached_bytes == sum(b.end - b.start + pl.BATCH_OVERHEAD for b in cached)
+            spans = plog.covered()
+            assert all(a < z for a, z in spans) and all(spans[k][1] <= spans[k + 1][0] for k in range(len(spans) - 1))
+            assert plog._starts == [a for a, _ in spans]
+
+    for seed in range(12):
+        asyncio.run(main(seed))
+
+
+def test_cost_per_batch_does_not_grow_with_the_cache() -> None:
+    """200,000 single-record batches, each fetched and read on its own (a producer of tiny
+    batches and a consumer keeping up): the last 20,000 cost about what the first 20,000 did."""
+
+    async def main() -> list[float]:
+        up = FakeUpstream()
+        plog = make_log(up, budget_bytes=64 << 20)
+        blocks = []
+        n = 0
+        for _ in range(10):
+            t0 = time.perf_counter()
+            for _ in range(20_000):
+                up.batches = [(n, n, batch_bytes(n))]  # the upstream keeps only the new batch
+                up.end = n + 1
+                await plog._fetch(n, 0, "")
+                read = await plog.read(n, 1 << 20, n + 1)
+                assert offsets(read) == [(n, n)]
+                n += 1
+            blocks.append(time.perf_counter() - t0)
+        assert plog.covered() == [(0, n)] and plog.cached_batches == n
+        # and reads far back in a big cache
+        t0 = time.perf_counter()
+        for k in range(0, n, 97):
+            assert offsets(await plog.read(k, 1 << 20, k + 1)) == [(k, k)]
+        blocks.append(time.perf_counter() - t0)
+        return blocks
+
+    blocks = asyncio.run(main())
+    first, last = min(blocks[:3]), min(blocks[-4:-1])
+    assert last < 3 * first, blocks
+    assert blocks[-1] < first, blocks
+
+
+def test_eviction_cost_does_not_grow_with_the_cache() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        size = len(batch_bytes(0)) + pl.BATCH_OVERHEAD
+        plog = make_log(up, budget_bytes=100_000 * size)
+        t0 = time.perf_counter()
+        for n in range(300_000):
+            up.batches = [(n, n, batch_bytes(n))]
+            up.end = n + 1
+            await plog._fetch(n, 0, "")
+        elapsed = time.perf_counter() - t0
+        assert plog.cached_batches == 100_000
+        assert plog.covered() == [(200_000, 300_000)]
+        assert len(plog._runs[0].batches) < 2 * 100_000  # evicted batches are dropped in bulk
+        assert elapsed < 30
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------------------------
+# long polls
+
+
+async def _listen(plog: PartitionLog) -> asyncio.Event:
+    woke = asyncio.Event()
+    plog.listeners.add(woke.set)
+    return woke
+
+
+def test_a_long_poll_wakes_listeners_as_soon_as_data_comes_and_keeps_polling() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        up.append()
+        plog = make_log(up)
+        await plog.read(0, 1 << 20)
+        woke = await _listen(plog)
+        plog.want_data_from(1)
+        await asyncio.sleep(0.05)
+        assert not woke.is_set()
+        t0 = time.perf_counter()
+        up.append()
+        await asyncio.wait_for(woke.wait(), 1)
+        assert time.perf_counter() - t0 < 0.1
+        assert offsets(await plog.read(1, 1 << 20)) == [(1, 1)]
+        # still listened to: the next poll is already waiting at the new end
+        await asyncio.sleep(0.01)
+        assert plog._poll is not None and not plog._poll.done() and plog._poll_offset == 2
+        assert up.fetches[-1][0] == 2 and up.fetches[-1][1] == pl.POLL_WAIT_MS
+        plog.listeners.clear()
+        plog.close()
+
+    asyncio.run(main())
+
+
+def test_a_poll_that_ran_out_empty_polls_again_while_listened_to(monkeypatch) -> None:
+    monkeypatch.setattr(pl, "POLL_WAIT_MS", 30)
+
+    async def main() -> None:
+        up = FakeUpstream()
+        plog = make_log(up)
+        woke = await _listen(plog)
+        plog.want_data_from(0)
+        await asyncio.sleep(0.1)  # three polls ran out
+        assert len(up.fetches) >= 3
+        up.append()
+        await asyncio.wait_for(woke.wait(), 0.2)
+        # nobody listens any more: the poll ends at its next answer
+        plog.listeners.clear()
+        await asyncio.sleep(0.1)
+        assert plog._poll.done()
+
+    asyncio.run(main())
+
+
+def test_two_listeners_each_woken() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        plog = make_log(up)
+        a, b = await _listen(plog), await _listen(plog)
+        plog.want_data_from(0)
+        plog.want_data_from(0)  # one poll only
+        await asyncio.sleep(0.01)
+        up.append()
+        await asyncio.wait_for(asyncio.gather(a.wait(), b.wait()), 1)
+        assert sum(1 for f in up.fetches if f[2].startswith("poll:")) <= 2
+        plog.listeners.clear()
+        plog.close()
+
+    asyncio.run(main())
+
+
+def test_a_broker_that_holds_long_polls_gets_quick_polls() -> None:
+    """Tansu answers a long poll only when (half) its wait ran out; after two polls that brought
+    batches produced over much of their wait, the log polls with short waits."""
+
+    async def main() -> None:
+        up = FakeUpstream(wakes=False)
+        plog = make_log(up)
+        woke = await _listen(plog)
+        plog.want_data_from(0)
+        stop = asyncio.Event()
+
+        async def produce() -> None:
+            while not stop.is_set():
+                up.append()
+                await asyncio.sleep(0.005)
+
+        producer = asyncio.create_task(produce())
+        deadline = time.monotonic() + 5
+        while not plog._quick and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert plog._quick
+        # from now on a record waits at most a quick poll
+        await asyncio.sleep(0.1)
+        waits = [w for _, w, lane in up.fetches[-10:] if lane.startswith("poll:")]
+        assert waits and max(waits) <= pl.QUICK_MAX_WAIT_MS
+        stop.set()
+        await producer
+        woke.clear()
+        t0 = time.perf_counter()
+        up.append()
+        await asyncio.wait_for(woke.wait(), 1)
+        assert time.perf_counter() - t0 < 0.15
+        plog.listeners.clear()
+        plog.close()
+
+    asyncio.run(main())
+
+
+def test_a_kafka_like_broker_keeps_long_polls() -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        plog = make_log(up)
+        woke = await _listen(plog)
+        plog.want_data_from(0)
+        for _ in range(20):
+            await asyncio.sleep(0.03)
+            up.append()
+            await asyncio.wait_for(woke.wait(), 1)
+            woke.clear()
+        assert not plog._quick
+        plog.listeners.clear()
+        plog.close()
+
+    asyncio.run(main())
+
+
+def test_data_the_broker_did_not_find_in_time_is_fetched_with_time_to_find_it() -> None:
+    """Tansu scans its in-memory log on every Fetch and answers empty if MaxWaitMs ran out first:
+    when the answer says there is data past the offset, fetch again with a long wait."""
+
+    async def main() -> None:
+        up = FakeUpstream(slow_scan_ms=20)
+        for _ in range(5):
+            up.append()
+        plog = make_log(up)
+        read = await plog.read(0, 1 << 20)
+        assert offsets(read) == [(k, k) for k in range(5)]
+        assert [w for _, w, _ in up.fetches] == [0, pl.DATA_WAIT_MS]
+        # past the known end: a short fetch first (is anything there?), then the long one
+        up.append()
+        assert offsets(await plog.read(5, 1 << 20)) == [(5, 5)]
+        assert [w for _, w, _ in up.fetches[2:]] == [0, pl.DATA_WAIT_MS]
+        # known to be there, from a broker known to need the time: the long wait at once
+        up.append()
+        up.append()
+        plog.high_watermark = plog.last_stable_offset = 8
+        assert offsets(await plog.read(6, 1 << 20)) == [(6, 6), (7, 7)]
+        assert [w for _, w, _ in up.fetches[4:]] == [pl.DATA_WAIT_MS]
+
+    asyncio.run(main())
+
+
+def test_kafka_never_gets_a_long_wait_for_data_it_has() -> None:
+    """A Fetch waiting in the broker holds every request behind it on that connection: reads of
+    data known to be there ask with no wait, as Kafka answers them at once."""
+
+    async def main() -> None:
+        up = FakeUpstream()
+        plog = make_log(up, fetch_bytes=len(batch_bytes(0)))
+        for _ in range(5):
+            up.append()
+        for k in range(5):
+            assert offsets(await plog.read(k, 1 << 20)) == [(k, k)]
+        assert [w for _, w, lane in up.fetches] == [0] * 5
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("budget", [1, 10_000])
+def test_out_of_range_reports_the_log_start(budget: int) -> None:
+    async def main() -> None:
+        up = FakeUpstream()
+        for _ in range(10):
+            up.append()
+        up.start = 5
+        plog = make_log(up, budget_bytes=budget)
+        read = await plog.read(2, 1 << 20)
+        assert read.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and read.log_start_offset == 5
+        assert offsets(await plog.read(5, 1 << 20))[0] == (5, 5)
+
+    asyncio.run(main())
+
+
+def test_split_batches_matches_the_helper() -> None:
+    data = b"".join(batch_bytes(i * 2, 2, 10) for i in range(5))
+    got = split_batches(memoryview(data))
+    assert [(b.base_offset, b.last_offset, b.record_count) for b in got] == [(i * 2, i * 2 + 1, 2) for i in range(5)]
