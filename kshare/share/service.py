@@ -557,7 +557,12 @@ class ShareGroupService:
             return
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        hooks = []
+
+        def wake() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        logs = []
         for sp in states:
             sp.waiters.add(fut)
             # New upstream data only helps a share-partition with room in its window; a full one
@@ -566,10 +571,11 @@ class ShareGroupService:
                 group = self.coordinator.group(sp.key.group_id)
                 rc = group.config.read_committed if group else False
                 plog = self.partition_log(sp.topic, sp.key.partition, rc)
-                hook = sp.wake
-                plog.listeners.add(hook)
-                hooks.append((plog, hook))
-                plog.want_data_from(sp.engine.end_offset, min(timeout_ms, 5000))
+                # a hook of this wait's own: another fetch waiting on the same partition removes
+                # only its own when it is done
+                plog.listeners.add(wake)
+                logs.append(plog)
+                plog.want_data_from(sp.engine.end_offset)
         try:
             await asyncio.wait_for(fut, timeout_ms / 1000)
         except TimeoutError:
@@ -577,8 +583,8 @@ class ShareGroupService:
         finally:
             for sp in states:
                 sp.waiters.discard(fut)
-            for plog, hook in hooks:
-                plog.listeners.discard(hook)
+            for plog in logs:
+                plog.listeners.discard(wake)
 
 
 def _ignore_failure(fut: asyncio.Future) -> None:
