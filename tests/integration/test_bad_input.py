@@ -853,9 +853,10 @@ def test_error_answer_to_one_client_changes_nothing_for_others(
 
 def test_upstream_broker_going_away_and_back(broker_factory, logs) -> None:
     """The broker stops: the client connections through the proxy drop (what a broker failure looks
-    like), new connections are closed at once while it is down; it comes back on the same port and
-    data: the proxy serves again, the producer's retries go through, every acknowledged record is
-    there."""
+    like); a new connection's ApiVersions is answered BROKER_NOT_AVAILABLE at once while it is down
+    (so clients and kshare's tools can say why) and the connection closed, with one WARNING for the
+    first such client (not one per client); it comes back on the same port and data: the proxy
+    serves again, the producer's retries go through, every acknowledged record is there."""
     from confluent_kafka import Producer
 
     broker = broker_factory("kafka39")
@@ -898,12 +899,18 @@ def test_upstream_broker_going_away_and_back(broker_factory, logs) -> None:
         assert time.monotonic() - t0 < 5
         idle.close()
 
-        for address in (proxy.bootstrap, node_listener):
-            got = exchange(address, api_versions_request(2))
-            assert got.closed and got.data == b"", address
+        for n, address in enumerate((proxy.bootstrap, node_listener)):
+            got = exchange(address, api_versions_request(2), expect_frames=1)
+            assert got.closed, address
+            (frame,) = got.frames
+            answer = messages.decode_response(18, 2, memoryview(frame))
+            assert struct.unpack_from(">i", frame)[0] == 2 and answer.error_code == 8, (address, answer)
             assert got.seconds < 3, f"{address}: closed only after {got.seconds:.1f} s"
-            (line,) = lines_for(logs, got.peer)
-            assert "cannot reach" in line.getMessage() and line.levelno == logging.WARNING
+            if n == 0:
+                (line,) = lines_for(logs, got.peer)
+                assert "cannot reach" in line.getMessage() and line.levelno == logging.WARNING
+            else:  # the same cause again within a minute: not logged again at INFO or above
+                assert lines_for(logs, got.peer, want=0) == []
 
         # produced while the broker is down: retried until it is back
         for i in range(100):
