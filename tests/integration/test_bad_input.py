@@ -903,7 +903,7 @@ def test_upstream_broker_going_away_and_back(broker_factory, logs) -> None:
             got = exchange(address, api_versions_request(2), expect_frames=1)
             assert got.closed, address
             (frame,) = got.frames
-            answer = messages.decode_response(18, 2, memoryview(frame))
+            answer = messages.decode_response(18, 3, memoryview(frame))
             assert struct.unpack_from(">i", frame)[0] == 2 and answer.error_code == 8, (address, answer)
             assert got.seconds < 3, f"{address}: closed only after {got.seconds:.1f} s"
             if n == 0:
