@@ -80,6 +80,7 @@ KSHARE_LIMITS = ["group.share.min.heartbeat.interval.ms=100", "group.share.min.s
 KAFKA4_CONFIG = {"group.share.min.heartbeat.interval.ms": 100, "group.share.min.session.timeout.ms": 1000}
 MAX_SECONDS = 4 * 3600  # bounds: no soak longer than this, no rate above MAX_RATE
 MAX_RATE = 20_000
+STRAGGLE_S = 60.0  # a producer still behind schedule this long after the end stops there
 _VALUE = struct.Struct(">qq")  # sequence number (-1: probe), send time (ns, CLOCK_MONOTONIC)
 LABELS = {"kshare": "kshare on Kafka 3.9", "native": "native Kafka 4.4", "tansu": "kshare on embedded Tansu"}
 COLORS = {"kshare": "tab:blue", "native": "tab:green", "tansu": "tab:orange"}
@@ -251,11 +252,12 @@ def _producer(bootstrap: str, topic: str, rate: float, seconds: float, size: int
         go.wait(0.05)
     start = t0.value
     total = int(rate * seconds)
-    sent = array("q")  # send time per sequence number
+    sent = array("q")  # send times not yet reported, in sequence order
     lag_max = 0.0
     last_push = time.monotonic()
+    stop_at = start + seconds + STRAGGLE_S  # a broker that cannot take the rate does not hold the run
     i = 0
-    while i < total:
+    while i < total and time.monotonic() < stop_at:
         due = start + i / rate
         now = time.monotonic()
         if now < due:
@@ -272,10 +274,12 @@ def _producer(bootstrap: str, topic: str, rate: float, seconds: float, size: int
         i += 1
         p.poll(0)
         if ns / 1e9 - last_push >= 1.0:
-            out.put(("sent", len(sent)))
+            out.put(("sent", sent.tobytes()))
+            sent = array("q")
             last_push = ns / 1e9
-    left = p.flush(60)
-    out.put(("done", sent.tobytes(), lag_max, left))
+    out.put(("sent", sent.tobytes()))
+    left = p.flush(30)
+    out.put(("done", i, lag_max, left))
 
 
 def _consumer(bootstrap: str, topic: str, group: str, poll_s: float, ready, stop, out) -> None:
@@ -329,7 +333,7 @@ class System:
     t0: object = None
     out: object = None
     sent: array = field(default_factory=lambda: array("q"))
-    sent_count: int = 0  # progress, before the producer's final report
+    sent_count: int = 0
     t0_ns: int = 0
     window: float = 10.0
     seen: set[int] = field(default_factory=set)  # sequence numbers received
@@ -359,11 +363,9 @@ class System:
                     w = int((a[k + 1] - self.t0_ns) / 1e9 // self.window)
                     self.latencies.setdefault(w, []).append((a[k + 2] - a[k + 1]) / 1e6)
             elif kind == "sent":
-                self.sent_count = msg[1]
-            elif kind == "done":
-                self.sent = array("q")
                 self.sent.frombytes(msg[1])
                 self.sent_count = len(self.sent)
+            elif kind == "done":
                 self.producer_lag_max, self.unflushed = msg[2], msg[3]
                 self.producer_done = True
             elif kind == "closed":
@@ -479,14 +481,16 @@ def run(systems: list[System], args, ctx, seconds: float, label: str = "") -> fl
             next_report = float("inf")
         if now >= end and all(s.producer_done for s in systems):
             break
-        if now > end + 120:
-            raise TimeoutError("a producer did not finish")
+        if now > end + STRAGGLE_S + 60:
+            print(f"{label}a producer did not finish: " + ", ".join(
+                f"{s.name} sent {s.sent_count:,} of {int(args.rate * seconds):,}" for s in systems), flush=True)
+            break
     # drain: until every record sent arrived, or --drain-seconds
     drain_end = time.monotonic() + args.drain_seconds
     while time.monotonic() < drain_end:
         for s in systems:
             s.drain()
-        if all(s.producer_done and len(s.seen) >= len(s.sent) for s in systems):
+        if all(len(s.seen) >= len(s.sent) for s in systems):
             break
         time.sleep(0.2)
     for s in systems:
@@ -589,6 +593,22 @@ def plot(results: dict, names: list[str], path: Path, title: str, compare: dict 
     return True
 
 
+def write_report(args, names: list[str], info: dict, results: dict, load_before: str, started: float,
+                 outdir: Path, compare: dict | None) -> bool:
+    """<label>.json, .md and .png of the systems measured so far; whether a plot was written."""
+    done = [n for n in names if n in results]
+    config = {"seconds": args.seconds, "warmup": args.warmup, "rate": args.rate, "value_size": args.value_size,
+              "window": args.window, "mode": args.mode, "systems": done, "poll_timeout": args.poll_timeout,
+              "command": " ".join([Path(sys.executable).name, *sys.argv])}
+    report = {"config": config, "machine": info, "load_before": load_before, "load_after": load(),
+              "elapsed_s": round(time.monotonic() - started, 1), "results": results}
+    (outdir / f"{args.label}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (outdir / f"{args.label}.md").write_text(
+        f"{config['command']}\n\nmode {args.mode}, {args.rate:g} records/s of {args.value_size} B for "
+        f"{args.seconds:g} s, load {load_before} -> {report['load_after']}\n\n{table(results, done)}\n")
+    return plot(results, done, outdir / f"{args.label}.png", plot_title(config, info), compare)
+
+
 def plot_title(config: dict, info: dict) -> str:
     return (f"{config['rate']:g} single-record batches/s, one ShareConsumer, {config['seconds']:g} s, "
             f"{config['mode']}; kshare {info.get('kshare_commit', '')}")
@@ -664,37 +684,37 @@ def main(argv: list[str] | None = None) -> int:
         # in alternate mode each system's broker (and kshare) runs only during its own turn
         with contextlib.ExitStack() as stack:
             group = start_systems(stack, group_names, args.label, outdir, src)
-            if args.warmup:
-                # the same load on topics and groups of its own, so the brokers' JVMs are compiled
-                # and warm; the measured topic, group and kshare's cache for them start fresh
-                run([System(s.name, s.bootstrap, s.kshare) for s in group], args, ctx, args.warmup, "warm-up ")
-            spies = [start_py_spy(s.kshare, outdir / f"{args.label}.{s.name}.pyspy.txt", args.seconds + 10)
-                     for s in group if args.py_spy and s.kshare is not None]
-            t0 = run(group, args, ctx, args.seconds)
-            t0_ns = int(t0 * 1e9)
-            for s in group:
-                windows = window_stats(s, t0_ns, args.window, upto=args.seconds)
-                cpu = cpu_per_window(s, t0, args.window, len(windows)) if s.kshare else []
-                for w, c in zip(windows, cpu, strict=False):
-                    w["kshare_cpu"] = c
-                results[s.name] = {"label": LABELS[s.name], "windows": windows, "summary": summary(windows),
-                                   "sent": len(s.sent), "received": len(s.seen), "duplicates": s.duplicates,
-                                   "producer_lag_max_ms": round(s.producer_lag_max * 1000, 3),
-                                   "unflushed": s.unflushed, "kshare_cpu": cpu}
-            for raw, pr in spies:
-                finish_py_spy(raw, pr)
+            try:
+                if args.warmup:
+                    # the same load on topics and groups of its own, so the brokers' JVMs are
+                    # compiled and warm; the measured topic, group and kshare's cache start fresh
+                    run([System(s.name, s.bootstrap, s.kshare) for s in group], args, ctx, args.warmup,
+                        "warm-up ")
+                spies = [start_py_spy(s.kshare, outdir / f"{args.label}.{s.name}.pyspy.txt", args.seconds + 10)
+                         for s in group if args.py_spy and s.kshare is not None]
+                t0 = run(group, args, ctx, args.seconds)
+            except (TimeoutError, RuntimeError) as exc:
+                print(f"{', '.join(group_names)}: {exc}", flush=True)
+                for s in group:
+                    results[s.name] = {"label": LABELS[s.name], "windows": [], "summary": {}, "sent": 0,
+                                       "received": 0, "duplicates": 0, "error": str(exc), "kshare_cpu": []}
+            else:
+                t0_ns = int(t0 * 1e9)
+                for s in group:
+                    windows = window_stats(s, t0_ns, args.window, upto=args.seconds)
+                    cpu = cpu_per_window(s, t0, args.window, len(windows)) if s.kshare else []
+                    for w, c in zip(windows, cpu, strict=False):
+                        w["kshare_cpu"] = c
+                    results[s.name] = {"label": LABELS[s.name], "windows": windows, "summary": summary(windows),
+                                       "sent": len(s.sent), "received": len(s.seen), "duplicates": s.duplicates,
+                                       "producer_lag_max_ms": round(s.producer_lag_max * 1000, 3),
+                                       "unflushed": s.unflushed, "kshare_cpu": cpu}
+                for raw, pr in spies:
+                    finish_py_spy(raw, pr)
+        # written after every turn: a later system that fails does not lose the earlier ones
+        plotted = write_report(args, names, info, results, load_before, started, outdir, compare)
     load_after = load()
-    config = {"seconds": args.seconds, "warmup": args.warmup, "rate": args.rate, "value_size": args.value_size,
-              "window": args.window, "mode": args.mode, "systems": names, "poll_timeout": args.poll_timeout,
-              "command": " ".join([Path(sys.executable).name, *sys.argv])}
-    report = {"config": config, "machine": info, "load_before": load_before, "load_after": load_after,
-              "elapsed_s": round(time.monotonic() - started, 1), "results": results}
-    (outdir / f"{args.label}.json").write_text(json.dumps(report, indent=1) + "\n")
     text = table(results, names)
-    (outdir / f"{args.label}.md").write_text(
-        f"{config['command']}\n\nmode {args.mode}, {args.rate:g} records/s of {args.value_size} B for "
-        f"{args.seconds:g} s, load {load_before} -> {load_after}\n\n{text}\n")
-    plotted = plot(results, names, outdir / f"{args.label}.png", plot_title(config, info), compare)
     print(f"\nload {load_before} -> {load_after}; {time.monotonic() - started:.0f} s in all\n")
     print(text)
     print(f"\nwritten: {outdir / (args.label + '.json')}, .md" + (", .png" if plotted else ""))
