@@ -190,7 +190,7 @@ class PartitionLog:
         """Where the data a Fetch may return ends, as last heard (-1 unknown)."""
         return self.last_stable_offset if self.read_committed else self.high_watermark
 
-    async def _fetch(self, offset: int, max_wait_ms: int, lane: str) -> tuple[FetchResult, list[Batch]]:
+    async def _fetch(self, offset: int, max_wait_ms: int, lane: str) -> tuple[_Fetched, list[Batch]]:
         """A Fetch at ``offset``, its batches cached; (the result, the batches it brought)."""
         res = await self._fetch_once(offset, max_wait_ms, lane)
         if (res.error_code == ErrorCode.NONE and not res.batches and max_wait_ms < DATA_WAIT_MS
