@@ -104,7 +104,15 @@ class ShareCollector(Collector):
                       ("speo", "Share-partition end offset"),
                       ("in_flight_records", "Records between SPSO and SPEO"),
                       ("acquired_records", "Records currently acquired"),
-                      ("lag", "Records not yet delivery-complete (from the last seen high watermark)"))}
+                      ("lag", "Records not yet delivery-complete (from the last seen high watermark)"),
+                      ("fetching_members", "Members that fetched from the share-partition within the lock "
+                                           "duration (its lock budget is shared among them)"))}
+        member_labels = [*labels, "member"]
+        member_acquired = CounterMetricFamily(
+            "kshare_share_member_acquired_records", "Records acquired per member per share-partition, "
+            "while the member fetches there (fair acquisition)", labels=member_labels)
+        member_held = GaugeMetricFamily("kshare_share_member_held_records",
+                                        "Records a member holds acquired on a share-partition", labels=member_labels)
         for key, sp in service.partitions.items():
             engine = sp.engine
             if engine is None:
@@ -121,7 +129,14 @@ class ShareCollector(Collector):
             gauges["in_flight_records"].add_metric(row, engine.in_flight_count)
             gauges["acquired_records"].add_metric(row, engine.acquired_count())
             gauges["lag"].add_metric(row, lag)
+            gauges["fetching_members"].add_metric(row, len(sp.fair.members))
+            for member_id, m in sp.fair.members.items():
+                member_row = [*row, member_id]
+                member_acquired.add_metric(member_row, m.acquired_total)
+                member_held.add_metric(member_row, engine.acquired_count(member_id))
         yield from gauges.values()
+        yield member_acquired
+        yield member_held
 
 
 class Readiness(Collector):

@@ -52,6 +52,21 @@ class ShareGroup:
     deleted: bool = False
     topics: dict[bytes, str] = field(default_factory=dict)  # topics the group has read, by id
     topic_partitions: dict[bytes, int] = field(default_factory=dict)  # partition count when first read
+    # members assigned each (topic id, partition) by ``target``, rebuilt when the epoch moves
+    _assigned: dict[tuple[bytes, int], tuple[str, ...]] = field(default_factory=dict)
+    _assigned_epoch: int = -1
+
+    def assigned_members(self, topic_id: bytes, partition: int) -> tuple[str, ...]:
+        """Members the target assignment gives this partition to."""
+        if self._assigned_epoch != self.epoch:
+            index: dict[tuple[bytes, int], list[str]] = {}
+            for member_id, assignment in self.target.items():
+                for tid, parts in assignment.items():
+                    for p in parts:
+                        index.setdefault((tid, p), []).append(member_id)
+            self._assigned = {k: tuple(v) for k, v in index.items()}
+            self._assigned_epoch = self.epoch
+        return self._assigned.get((topic_id, partition), ())
 
     @property
     def state(self) -> GroupState:

@@ -157,6 +157,8 @@ class SharePartition:
         self._changes: list[StateBatch] = []
         # Ranges the last operation archived after delivering them: (first, last, delivery count).
         self._archived: list[tuple[int, int, int]] = []
+        # Offsets acquired per member, kept by every transition (fair shares need it per fetch).
+        self._held: dict[str, int] = {}
         self.delivery_count_limit = delivery_count_limit
         self.max_record_locks = max_record_locks
         self.record_lock_duration_ms = record_lock_duration_ms
@@ -259,12 +261,10 @@ class SharePartition:
         ]
 
     def acquired_count(self, member_id: str | None = None) -> int:
-        """Offsets currently acquired (by one member, or by anyone)."""
-        return sum(
-            r.last - r.first + 1
-            for r in self._ranges
-            if r.state == _ACQUIRED and (member_id is None or r.member == member_id)
-        )
+        """Offsets currently acquired (by one member, or by anyone), lock expiry not yet applied."""
+        if member_id is not None:
+            return self._held.get(member_id, 0)
+        return sum(self._held.values())
 
     def snapshot(self) -> ShareSnapshot:
         """ShareSnapshot content of the current durable state (Acquired never appears)."""
@@ -513,6 +513,8 @@ class SharePartition:
         else:
             ranges.append(r)
         self._speo = r.last + 1
+        if r.state == _ACQUIRED:
+            self._hold(r.member, r.last - r.first + 1)
         if r.state == _AVAILABLE and r.first < self._available_from:
             self._available_from = r.first
         if r.first < self._touch_lo:
@@ -721,6 +723,8 @@ class SharePartition:
     def _apply(self, r: StateRange, t: Transition, member: str | None, deadline: int) -> None:
         """Move range ``r`` through transition ``t``, recording any durable change."""
         before = durable_view(r.state, r.count)
+        if r.state == _ACQUIRED:
+            self._hold(r.member, r.first - r.last - 1)
         if r.count >= self._limit:
             target = t.at_limit
         else:
@@ -739,6 +743,8 @@ class SharePartition:
             r.deadline = 0
             if target == _AVAILABLE and r.first < self._available_from:
                 self._available_from = r.first
+        if target == _ACQUIRED:
+            self._hold(r.member, r.last - r.first + 1)
         after = durable_view(target, r.count)
         if after != before:
             assert after is not None, "a durable entry never disappears without an SPSO move"
@@ -747,6 +753,15 @@ class SharePartition:
             self._touch_lo = r.first
         if r.last > self._touch_hi:
             self._touch_hi = r.last
+
+    def _hold(self, member: str | None, delta: int) -> None:
+        if member is None:
+            return
+        n = self._held.get(member, 0) + delta
+        if n:
+            self._held[member] = n
+        else:
+            del self._held[member]
 
     def _finish(self, old_start: int) -> ShareUpdate | None:
         """Merge touched ranges, move the SPSO, and build the durable update of the operation."""

@@ -22,6 +22,7 @@ from . import dead_letter
 from .config import BrokerLimits, parse_duration_ms
 from .coordinator import GroupCoordinator, ShareGroup
 from .errors import ErrorCode
+from .fairness import FairShare
 from .ownership import LocalOwnership, Ownership
 from .partition import SharePartition
 from .partition_log import PartitionLog
@@ -59,6 +60,7 @@ class SharePartitionState:
     pending_done: asyncio.Future | None = None
     writing: bool = False
     broken: bool = False  # a write failed: rebuild from durable state before serving again
+    fair: FairShare = field(default_factory=FairShare)  # the members fetching here, their shares
 
     def wake(self) -> None:
         for fut in self.waiters:
@@ -212,6 +214,7 @@ class ShareGroupService:
                 continue
             if wanted is not None and (key.topic_id, key.partition) not in wanted:
                 continue
+            sp.fair.leave(member_id)
             update = sp.engine.release_member(member_id)
             if update is not None:
                 # at the delivery count limit the records are archived: dead letters too

@@ -553,6 +553,14 @@ class EngineVersusModel(RuleBasedStateMachine):
         assert sp.next_fetch_offset() == model.next_fetch_offset()
         assert sp.next_deadline() == model.next_deadline()
         assert sp.snapshot() == model.snapshot()
+        held: dict[str, int] = {}
+        for o in range(model.spso, model.speo):
+            r = model.recs[o]
+            if r.state == ACQUIRED and r.member is not None:
+                held[r.member] = held.get(r.member, 0) + 1
+        for member in {*MEMBERS, "nobody"}:
+            assert sp.acquired_count(member) == held.get(member, 0), member
+        assert sp.acquired_count() == sum(held.values())
 
     @invariant()
     def writes_replay_to_the_snapshot(self) -> None:

@@ -17,6 +17,7 @@ from ..errors import ErrorCode
 from ..partition import FetchedBatch
 from ..sessions import FINAL_EPOCH
 from ..states import AcquireMode
+from ..store import SharePartitionKey
 from ..upstream import OFFSET_OUT_OF_RANGE
 from .common import (
     MAX_MEMBER_ID_LENGTH,
@@ -66,6 +67,10 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         return _error(version, opened.error_code, None, lock_ms)
     session = opened.session
     assert session is not None
+    for topic_id, partition in forgotten:  # no longer fetched here: out of the partition's fair shares
+        sp = service.partitions.get(SharePartitionKey(group_id, topic_id, partition))
+        if sp is not None:
+            sp.fair.leave(member_id)
 
     out = _ResponseBuilder()
     acks = [(t.topic_id, p.partition_index, p.acknowledgement_batches)
@@ -138,14 +143,33 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
             out.partition(topic_id, partition).error_code = err or ErrorCode.COORDINATOR_NOT_AVAILABLE
             continue
         states.append(sp)
+        now = service.clock()
+        held = engine.acquired_count(member_id)
+        sp.fair.fetching(member_id, max_records, held, now)
         if not engine.can_acquire():
             continue
-        offset = engine.next_fetch_offset()
+        # Fair acquisition: when the members here want more than the lock budget, each gets its
+        # share (exactly, splitting a batch where needed) instead of first come, first served.
+        # What is there to share: the lock budget, or less when the backlog is smaller (records
+        # up to the last seen high watermark, not yet delivery-complete), so that the last
+        # records are spread too instead of going to whoever fetches first.
         plog = service.partition_log(topic, partition, rc)
+        budget = engine.max_record_locks
+        if plog.high_watermark >= 0:
+            budget = max(1, min(budget, plog.high_watermark - engine.start_offset))
+        want = max_records - out.record_count
+        acquire_mode = mode
+        cap = sp.fair.cap(member_id, held, budget, now, cfg.record_lock_duration_ms,
+                          group.assigned_members(topic_id, partition))
+        if cap is not None and cap < want:
+            if cap == 0:
+                continue  # it holds its share already; acknowledgements here wake this fetch
+            want, acquire_mode = cap, AcquireMode.RECORD_LIMIT
+        offset = engine.next_fetch_offset()
         # Offsets from SPEO + the records still wanted on cannot be acquired by this request:
         # leave those batches out (with small producer batches a cached segment holds thousands).
         # Not under read_committed, where skipped aborted records may stretch far past that.
-        until = None if rc else engine.end_offset + max(max_records - out.record_count, 1)
+        until = None if rc else engine.end_offset + max(want, 1)
         read = await plog.read(offset, max(1, min(max_bytes - out.record_bytes, plog.fetch_bytes)), until)
         if read.error_code == OFFSET_OUT_OF_RANGE:
             service.skip_to_log_start(sp, read.log_start_offset)
@@ -157,7 +181,7 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
             continue
         fetched = [FetchedBatch(b.base_offset, b.last_offset, b.is_control, b.is_transactional, b.producer_id)
                    for b, _ in read.batches]
-        result = engine.acquire(member_id, fetched, max_records - out.record_count, mode,
+        result = engine.acquire(member_id, fetched, want, acquire_mode,
                                 fetch_offset=read.fetch_offset, lso=read.lso if rc else None,
                                 aborted_transactions=read.aborted if rc else None,
                                 lock_duration_ms=cfg.record_lock_duration_ms)
@@ -167,6 +191,7 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
                                                                                   list(engine.archived))))
         if not result.records:
             continue
+        sp.fair.acquired(member_id, result.count, now)
         service.watch_locks(sp)
         chunks = []
         ranges = result.records

@@ -1,0 +1,127 @@
+"""Fair acquisition (sans-I/O): how many records one member may acquire from a share-partition now.
+
+A share-partition lends at most ``share.partition.max.record.locks`` records at a time. Handed
+out first come, first served, with clients' default ``max.poll.records`` (500) four members take
+the whole budget and every other member of the partition waits (Apache Kafka 4.4 does exactly
+this). ``FairShare`` divides the budget among the members that fetch from the partition instead:
+
+* Nobody is capped while the members' requests fit the budget together (a member alone, or a
+  few members, still get full batches).
+* Otherwise each member's share is the budget weighted by its pace (records it settles per
+  second, measured from its own acquire-to-settle cycles, so a slow member holds fewer locks
+  that a fast one could use); members not yet measured count as the median member. Weights
+  are kept within ``PACE_SPREAD`` of the median so one outlier cannot starve or flood the rest.
+* A member may acquire its share minus what it already holds, never below zero (it must work
+  off what it holds first); a share is never less than one record.
+
+Members are those the assignment gives the partition to, and those that fetched from it within
+the lock duration and have not left (``leave``: session closed or partition forgotten, member
+gone). Time comes from the caller, in milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+PACE_SPREAD = 8.0  # a member's weight stays within [median / 8, median * 8]
+PACE_EWMA = 0.3  # weight of a new pace sample
+DEFAULT_WANTED = 500  # what a member that has not fetched yet is taken to ask for (clients' default)
+
+
+@dataclass(slots=True)
+class _Member:
+    last_fetch_ms: int
+    wanted: int  # records its last fetch asked for
+    ms_per_record: float | None = None  # measured pace, None until a first cycle completes
+    cycle_start_ms: int = -1  # when it last went from holding nothing to holding records
+    cycle_records: int = 0  # records acquired in the current cycle
+    acquired_total: int = 0  # records acquired since it joined the partition (metrics)
+
+
+class FairShare:
+    """The members fetching from one share-partition and their fair shares of its lock budget."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, _Member] = {}
+
+    def fetching(self, member_id: str, wanted: int, held: int, now_ms: int) -> None:
+        """A fetch from ``member_id`` asking for ``wanted`` records; it holds ``held`` here now.
+
+        Holding nothing after a cycle of acquisitions closes the cycle: its length over the
+        records acquired in it is one pace sample.
+        """
+        m = self.members.get(member_id)
+        if m is None:
+            self.members[member_id] = _Member(now_ms, wanted)
+            return
+        m.last_fetch_ms = now_ms
+        m.wanted = wanted
+        if held == 0 and m.cycle_records > 0:
+            sample = max(now_ms - m.cycle_start_ms, 1) / m.cycle_records
+            m.ms_per_record = sample if m.ms_per_record is None else (
+                (1 - PACE_EWMA) * m.ms_per_record + PACE_EWMA * sample)
+            m.cycle_records = 0
+
+    def acquired(self, member_id: str, count: int, now_ms: int) -> None:
+        m = self.members.get(member_id)
+        if m is None or count <= 0:
+            return
+        if m.cycle_records == 0:
+            m.cycle_start_ms = now_ms
+        m.cycle_records += count
+        m.acquired_total += count
+
+    def leave(self, member_id: str) -> None:
+        self.members.pop(member_id, None)
+
+    def active(self, now_ms: int, idle_ms: int) -> dict[str, _Member]:
+        """Members that fetched within ``idle_ms``; older ones are forgotten."""
+        gone = [k for k, m in self.members.items() if now_ms - m.last_fetch_ms > idle_ms]
+        for k in gone:
+            del self.members[k]
+        return self.members
+
+    def share(self, member_id: str, budget: int, now_ms: int, idle_ms: int,
+              assigned: Iterable[str] = ()) -> int | None:
+        """The member's share of ``budget`` records, None when nobody needs to be capped.
+
+        ``assigned``: members the group's assignment gives the partition to. Those that have
+        not fetched yet count too (asking for ``DEFAULT_WANTED``, at the median pace), so the
+        first fetches after a start do not take the budget before the others arrive.
+        """
+        members = self.active(now_ms, idle_ms)
+        expected = [k for k in assigned if k not in members]
+        if len(members) + len(expected) <= 1:
+            return None
+        if sum(m.wanted for m in members.values()) + DEFAULT_WANTED * len(expected) <= budget:
+            return None
+        weights = _weights(members)
+        median = _median(weights) if weights else 1.0
+        total = sum(weights.values()) + median * len(expected)
+        return max(1, int(budget * weights.get(member_id, median) / total))
+
+    def cap(self, member_id: str, held: int, budget: int, now_ms: int, idle_ms: int,
+            assigned: Iterable[str] = ()) -> int | None:
+        """Records the member may acquire now (its share minus what it holds), None = no cap."""
+        s = self.share(member_id, budget, now_ms, idle_ms, assigned)
+        return None if s is None else max(0, s - held)
+
+
+def _median(weights: dict[str, float]) -> float:
+    xs = sorted(weights.values())
+    return xs[len(xs) // 2]
+
+
+def _weights(members: dict[str, _Member]) -> dict[str, float]:
+    """Records per ms for each member: measured, else the median's; clamped around the median."""
+    paces = sorted(1.0 / max(m.ms_per_record, 1e-3) for m in members.values() if m.ms_per_record is not None)
+    if not paces:
+        return dict.fromkeys(members, 1.0)
+    median = paces[len(paces) // 2]
+    lo, hi = median / PACE_SPREAD, median * PACE_SPREAD
+    out = {}
+    for k, m in members.items():
+        w = median if m.ms_per_record is None else 1.0 / max(m.ms_per_record, 1e-3)
+        out[k] = min(max(w, lo), hi)
+    return out

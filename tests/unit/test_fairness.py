@@ -1,0 +1,105 @@
+"""FairShare: the lock budget of a share-partition divided among the members fetching there."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kshare.share.fairness import PACE_SPREAD, FairShare
+
+IDLE = 30_000
+
+
+def members(n: int, wanted: int = 500, now: int = 0) -> FairShare:
+    fair = FairShare()
+    for i in range(n):
+        fair.fetching(f"m{i}", wanted, 0, now)
+    return fair
+
+
+def test_a_member_alone_is_never_capped():
+    fair = members(1)
+    assert fair.cap("m0", 0, 2000, 0, IDLE) is None
+
+
+def test_members_whose_requests_fit_the_budget_get_full_batches():
+    fair = members(4)  # 4 x 500 = the whole budget of 2000
+    assert all(fair.cap(f"m{i}", 0, 2000, 0, IDLE) is None for i in range(4))
+
+
+def test_many_members_share_the_budget_equally():
+    fair = members(24)
+    assert {fair.cap(f"m{i}", 0, 2000, 0, IDLE) for i in range(24)} == {2000 // 24}
+
+
+def test_what_a_member_holds_counts_against_its_share():
+    fair = members(24)
+    share = fair.share("m0", 2000, 0, IDLE)
+    assert fair.cap("m0", share - 10, 2000, 0, IDLE) == 10
+    assert fair.cap("m0", share + 10, 2000, 0, IDLE) == 0
+
+
+def test_a_share_is_never_below_one_record():
+    fair = members(3000)
+    assert fair.share("m7", 2000, 0, IDLE) == 1
+
+
+def test_members_idle_past_the_window_or_gone_no_longer_count():
+    fair = members(10)
+    fair.fetching("m0", 500, 0, IDLE + 1)  # the only one still fetching
+    assert fair.cap("m0", 0, 2000, IDLE + 1, IDLE) is None
+    assert list(fair.members) == ["m0"]
+    fair = members(10)
+    for i in range(1, 10):
+        fair.leave(f"m{i}")
+    assert fair.cap("m0", 0, 2000, 0, IDLE) is None
+
+
+def test_pace_is_measured_from_acquire_to_holding_nothing():
+    fair = members(2)
+    fair.acquired("m0", 100, 1_000)
+    fair.fetching("m0", 500, 100, 1_200)  # still holds them: no sample yet
+    assert fair.members["m0"].ms_per_record is None
+    fair.fetching("m0", 500, 0, 1_500)  # settled all 100 in 500 ms
+    assert fair.members["m0"].ms_per_record == 5.0
+
+
+def test_a_slow_member_gets_a_smaller_share_than_fast_ones():
+    fair = members(10)
+    for i in range(10):
+        fair.acquired(f"m{i}", 100, 0)
+        fair.fetching(f"m{i}", 500, 0, 4_000 if i == 0 else 500)  # m0 is 8x slower
+    slow, fast = fair.share("m0", 2000, 4_000, IDLE), fair.share("m1", 2000, 4_000, IDLE)
+    assert slow is not None and fast is not None
+    assert slow * 6 < fast
+
+
+@given(
+    paces=st.lists(st.one_of(st.none(), st.floats(0.01, 10_000)), min_size=2, max_size=60),
+    budget=st.integers(1, 5000),
+    wanted=st.integers(1, 1000),
+)
+def test_shares_add_up_to_the_budget_and_stay_near_the_median(paces, budget, wanted):
+    fair = FairShare()
+    for i, pace in enumerate(paces):
+        fair.fetching(f"m{i}", wanted, 0, 0)
+        fair.members[f"m{i}"].ms_per_record = pace
+    shares = [fair.share(f"m{i}", budget, 0, IDLE) for i in range(len(paces))]
+    if wanted * len(paces) <= budget:
+        assert shares == [None] * len(paces)
+        return
+    assert all(s is not None and s >= 1 for s in shares)
+    # rounding down, plus the one-record floor, is all that may exceed the budget
+    assert sum(shares) <= budget + len(paces)  # type: ignore[arg-type]
+    assert max(shares) <= (min(shares) + 1) * PACE_SPREAD ** 2  # type: ignore[type-var, operator]
+    # equal paces (or all unknown) give equal shares
+    if len({p for p in paces}) == 1:
+        assert len(set(shares)) == 1
+
+
+def test_assigned_members_that_have_not_fetched_yet_count():
+    fair = members(1)  # the first member to fetch after a start
+    assigned = [f"m{i}" for i in range(24)]
+    assert fair.cap("m0", 0, 2000, 0, IDLE) is None
+    assert fair.cap("m0", 0, 2000, 0, IDLE, assigned) == 2000 // 24
+    assert fair.cap("m0", 0, 2000, 0, IDLE, assigned[:4]) is None  # 4 x 500 fit the budget
