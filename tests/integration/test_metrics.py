@@ -67,6 +67,12 @@ def test_metrics_match_what_happened(kafka39) -> None:
             assert len(seen) == 30
             during = scrape(port)
             assert value(during, "kshare_share_group_members", group=group, state="Stable") == 1
+            # fair acquisition's view: one member fetches there and acquired all 30 records
+            fair = {"group": group, "topic": topic, "partition": "0"}
+            assert value(during, "kshare_share_partition_fetching_members", **fair) == 1
+            per_member = {dict(k[1])["member"]: v for k, v in during.items()
+                          if k[0] == "kshare_share_member_acquired_records_total" and fair.items() <= dict(k[1]).items()}
+            assert list(per_member.values()) == [30.0], per_member
 
         labels = {"group": group, "topic": topic}
         wait_until(lambda: value(scrape(port), "kshare_share_partition_spso", partition=0, **labels) == 30, 20,
