@@ -427,6 +427,7 @@ def scaling_table(rows: list[Scale], process_ms: float) -> str:
 
 
 BALANCE_MIXES = "3x2,5x4,7x3,16x1,4x4,2x8"
+PARTS = ["throughput", "scaling", "balance", "fairness"]
 
 
 def balance(k3: KafkaBroker, k4: KafkaBroker, kshare_bootstrap: str, mixes: list[tuple[int, int]], per_member: int,
@@ -464,6 +465,53 @@ def balance(k3: KafkaBroker, k4: KafkaBroker, kshare_bootstrap: str, mixes: list
     return "\n".join(head + rows)
 
 
+# --------------------------------------------------------------------------------------------
+# part 4: fairness -- many consumers with client defaults (issue 17)
+
+
+# (members, partitions, records, ms of work per record)
+FAIRNESS_CASES = "24x1x6000x5,64x4x25600x5,100x2x20000x2"
+
+
+def fairness(k3: KafkaBroker, k4: KafkaBroker, kshare_bootstrap: str, cases: list[tuple[int, int, int, float]],
+             max_polls: list[int], rounds: int) -> str:
+    """Drain ratio with many ShareConsumers, client defaults (max.poll.records 500) and a small
+    max.poll.records as the control, kshare and native alternated, median of ``rounds``; also the
+    fewest and most records one consumer processed (fair acquisition shows there)."""
+    from tests.integration.drain import drain, names
+
+    systems = {"kshare": (kshare_bootstrap, k3), "native": (k4.bootstrap, k4)}
+    head = "| members on partitions, records, work | " + " | ".join(
+        f"{s}, max.poll.records {m}" for m in max_polls for s in ("native", "kshare")) + " |"
+    rows = [head, "|---|" + "---|" * (2 * len(max_polls))]
+    for members, partitions, records, work_ms in cases:
+        cells = []
+        for mpr in max_polls:
+            got: dict[str, list] = {s: [] for s in systems}
+            for r in range(rounds):
+                for name in (list(systems) if r % 2 == 0 else list(reversed(systems))):
+                    bootstrap, broker = systems[name]
+                    topic, group = names("bench-fair")
+                    broker.create_topic(topic, partitions)
+                    share_group(bootstrap, group)
+                    res = drain(bootstrap, broker.bootstrap, topic, group, partitions=partitions, members=members,
+                                work_ms=work_ms, per_member=max(1, records // members), max_poll=mpr, timeout=300)
+                    got[name].append(res)
+                    busy = sum(1 for n in res.per_member if n)
+                    print(f"  {members} on {partitions}, max.poll.records {mpr}, {name:6}: {res.ratio:.2f} of ideal "
+                          f"({res.seconds:.2f} s vs {res.ideal:.2f} s); {busy}/{members} consumers got records, "
+                          f"min {min(res.per_member)} max {max(res.per_member)}", flush=True)
+                    with contextlib.suppress(Exception):
+                        broker.delete_topic(topic)
+            for name in ("native", "kshare"):
+                runs = got[name]
+                med = statistics.median(x.ratio for x in runs)
+                busy = min(sum(1 for n in x.per_member if n) for x in runs)
+                cells.append(f"{med:.2f} ({busy}/{members} busy)")
+        rows.append(f"| {members} on {partitions}, {records:,}, {work_ms:g} ms | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 50,000 records, 1 round, 1/2/4 consumers")
@@ -479,18 +527,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-batch", type=int, default=1, help="scaling: records per producer batch")
     parser.add_argument("--scale-targets", default="kshare,native",
                         help="scaling through kshare and, as a reference, on Kafka 4.4's share groups")
-    parser.add_argument("--skip", choices=["throughput", "scaling", "balance"], action="append", default=[])
-    parser.add_argument("--only", choices=["throughput", "scaling", "balance"], default=None,
-                        help="run this part alone")
+    parser.add_argument("--skip", choices=PARTS, action="append", default=[])
+    parser.add_argument("--only", choices=PARTS, default=None, help="run this part alone")
     parser.add_argument("--mixes", default=BALANCE_MIXES, help="balance: MEMBERSxPARTITIONS,... (default %(default)s)")
     parser.add_argument("--per-member", type=int, default=1000, help="balance: records per member (1000: 5 s ideal)")
     parser.add_argument("--balance-max-poll", type=int, default=10, help="balance: max.poll.records (10)")
+    parser.add_argument("--fair-cases", default=FAIRNESS_CASES,
+                        help="fairness: MEMBERSxPARTITIONSxRECORDSxWORK_MS,... (default %(default)s)")
+    parser.add_argument("--fair-max-poll", default="500,10",
+                        help="fairness: max.poll.records values; 500 is the clients' default (%(default)s)")
     parser.add_argument("--profile", choices=["none", "py-spy"], default="none",
                         help="py-spy kshare during one extra share-consumer run of the first size")
     parser.add_argument("--outdir", default=None, help="where profiles go (default: a temp directory)")
     args = parser.parse_args(argv)
     if args.only:
-        args.skip = [part for part in ("throughput", "scaling", "balance") if part != args.only]
+        args.skip = [part for part in PARTS if part != args.only]
+    elif "fairness" not in args.skip:
+        args.skip.append("fairness")  # long (100 consumers): only when asked for
 
     records = args.records or (50_000 if args.quick else 1_000_000)
     rounds = args.rounds or (1 if args.quick else 2)
@@ -544,6 +597,14 @@ def main(argv: list[str] | None = None) -> int:
                     table = balance(k3, k4, bootstrap, mixes, args.per_member, args.process_ms,
                                     args.balance_max_poll, rounds, churn)
                     report += [f"Balance ({what}), drain ratio ideal / actual, median of {rounds}:", "", table, ""]
+            if "fairness" not in args.skip:
+                cases = [(int(m), int(p), int(n), float(w))
+                         for m, p, n, w in (c.split("x") for c in args.fair_cases.split(","))]
+                max_polls = [int(x) for x in args.fair_max_poll.split(",")]
+                print(f"\n== fairness: many consumers, max.poll.records {max_polls}", flush=True)
+                table = fairness(k3, k4, bootstrap, cases, max_polls, rounds)
+                report += [f"Fairness, drain ratio ideal / actual, median of {rounds} (busy: consumers that got "
+                           "records, fewest of the runs):", "", table, ""]
         finally:
             kshare.stop()
             notes = [line for line in kshare.output if " WARNING " in line or " ERROR " in line or "Traceback" in line]
