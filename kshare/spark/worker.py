@@ -1,0 +1,208 @@
+"""The share member of a Python worker process, kept between Spark tasks.
+
+Spark reuses its Python worker processes (``spark.python.worker.reuse``), so a member made here
+outlives the task that made it: it keeps its connection, its group membership and its share
+sessions, and with them the records its tasks read, locked until the driver's commit of their
+micro-batch reaches it through the commit channel (or they are released). A background event
+loop thread heartbeats, watches the commit marker while records are held, and renews their locks.
+A worker process that dies closes its connections: the broker releases its records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..tools.admin_client import parse_bootstrap
+from ..tools.share_member import ACCEPT, RELEASE, RENEW, Acquired, Record, ShareMember
+from .commits import CommitChannel, Marker
+from .options import Options
+
+log = logging.getLogger("kshare.spark")
+
+WATCH_INTERVAL_S = 0.1  # how often a member holding records looks at the commit marker
+JOIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Tag:
+    """Which task read a holding: micro-batch ``batch`` of run ``run`` of stream ``stream``, the
+    task's input partition ``index`` and Spark's attempt number."""
+
+    stream: str
+    run: int
+    batch: int
+    index: int
+    attempt: int = 0
+
+
+@dataclass(slots=True)
+class Holding:
+    tag: Tag
+    acquired: list[Acquired]
+    since: float = field(default_factory=time.monotonic)
+    lock_s: float = 0.0
+
+
+class MemberHost:
+    """A :class:`ShareMember` on an event loop thread of its own, called from task threads."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="kshare-share-member", daemon=True)
+        self._thread.start()
+        timeout = int(opts.kafka_option("request.timeout.ms", "30000") or 30000)
+        self.member = ShareMember(parse_bootstrap(opts.bootstrap), opts.group, list(opts.topics),
+                                  client_id=opts.kafka_option("client.id", "kshare-spark") or "kshare-spark",
+                                  rack=opts.kafka_option("client.rack"), timeout_ms=timeout)
+        self.holdings: list[Holding] = []
+        self._channels: dict[str, CommitChannel] = {}
+        self._warned: set[str] = set()
+        self.call(self.member.start())
+        self._watcher = asyncio.run_coroutine_threadsafe(self._watch(), self.loop)
+
+    def call(self, coro: Any, timeout: float | None = None) -> Any:
+        fut: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result(timeout)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def read(self, tag: Tag, max_records: int, max_wait_ms: int) -> tuple[list[Record], Holding]:
+        """Acquire up to ``max_records`` within about ``max_wait_ms``; the records stay held under
+        ``tag`` until :meth:`settle` or the commit marker decides."""
+        return self.call(self._read(tag, max_records, max_wait_ms))
+
+    async def _read(self, tag: Tag, max_records: int, max_wait_ms: int) -> tuple[list[Record], Holding]:
+        if tag.attempt > 0:  # an earlier attempt of this task failed: what it read here was never used
+            await self._settle([h for h in self.holdings if _same_task(h.tag, tag)], RELEASE)
+        start = time.monotonic()
+        await self.member.wait_assigned(JOIN_TIMEOUT_S if not self.holdings else max_wait_ms / 1000.0)
+        records: list[Record] = []
+        holding = Holding(tag, [])
+        wait_ms = max_wait_ms
+        while len(records) < max_records:
+            got, acquired = await self.member.fetch(max_records - len(records), wait_ms)
+            records += got
+            holding.acquired += acquired
+            if not acquired:
+                break
+            for a in acquired:
+                holding.lock_s = max(holding.lock_s, a.lock_deadline - time.monotonic())
+            # after the first answer take only what is there now, within the task's time
+            left_ms = max_wait_ms - (time.monotonic() - start) * 1000
+            if left_ms <= 0:
+                break
+            wait_ms = int(min(left_ms, 20))
+        if holding.acquired:
+            self.holdings.append(holding)
+        return records, holding
+
+    def settle(self, holding: Holding, ack_type: int) -> None:
+        """ACCEPT or RELEASE ``holding`` now (batch reads, failed tasks)."""
+        self.call(self._settle([holding], ack_type))
+
+    async def _settle(self, holdings: list[Holding], ack_type: int) -> None:
+        for h in holdings:
+            if h in self.holdings:
+                self.holdings.remove(h)
+        acquired = [a for h in holdings for a in h.acquired]
+        if not acquired:
+            return
+        errors = await self.member.acknowledge(acquired, ack_type)
+        if errors:
+            verb = {ACCEPT: "accept", RELEASE: "release"}.get(ack_type, str(ack_type))
+            log.warning("kshare: could not %s %d record(s) of %s: %s (they are redelivered when their "
+                        "locks expire)", verb, sum(a.count for a in acquired),
+                        ", ".join(sorted({f"batch {h.tag.batch}" for h in holdings})), "; ".join(errors[:3]))
+
+    # -- the background watch -----------------------------------------------------------------------
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.member.closed:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            if not self.holdings:
+                continue
+            try:
+                markers: dict[str, Marker | None] = {}
+                for stream in {h.tag.stream for h in self.holdings}:
+                    markers[stream] = await loop.run_in_executor(None, self._channel(stream).read)
+                await self._apply(markers)
+                await self._renew()
+            except Exception as exc:  # keep watching: a passing outage must not orphan the records
+                log.warning("kshare: commit watch failed (%r); retrying", exc)
+                await asyncio.sleep(1.0)
+
+    def _channel(self, stream: str) -> CommitChannel:
+        ch = self._channels.get(stream)
+        if ch is None:
+            ch = self._channels[stream] = CommitChannel(self.opts, stream)
+        return ch
+
+    async def _apply(self, markers: dict[str, Marker | None]) -> None:
+        accept, release = [], []
+        for h in list(self.holdings):
+            marker = markers.get(h.tag.stream)
+            decision = marker.decides(h.tag.run, h.tag.batch) if marker is not None else None
+            if decision == "accept":
+                accept.append(h)
+            elif decision == "release":
+                release.append(h)
+            elif time.monotonic() - h.since > self.opts.commit_timeout_ms / 1000.0:
+                log.warning("kshare: micro-batch %d was not committed within commitTimeoutMs=%d; releasing "
+                            "its %d record(s) for redelivery", h.tag.batch, self.opts.commit_timeout_ms,
+                            sum(a.count for a in h.acquired))
+                release.append(h)
+        if accept:
+            await self._settle(accept, ACCEPT)
+        if release:
+            await self._settle(release, RELEASE)
+
+    async def _renew(self) -> None:
+        """Renew the locks of held records at half their lock time (ShareAcknowledge v2 RENEW)."""
+        now = time.monotonic()
+        due = [a for h in self.holdings for a in h.acquired
+               if h.lock_s > 0 and a.lock_deadline - now < h.lock_s / 2]
+        if not due or not self.member.renew_supported:
+            if due and "renew" not in self._warned:
+                self._warned.add("renew")
+                log.warning("kshare: the cluster does not renew record locks (ShareAcknowledge v2 RENEW); "
+                            "records held past share.record.lock.duration.ms are redelivered")
+            return
+        errors = await self.member.acknowledge(due, RENEW)
+        if errors and "renew-failed" not in self._warned:
+            self._warned.add("renew-failed")
+            log.warning("kshare: renewing record locks failed (%s): is share.renew.acknowledge.enable false? "
+                        "Records held past their lock are redelivered", "; ".join(errors[:3]))
+            for a in due:  # do not ask again for these
+                a.lock_deadline = float("inf")
+
+    def close(self) -> None:
+        self._watcher.cancel()
+        try:
+            self.call(self.member.close(), timeout=10)
+        finally:
+            for ch in self._channels.values():
+                ch.close()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _same_task(a: Tag, b: Tag) -> bool:
+    return (a.stream, a.run, a.batch, a.index) == (b.stream, b.run, b.batch, b.index) and a.attempt < b.attempt
+
+
+_hosts: dict[tuple, MemberHost] = {}
+_hosts_lock = threading.Lock()
+
+
+def member_host(opts: Options) -> MemberHost:
+    """This process's member for ``opts`` (made on first use; a closed one is replaced)."""
+    with _hosts_lock:
+        host = _hosts.get(opts.member_key)
+        if host is None or host.member.closed:
+            host = _hosts[opts.member_key] = MemberHost(opts)
+        return host

@@ -1,0 +1,210 @@
+"""The kshare PySpark source end to end: real Spark (local[4], task retries allowed), the real
+kshare proxy in a thread in front of Apache Kafka 3.9, records produced by librdkafka.
+
+One SparkSession for the module; every test has its own topic, share group and checkpoint.
+The sink is ``foreachBatch`` collecting rows on the driver (one action per micro-batch: a share
+source cannot replay, see docs/spark.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'kshare[spark]')")
+
+from pyspark.errors import StreamingQueryException  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from kshare.spark import register  # noqa: E402
+from tests.integration import share_helpers  # noqa: E402
+from tests.integration.share_helpers import produce, share_group, values  # noqa: E402
+
+kshare39 = share_helpers.kshare39
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers run this venv's Python, with kshare
+    s = (SparkSession.builder.master("local[4,2]")  # 4 task slots; a failed task is retried once
+         .appName("kshare-tests")
+         .config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "4")
+         .config("spark.driver.memory", "1g")
+         .getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    register(s)
+    yield s
+    s.stop()
+
+
+def _names(kafka39, what: str) -> tuple[str, str]:
+    suffix = uuid.uuid4().hex[:8]
+    topic, group = f"spark-{what}-{suffix}", f"spark-{what}-{suffix}"
+    kafka39.create_topic(topic, 1)
+    return topic, group
+
+
+def _stream(spark: SparkSession, bootstrap: str, topic: str, group: str, **opts: object):
+    r = (spark.readStream.format("kshare").option("kafka.bootstrap.servers", bootstrap)
+         .option("kafka.share.group.id", group).option("subscribe", topic)
+         .option("parallelism", 4).option("maxRecordsPerTask", 50).option("maxWaitMs", 500))
+    for k, v in opts.items():
+        r = r.option(k, str(v))
+    return r.load()
+
+
+class Sink:
+    """foreachBatch target: every row (value, deliveryCount, task) with its micro-batch id."""
+
+    def __init__(self, fail_on: Callable[[int, list], bool] | None = None) -> None:
+        self.rows: list[tuple[int, bytes, int, int]] = []
+        self.failed_batch: list[tuple[bytes, int]] = []
+        self.fail_on = fail_on
+        self.lock = threading.Lock()
+
+    def __call__(self, df, batch_id: int) -> None:
+        rows = df.select("value", "deliveryCount", F.spark_partition_id().alias("task")).collect()
+        if rows and self.fail_on is not None and self.fail_on(batch_id, rows):
+            self.fail_on = None
+            self.failed_batch = [(bytes(r.value), r.deliveryCount) for r in rows]
+            raise RuntimeError(f"sink fails once, in micro-batch {batch_id}")
+        with self.lock:
+            self.rows += [(batch_id, bytes(r.value), r.deliveryCount, r.task) for r in rows]
+
+    def values(self) -> set[bytes]:
+        with self.lock:
+            return {v for _, v, _, _ in self.rows}
+
+    def wait_for(self, expected: set[bytes], timeout: float = 90.0, query=None) -> None:
+        deadline = time.monotonic() + timeout
+        while not expected <= self.values():
+            if query is not None and query.exception() is not None:
+                raise AssertionError(f"query failed: {query.exception()}")
+            assert time.monotonic() < deadline, f"missing {len(expected - self.values())} of {len(expected)}"
+            time.sleep(0.2)
+
+
+def _start(df, sink: Sink, checkpoint: Path):
+    return (df.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="200 milliseconds").start())
+
+
+def test_one_partition_is_read_by_every_task_and_all_records_arrive(spark, kshare39, kafka39, tmp_path):
+    topic, group = _names(kafka39, "spread")
+    share_group(kshare39.bootstrap, group, share_heartbeat_interval_ms=500)
+    expected = values("r", 400)
+    produce(kshare39.bootstrap, topic, expected, per_batch=20)
+    sink = Sink()
+    q = _start(_stream(spark, kshare39.bootstrap, topic, group), sink, tmp_path / "ck")
+    try:
+        sink.wait_for(set(expected), query=q)
+    finally:
+        q.stop()
+    tasks_per_batch: dict[int, set[int]] = {}
+    for batch, _v, _c, task in sink.rows:
+        tasks_per_batch.setdefault(batch, set()).add(task)
+    assert max(len(t) for t in tasks_per_batch.values()) >= 3, tasks_per_batch
+
+
+def test_a_failing_sink_fails_the_query_and_a_restart_redelivers(spark, kshare39, kafka39, tmp_path):
+    topic, group = _names(kafka39, "sinkfail")
+    share_group(kshare39.bootstrap, group, share_heartbeat_interval_ms=500)
+    expected = values("s", 200)
+    produce(kshare39.bootstrap, topic, expected, per_batch=20)
+    sink = Sink(fail_on=lambda _batch, _rows: True)
+    df = _stream(spark, kshare39.bootstrap, topic, group)
+    q = _start(df, sink, tmp_path / "ck")
+    with pytest.raises(StreamingQueryException, match="sink fails once"):
+        q.awaitTermination(120)
+    assert sink.failed_batch
+    q = _start(df, sink, tmp_path / "ck")  # the same checkpoint: the failed micro-batch is replayed
+    try:
+        sink.wait_for(set(expected), query=q)
+    finally:
+        q.stop()
+    counts: dict[bytes, int] = {}
+    for _b, v, c, _t in sink.rows:
+        counts[v] = max(c, counts.get(v, 0))
+    again = [v for v, _ in sink.failed_batch]
+    assert all(counts[v] >= 2 for v in again), {v: counts[v] for v in again if counts[v] < 2}
+
+
+def test_a_task_that_fails_once_loses_nothing(spark, kshare39, kafka39, tmp_path):
+    topic, group = _names(kafka39, "taskfail")
+    share_group(kshare39.bootstrap, group, share_heartbeat_interval_ms=500)
+    expected = values("t", 200)
+    produce(kshare39.bootstrap, topic, expected, per_batch=20)
+    flag = str(tmp_path / "failed-once")
+
+    @F.udf("binary")
+    def fail_once(v: bytes) -> bytes:
+        if not os.path.exists(flag):
+            open(flag, "w").close()
+            raise RuntimeError("this task fails once")
+        return v
+
+    sink = Sink()
+    df = _stream(spark, kshare39.bootstrap, topic, group).withColumn("value", fail_once("value"))
+    q = _start(df, sink, tmp_path / "ck")
+    try:
+        sink.wait_for(set(expected), query=q)
+    finally:
+        q.stop()
+    assert os.path.exists(flag)
+
+
+def test_stop_and_restart_loses_nothing(spark, kshare39, kafka39, tmp_path):
+    topic, group = _names(kafka39, "restart")
+    share_group(kshare39.bootstrap, group, share_heartbeat_interval_ms=500)
+    first, second = values("a", 150), values("b", 150)
+    produce(kshare39.bootstrap, topic, first, per_batch=10)
+    sink = Sink()
+    df = _stream(spark, kshare39.bootstrap, topic, group)
+    q = _start(df, sink, tmp_path / "ck")
+    try:
+        sink.wait_for({first[0]}, query=q)
+    finally:
+        q.stop()
+    produce(kshare39.bootstrap, topic, second, per_batch=10)
+    q = _start(df, sink, tmp_path / "ck")
+    try:
+        sink.wait_for(set(first + second), query=q)
+    finally:
+        q.stop()
+
+
+def test_a_batch_read_returns_every_available_record(spark, kshare39, kafka39):
+    topic, group = _names(kafka39, "batch")
+    share_group(kshare39.bootstrap, group, share_heartbeat_interval_ms=500)
+    expected = values("x", 120)
+    produce(kshare39.bootstrap, topic, expected, per_batch=10,
+            headers=[[("h", b"1")]] * 120, keys=[b"k"] * 120)
+    df = (spark.read.format("kshare").option("kafka.bootstrap.servers", kshare39.bootstrap)
+          .option("kafka.share.group.id", group).option("subscribe", topic)
+          .option("parallelism", 4).option("maxRecordsPerTask", 100).option("maxWaitMs", 2000).load())
+    rows = df.collect()
+    assert sorted(bytes(r.value) for r in rows) == sorted(expected)
+    r = rows[0]
+    assert (r.topic, r.partition, bytes(r.key), r.deliveryCount) == (topic, 0, b"k", 1)
+    assert [(h.key, bytes(h.value)) for h in r.headers] == [("h", b"1")]
+    # accepted when the tasks completed: nothing left for the next read
+    assert df.collect() == []
+
+
+@pytest.mark.parametrize("missing", ["kafka.bootstrap.servers", "kafka.share.group.id", "subscribe"])
+def test_a_missing_option_is_a_one_line_error(spark, missing):
+    opts = {"kafka.bootstrap.servers": "127.0.0.1:1", "kafka.share.group.id": "g", "subscribe": "t"}
+    del opts[missing]
+    with pytest.raises(Exception) as err:
+        spark.readStream.format("kshare").options(**opts).load()
+    assert f"kshare source: option '{missing}' is required (missing or empty)" in str(err.value)
