@@ -38,8 +38,14 @@ BATCH_OVERHEAD = 160
 # this bounds only how long a poll at an offset nobody wants any more keeps running.
 POLL_WAIT_MS = 500
 # A Fetch at an offset the cluster is known to have data for, to a broker that gave up at MaxWaitMs
-# before it found the data (see PartitionLog._fetch): time to find it.
+# before it found the data (see PartitionLog._fetch): time to find it, learnt per partition between
+# FIND_WAIT_MIN_MS and DATA_WAIT_MS. Such a broker (Tansu) also holds a Fetch that found data until
+# MaxWaitMs runs out while more keeps coming, so the wait is what every record waits: as short as
+# the broker allows, not DATA_WAIT_MS.
 DATA_WAIT_MS = 5000
+FIND_WAIT_MIN_MS = 4
+FIND_WAIT_GROW = 1.5  # after an empty answer for lack of time
+FIND_WAIT_SHRINK = 0.9  # after an answer with data: probe for a shorter wait
 # Brokers that hold a long poll although data arrived (see PartitionLog._learn)
 QUICK_WAIT_MS = 2
 QUICK_MAX_WAIT_MS = 64
@@ -124,6 +130,7 @@ class PartitionLog:
         self._suspects = 0  # polls in a row that looked so
         self._quick_wait = QUICK_WAIT_MS
         self._slow_finder = False  # the cluster answered empty for lack of time although data was there
+        self._find_wait = FIND_WAIT_MIN_MS  # the MaxWaitMs such a cluster needs to find data (learnt)
         self._fetching: dict[int, asyncio.Task] = {}
 
     # -- reads --------------------------------------------------------------------------------------
@@ -176,8 +183,8 @@ class PartitionLog:
         task = self._fetching.get(offset)
         if task is None:
             # no wait: the cluster answers at once with what it has (a broker that does not find
-            # the data that fast, once seen, gets time to find it at once)
-            wait = DATA_WAIT_MS if self._slow_finder and self._readable_end() > offset else 0
+            # the data that fast, once seen, gets the time it needs to find it at once)
+            wait = self._find_wait if self._slow_finder and self._readable_end() > offset else 0
             task = asyncio.get_running_loop().create_task(self._fetch(offset, wait, ""))
             self._fetching[offset] = task
             task.add_done_callback(lambda _t, o=offset: self._fetching.pop(o, None))
@@ -193,15 +200,27 @@ class PartitionLog:
     async def _fetch(self, offset: int, max_wait_ms: int, lane: str) -> tuple[_Fetched, list[Batch]]:
         """A Fetch at ``offset``, its batches cached; (the result, the batches it brought)."""
         res = await self._fetch_once(offset, max_wait_ms, lane)
-        if (res.error_code == ErrorCode.NONE and not res.batches and max_wait_ms < DATA_WAIT_MS
-                and self._readable_end() > offset):
+        while (res.error_code == ErrorCode.NONE and not res.batches and max_wait_ms < DATA_WAIT_MS
+               and self._readable_end() > offset):
             # Data is there, but the answer came without it: a broker that gives up when MaxWaitMs
-            # runs out before it found the data (Tansu scans its in-memory log for every Fetch;
-            # 30 ms at 30,000 batches). Ask again, with time to find it. (Kafka never does this: it
-            # answers with the data it has whatever MaxWaitMs is, so it never sees a long wait here
-            # that would hold the requests behind it on the connection.)
-            self._slow_finder = True
-            res = await self._fetch_once(offset, DATA_WAIT_MS, lane)
+            # runs out before it found the data (Tansu scans its in-memory log for every Fetch, in
+            # time growing with the log: ~100 ms at 140,000 batches). Ask again, with more time.
+            # (Kafka never does this: it answers with the data it has whatever MaxWaitMs is, so it
+            # never sees a long wait here that would hold the requests behind it on the connection.)
+            # The wait is learnt, not DATA_WAIT_MS at once: that broker also holds a Fetch that
+            # found data until MaxWaitMs ends while new batches keep coming, so a long wait is
+            # latency for every record (5 s with DATA_WAIT_MS).
+            if not self._slow_finder:
+                self._slow_finder = True
+                log.info("%s-%d: the cluster answers a Fetch empty when it did not find the data within "
+                         "MaxWaitMs; fetching with the wait it needs (learnt, %d-%d ms)", self.topic.name,
+                         self.partition, FIND_WAIT_MIN_MS, DATA_WAIT_MS)
+            elif max_wait_ms >= self._find_wait:
+                self._find_wait = min(DATA_WAIT_MS, int(self._find_wait * FIND_WAIT_GROW) + 1)
+            max_wait_ms = self._find_wait
+            res = await self._fetch_once(offset, max_wait_ms, lane)
+        if res.batches and self._slow_finder and max_wait_ms >= self._find_wait:
+            self._find_wait = max(FIND_WAIT_MIN_MS, int(self._find_wait * FIND_WAIT_SHRINK))
         return res, res.batches
 
     async def _fetch_once(self, offset: int, max_wait_ms: int, lane: str) -> _Fetched:
@@ -335,6 +354,8 @@ class PartitionLog:
         loop = asyncio.get_running_loop()
         while True:
             wait = self._quick_wait if self._quick else POLL_WAIT_MS
+            if self._slow_finder:
+                wait = max(wait, self._find_wait)  # a shorter poll would not find what comes
             self._poll_offset = offset
             started = loop.time()
             res, got = await self._fetch(offset, wait, lane)

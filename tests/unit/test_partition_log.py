@@ -37,14 +37,17 @@ class FakeUpstream:
     """A partition log in memory, fetched like Kafka: the batch holding the offset first, at least
     one batch, long polls answered as soon as data comes (``wakes``), or only when their wait runs
     out (``wakes=False``: Tansu); ``slow_scan_ms``: a broker that answers empty when MaxWaitMs is
-    shorter than that while there is data to find (Tansu's in-memory scan)."""
+    shorter than that while there is data to find (Tansu's in-memory scan); ``holds``: one that,
+    having found data, answers only when MaxWaitMs runs out (Tansu keeps collecting the batches
+    that come meanwhile)."""
 
-    def __init__(self, *, wakes: bool = True, slow_scan_ms: float = 0.0) -> None:
+    def __init__(self, *, wakes: bool = True, slow_scan_ms: float = 0.0, holds: bool = False) -> None:
         self.batches: list[tuple[int, int, bytes]] = []  # base, last, bytes
         self.end = 0
         self.start = 0
         self.wakes = wakes
         self.slow_scan_ms = slow_scan_ms
+        self.holds = holds
         self.fetches: list[tuple[int, int, str]] = []  # offset, max wait, lane
         self._arrived = asyncio.Event()
 
@@ -77,6 +80,8 @@ class FakeUpstream:
             if self.slow_scan_ms and max(max_wait_ms, 1) < self.slow_scan_ms:
                 await asyncio.sleep(max(max_wait_ms, 1) / 1000)
                 return FetchResult(ErrorCode.NONE, self.end, self.end, self.start, [], memoryview(b""))
+            if self.holds:
+                await asyncio.sleep(max(max_wait_ms, 1) / 1000)
             data = self._collect(offset, max_bytes)
             return FetchResult(ErrorCode.NONE, self.end, self.end, self.start, [], memoryview(data))
         wait = max(max_wait_ms, 1) / 1000
@@ -469,7 +474,8 @@ def test_a_kafka_like_broker_keeps_long_polls() -> None:
 
 def test_data_the_broker_did_not_find_in_time_is_fetched_with_time_to_find_it() -> None:
     """Tansu scans its in-memory log on every Fetch and answers empty if MaxWaitMs ran out first:
-    when the answer says there is data past the offset, fetch again with a long wait."""
+    when the answer says there is data past the offset, fetch again with more time, growing the
+    wait until the data comes."""
 
     async def main() -> None:
         up = FakeUpstream(slow_scan_ms=20)
@@ -478,17 +484,46 @@ def test_data_the_broker_did_not_find_in_time_is_fetched_with_time_to_find_it() 
         plog = make_log(up)
         read = await plog.read(0, 1 << 20)
         assert offsets(read) == [(k, k) for k in range(5)]
-        assert [w for _, w, _ in up.fetches] == [0, pl.DATA_WAIT_MS]
-        # past the known end: a short fetch first (is anything there?), then the long one
+        waits = [w for _, w, _ in up.fetches]
+        assert waits[0] == 0 and waits == sorted(waits)
+        assert 20 <= waits[-1] < 20 * pl.FIND_WAIT_GROW + 1 and all(w < 20 for w in waits[:-1])
+        # past the known end: a short fetch first (is anything there?), then one with the wait learnt
         up.append()
+        n = len(up.fetches)
         assert offsets(await plog.read(5, 1 << 20)) == [(5, 5)]
-        assert [w for _, w, _ in up.fetches[2:]] == [0, pl.DATA_WAIT_MS]
-        # known to be there, from a broker known to need the time: the long wait at once
+        assert [w for _, w, _ in up.fetches[n:]][0] == 0
+        # known to be there, from a broker known to need the time: the wait learnt at once
         up.append()
         up.append()
         plog.high_watermark = plog.last_stable_offset = 8
+        n = len(up.fetches)
         assert offsets(await plog.read(6, 1 << 20)) == [(6, 6), (7, 7)]
-        assert [w for _, w, _ in up.fetches[4:]] == [pl.DATA_WAIT_MS]
+        assert all(0 < w < 20 * pl.FIND_WAIT_GROW + 1 for _, w, _ in up.fetches[n:])
+
+    asyncio.run(main())
+
+
+def test_a_broker_that_holds_fetches_until_max_wait_is_asked_for_no_more_than_it_needs() -> None:
+    """Tansu also holds a Fetch that found data until MaxWaitMs runs out (it keeps collecting), so
+    the wait given to find data is latency for every record: it must stay near what the broker
+    needs (here 20 ms), never DATA_WAIT_MS (5 s: the p99 of kshare on Tansu before)."""
+
+    async def main() -> None:
+        up = FakeUpstream(slow_scan_ms=20, holds=True)
+        plog = make_log(up, fetch_bytes=len(batch_bytes(0)))  # one batch a fetch: a fetch per read
+        for _ in range(40):
+            up.append()
+        slowest = 0.0
+        for k in range(40):
+            t0 = time.perf_counter()
+            assert offsets(await plog.read(k, 1 << 20)) == [(k, k)]
+            slowest = max(slowest, time.perf_counter() - t0)
+        waits = [w for _, w, _ in up.fetches]
+        assert max(waits) < 20 * pl.FIND_WAIT_GROW ** 2 + 2
+        # most fetches ask for about what the broker needs, and few come back empty
+        assert 20 <= sorted(waits)[len(waits) // 2] <= 40
+        assert len(up.fetches) < 40 * 1.5
+        assert slowest < 0.5
 
     asyncio.run(main())
 
