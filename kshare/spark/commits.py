@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from .options import Options
 
 log = logging.getLogger("kshare.spark")
+
+# coordinator errors librdkafka does not flag retriable but that pass once the group is placed
+_ALSO_RETRIED = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                 KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,24 +58,34 @@ class CommitChannel:
         self._tp = TopicPartition(opts.topics[0], 0)
 
     def read(self, timeout: float = 10.0) -> Marker | None:
-        (tp,) = self._consumer.committed([self._tp], timeout=timeout)
-        if tp.error is not None:
-            raise KafkaException(tp.error)
+        tp = self._retry(lambda: self._consumer.committed([self._tp], timeout=timeout))
         if tp.offset < 0 or not tp.metadata:
             return None
         run, _, base = tp.metadata.partition(":")
         return Marker(int(run), int(base), tp.offset)
 
-    def write(self, marker: Marker, attempts: int = 5) -> None:
+    def write(self, marker: Marker) -> None:
         tp = TopicPartition(self._tp.topic, 0, marker.committed, metadata=f"{marker.run}:{marker.base}")
+        self._retry(lambda: self._consumer.commit(offsets=[tp], asynchronous=False))
+
+    @staticmethod
+    def _retry(call: Callable[[], list[TopicPartition] | None], attempts: int = 20) -> TopicPartition:
+        """``call`` until its partition has no error; retriable errors (a coordinator moving or
+        loading, as after the offsets topic is created) are retried for a few seconds. librdkafka
+        reports partition errors in the result, not as exceptions."""
         for attempt in range(attempts):
             try:
-                self._consumer.commit(offsets=[tp], asynchronous=False)
-                return
+                (tp,) = call() or [None]
+                err = tp.error if tp is not None else None
             except KafkaException as exc:
-                if attempt == attempts - 1 or not exc.args[0].retriable():
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+                tp, err = None, exc.args[0]
+            if err is None and tp is not None:
+                return tp
+            if attempt == attempts - 1 or (err is not None and not err.retriable()
+                                           and err.code() not in _ALSO_RETRIED):
+                raise KafkaException(err)
+            time.sleep(min(1.0, 0.1 * (attempt + 1)))
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self._consumer.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -100,6 +101,7 @@ class MemberHost:
             wait_ms = int(min(left_ms, 20))
         if holding.acquired:
             self.holdings.append(holding)
+        log.info("kshare: %s read %d record(s) in %.0f ms", tag, len(records), (time.monotonic() - start) * 1000)
         return records, holding
 
     def settle(self, holding: Holding, ack_type: int) -> None:
@@ -131,6 +133,7 @@ class MemberHost:
                 markers: dict[str, Marker | None] = {}
                 for stream in {h.tag.stream for h in self.holdings}:
                     markers[stream] = await loop.run_in_executor(None, self._channel(stream).read)
+                log.debug("kshare: markers %s; holding %s", markers, [h.tag for h in self.holdings])
                 await self._apply(markers)
                 await self._renew()
             except Exception as exc:  # keep watching: a passing outage must not orphan the records
@@ -157,6 +160,9 @@ class MemberHost:
                             "its %d record(s) for redelivery", h.tag.batch, self.opts.commit_timeout_ms,
                             sum(a.count for a in h.acquired))
                 release.append(h)
+        if accept or release:
+            log.info("kshare: marker %s: accept %s, release %s", markers, [h.tag for h in accept],
+                     [h.tag for h in release])
         if accept:
             await self._settle(accept, ACCEPT)
         if release:
@@ -194,6 +200,10 @@ class MemberHost:
 def _same_task(a: Tag, b: Tag) -> bool:
     return (a.stream, a.run, a.batch, a.index) == (b.stream, b.run, b.batch, b.index) and a.attempt < b.attempt
 
+
+if os.environ.get("KSHARE_SPARK_LOG"):  # e.g. KSHARE_SPARK_LOG=INFO: the members' activity on stderr
+    logging.basicConfig(format="%(asctime)s %(process)d %(name)s %(message)s")
+    log.setLevel(os.environ["KSHARE_SPARK_LOG"].upper())
 
 _hosts: dict[tuple, MemberHost] = {}
 _hosts_lock = threading.Lock()

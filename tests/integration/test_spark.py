@@ -208,3 +208,23 @@ def test_a_missing_option_is_a_one_line_error(spark, missing):
     with pytest.raises(Exception) as err:
         spark.readStream.format("kshare").options(**opts).load()
     assert f"kshare source: option '{missing}' is required (missing or empty)" in str(err.value)
+
+
+def test_the_commit_channel_carries_the_marker(kshare39, kafka39):
+    from kshare.spark.commits import CommitChannel, Marker
+    from kshare.spark.options import parse
+
+    topic, group = _names(kafka39, "marker")
+    opts = parse({"kafka.bootstrap.servers": kshare39.bootstrap, "kafka.share.group.id": group, "subscribe": topic})
+    writer, reader = CommitChannel(opts, "s1"), CommitChannel(opts, "s1")
+    try:
+        assert reader.read() is None
+        writer.write(Marker(5, 2, 3))
+        assert reader.read() == Marker(5, 2, 3)
+        second = CommitChannel(opts, "s1")  # a new run writes the same offset with a new metadata
+        second.write(Marker(6, 3, 3))
+        second.close()
+        assert reader.read() == Marker(6, 3, 3)
+    finally:
+        writer.close()
+        reader.close()
