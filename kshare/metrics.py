@@ -151,6 +151,8 @@ class Readiness(Collector):
         if self.proxy.upstream_versions is None:
             why = self.proxy.upstream_error or "not contacted yet"
             reason = f"waiting for the upstream cluster ({why})"
+        elif self.proxy.upstream_down is not None:
+            reason = f"the upstream cluster is unreachable ({self.proxy.upstream_down[1]})"
         share_state = "disabled"
         if self.service is not None:
             share_state = "loaded" if self.service.loaded else "loading"

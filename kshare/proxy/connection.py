@@ -124,6 +124,7 @@ class ClientConnection(asyncio.Protocol):
                 last = exc
                 continue
             self.upstream = upstream
+            self.proxy.upstream_reached()
             if not self.closed and self.transport is not None:
                 self.transport.resume_reading()
                 if self._buf:

@@ -136,6 +136,9 @@ class Proxy:
         self.disconnect_listeners: list[Callable[[ClientConnection], None]] = []
         # why the cluster could not be reached, while it cannot (for readiness and for clients)
         self.upstream_error: str | None = None
+        # set while client connections cannot reach the cluster (since when, why): readiness
+        # reports it until a connection gets through again
+        self.upstream_down: tuple[float, str] | None = None
         self._unreachable_warned_at = -60.0
         self._unreachable_since_warning = 0
 
@@ -218,8 +221,16 @@ class Proxy:
             except Exception:  # noqa: BLE001 - one listener's failure must not keep the others from running
                 log.exception("disconnect listener failed for client %s", conn.peer)
 
+    def upstream_reached(self) -> None:
+        """A client connection reached its broker: the cluster answers again."""
+        if self.upstream_down is not None:
+            log.warning("upstream cluster reachable again after %.0f s", time.monotonic() - self.upstream_down[0])
+            self.upstream_down = None
+
     def upstream_unreachable(self, what: str, exc: BaseException | None) -> None:
         """A client connection found its broker unreachable: warn once a minute, not per connection."""
+        if self.upstream_down is None:
+            self.upstream_down = (time.monotonic(), f"{what}: {describe_error(exc) if exc else 'no address'}")
         self._unreachable_since_warning += 1
         now = time.monotonic()
         if now - self._unreachable_warned_at < 60:

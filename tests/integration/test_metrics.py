@@ -6,8 +6,12 @@ differences between a scrape before and after (they are process-wide), gauges as
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+import socket
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -94,3 +98,43 @@ def test_metrics_match_what_happened(kafka39) -> None:
     assert value(after, "kshare_request_seconds_count", api="ShareAcknowledge") + value(
         after, "kshare_request_seconds_count", api="ShareFetch") > 0
     assert value(after, "kshare_state_write_seconds_count") > value(before, "kshare_state_write_seconds_count")
+
+
+def _ready(port: int) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _bootstrap_once(address: str) -> None:
+    """A client connects (the proxy then dials the cluster for it) and the proxy answers or closes."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.settimeout(15)
+        with contextlib.suppress(OSError):
+            s.recv(1)
+
+
+def test_ready_follows_a_later_cluster_outage(kafka39) -> None:
+    """/ready is 503 while clients cannot reach the cluster, not only before the first contact,
+    and 200 again once a client connection gets through. (The session's broker is stopped here and
+    started again, same port and data.)"""
+    with ShareProxyThread(kafka39.bootstrap, metrics_port=0) as proxy:
+        port = proxy.app.metrics_server.port
+        wait_until(lambda: _ready(port)[0] == 200, 30, "ready")
+        kafka39.stop()
+        try:
+            _bootstrap_once(proxy.bootstrap)
+            status, doc = _ready(port)
+            assert status == 503 and "unreachable" in doc["reason"], (status, doc)
+        finally:
+            kafka39.start()
+
+        def ready_again() -> bool:
+            with contextlib.suppress(OSError):
+                _bootstrap_once(proxy.bootstrap)
+            return _ready(port)[0] == 200
+
+        wait_until(ready_again, 60, "ready again", interval=1.0)
