@@ -48,6 +48,7 @@ class FakeUpstream:
         self.wakes = wakes
         self.slow_scan_ms = slow_scan_ms
         self.holds = holds
+        self.in_flight = self.max_in_flight = 0
         self.fetches: list[tuple[int, int, str]] = []  # offset, max wait, lane
         self._arrived = asyncio.Event()
 
@@ -74,6 +75,14 @@ class FakeUpstream:
     async def fetch(self, topic, partition, offset, *, max_bytes=1 << 20, max_wait_ms=0, read_committed=False,
                     lane=""):
         self.fetches.append((offset, max_wait_ms, lane))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._fetch(offset, max_bytes, max_wait_ms)
+        finally:
+            self.in_flight -= 1
+
+    async def _fetch(self, offset, max_bytes, max_wait_ms):
         if offset < self.start or offset > self.end:
             return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE)
         if offset < self.end:
@@ -524,6 +533,35 @@ def test_a_broker_that_holds_fetches_until_max_wait_is_asked_for_no_more_than_it
         assert 20 <= sorted(waits)[len(waits) // 2] <= 40
         assert len(up.fetches) < 40 * 1.5
         assert slowest < 0.5
+
+    asyncio.run(main())
+
+
+def test_a_slow_finder_gets_one_fetch_at_a_time_with_pauses() -> None:
+    """Each Fetch costs such a broker CPU for as long as it holds it (Tansu: more as the log grows);
+    back to back they starved its Produce path. One at a time per partition, each after a pause as
+    long as the last one took, whoever asks (the long poll, share fetches)."""
+
+    async def main() -> None:
+        up = FakeUpstream(slow_scan_ms=20, holds=True, wakes=False)
+        plog = make_log(up, fetch_bytes=len(batch_bytes(0)))
+        for _ in range(10):
+            up.append()
+        assert offsets(await plog.read(0, 1 << 20)) == [(0, 0)]
+        assert plog._slow_finder
+        woke = await _listen(plog)
+        plog.want_data_from(10)
+        up.append()
+        t0 = time.perf_counter()
+        reads = await asyncio.gather(*(plog.read(k, 1 << 20) for k in range(1, 6)))
+        elapsed = time.perf_counter() - t0
+        assert [offsets(r)[0] for r in reads] == [(k, k) for k in range(1, 6)]
+        assert up.max_in_flight == 1
+        # five fetches of >= 20 ms each, with pauses as long between them (the poll's among them)
+        assert elapsed >= 5 * 0.02 * (1 + pl.SLOW_FINDER_PAUSE) - 0.03
+        await asyncio.wait_for(woke.wait(), 2)
+        plog.listeners.clear()
+        plog.close()
 
     asyncio.run(main())
 
