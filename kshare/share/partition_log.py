@@ -206,7 +206,9 @@ class PartitionLog:
 
     async def _fetch(self, offset: int, max_wait_ms: int, lane: str) -> tuple[_Fetched, list[Batch]]:
         """A Fetch at ``offset``, its batches cached; (the result, the batches it brought)."""
+        known = self._readable_end()
         res = await self._fetch_once(offset, max_wait_ms, lane)
+        retried = False
         while (res.error_code == ErrorCode.NONE and not res.batches and max_wait_ms < DATA_WAIT_MS
                and self._readable_end() > offset):
             # Data is there, but the answer came without it: a broker that gives up when MaxWaitMs
@@ -217,13 +219,16 @@ class PartitionLog:
             # The wait is learnt, not DATA_WAIT_MS at once: that broker also holds a Fetch that
             # found data until MaxWaitMs ends while new batches keep coming, so a long wait is
             # latency for every record (5 s with DATA_WAIT_MS).
-            if not self._slow_finder:
+            # Not from one empty answer about data it did not know of before: Kafka says so too when
+            # a record lands between its read of the log and its answer; a retry then finds it.
+            if not self._slow_finder and (known > offset or retried):
                 self._slow_finder = True
                 log.info("%s-%d: the cluster answers a Fetch empty when it did not find the data within "
                          "MaxWaitMs; fetching with the wait it needs (learnt, %d-%d ms)", self.topic.name,
                          self.partition, FIND_WAIT_MIN_MS, DATA_WAIT_MS)
             elif max_wait_ms >= self._find_wait:
                 self._find_wait = min(DATA_WAIT_MS, int(self._find_wait * FIND_WAIT_GROW) + 1)
+            retried = True
             max_wait_ms = self._find_wait
             res = await self._fetch_once(offset, max_wait_ms, lane)
         if res.batches and self._slow_finder and max_wait_ms >= self._find_wait:

@@ -566,6 +566,29 @@ def test_a_slow_finder_gets_one_fetch_at_a_time_with_pauses() -> None:
     asyncio.run(main())
 
 
+def test_kafka_answering_empty_as_a_record_lands_is_no_slow_finder() -> None:
+    """Kafka reads the log, then a record lands, then it answers empty with the new high watermark:
+    the retry finds the record at once, and the log stays in Kafka mode (no waits, no pacing)."""
+
+    class Racy(FakeUpstream):
+        async def fetch(self, topic, partition, offset, **kw):
+            if offset == self.end:
+                self.append()
+                self.fetches.append((offset, kw.get("max_wait_ms", 0), kw.get("lane", "")))
+                return FetchResult(ErrorCode.NONE, self.end, self.end, self.start, [], memoryview(b""))
+            return await super().fetch(topic, partition, offset, **kw)
+
+    async def main() -> None:
+        up = Racy()
+        plog = make_log(up)
+        for k in range(5):
+            assert offsets(await plog.read(k, 1 << 20)) == [(k, k)]
+        assert not plog._slow_finder
+        assert max(w for _, w, _ in up.fetches) <= pl.FIND_WAIT_MIN_MS
+
+    asyncio.run(main())
+
+
 def test_kafka_never_gets_a_long_wait_for_data_it_has() -> None:
     """A Fetch waiting in the broker holds every request behind it on that connection: reads of
     data known to be there ask with no wait, as Kafka answers them at once."""
