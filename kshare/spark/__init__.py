@@ -10,9 +10,15 @@ channel can be used (and tested) without it.
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from .options import OptionError, Options
+
+if os.environ.get("KSHARE_SPARK_LOG"):  # e.g. KSHARE_SPARK_LOG=INFO: the source's activity on stderr
+    logging.basicConfig(format="%(asctime)s %(process)d %(name)s %(message)s")
+    logging.getLogger("kshare.spark").setLevel(os.environ["KSHARE_SPARK_LOG"].upper())
 
 __all__ = ["SCHEMA", "OptionError", "Options", "ShareSource", "register"]
 

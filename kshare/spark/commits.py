@@ -50,9 +50,9 @@ def marker_group(opts: Options, stream: str) -> str:
 class CommitChannel:
     """Reads and writes the marker of one stream (blocking calls)."""
 
-    def __init__(self, opts: Options, stream: str) -> None:
+    def __init__(self, opts: Options, stream: str, group: str | None = None) -> None:
         conf = {k: v for k, v in opts.kafka if k not in ("client.rack", "request.timeout.ms")}
-        conf.update({"bootstrap.servers": opts.bootstrap, "group.id": marker_group(opts, stream),
+        conf.update({"bootstrap.servers": opts.bootstrap, "group.id": group or marker_group(opts, stream),
                      "enable.auto.commit": False, "logger": log})
         self._consumer = Consumer(conf)
         self._tp = TopicPartition(opts.topics[0], 0)
@@ -65,7 +65,10 @@ class CommitChannel:
         return Marker(int(run), int(base), tp.offset)
 
     def write(self, marker: Marker) -> None:
-        tp = TopicPartition(self._tp.topic, 0, marker.committed, metadata=f"{marker.run}:{marker.base}")
+        self._write(marker.committed, f"{marker.run}:{marker.base}")
+
+    def _write(self, offset: int, metadata: str) -> None:
+        tp = TopicPartition(self._tp.topic, 0, offset, metadata=metadata)
         self._retry(lambda: self._consumer.commit(offsets=[tp], asynchronous=False))
 
     @staticmethod
@@ -89,3 +92,32 @@ class CommitChannel:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class RetryNotices(CommitChannel):
+    """Task attempts that started again: "attempt k of task i of micro-batch b of run r began",
+    so whichever worker holds what an earlier attempt read releases it instead of accepting it
+    at the commit (that attempt failed; its rows never reached the sink). Kept in the metadata of
+    a second marker group of the stream, newest last, within the broker's metadata limit."""
+
+    MAX_CHARS = 3000  # offset.metadata.max.bytes is 4096 by default
+
+    def __init__(self, opts: Options, stream: str) -> None:
+        super().__init__(opts, stream, marker_group(opts, stream) + ".retries")
+
+    def notices(self) -> set[tuple[int, int, int, int]]:
+        tp = self._retry(lambda: self._consumer.committed([self._tp], timeout=10.0))
+        out = set()
+        for item in (tp.metadata or "").split(";"):
+            parts = item.split(":")
+            if len(parts) == 4:
+                out.add(tuple(int(x) for x in parts))
+        return out  # type: ignore[return-value]
+
+    def add(self, run: int, batch: int, index: int, attempt: int) -> None:
+        # read-modify-write: retries are rare, and the worst a lost update does is a duplicate
+        tp = self._retry(lambda: self._consumer.committed([self._tp], timeout=10.0))
+        items = [x for x in (tp.metadata or "").split(";") if x] + [f"{run}:{batch}:{index}:{attempt}"]
+        while len(";".join(items)) > self.MAX_CHARS:
+            items.pop(0)
+        self._write(max(tp.offset, 0) + 1, ";".join(items))

@@ -9,6 +9,7 @@ before any of its tasks read.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,8 @@ from pyspark.sql.types import StructType
 from ..tools.share_member import ACCEPT, RELEASE, Record
 from .commits import CommitChannel, Marker
 from .options import Options, parse
+
+log = logging.getLogger("kshare.spark")
 
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
           "timestampType int, headers array<struct<key:string,value:binary>>, deliveryCount int")
@@ -70,41 +73,51 @@ class ShareStreamReader(DataSourceStreamReader):
         self._base = 0
         self._committed = 0
         self._channel: CommitChannel | None = None
+        self._new_stream = uuid.uuid4().hex[:16]
 
     def initialOffset(self) -> dict:
-        return {"stream": uuid.uuid4().hex[:16], "batch": 0}
+        # Deterministic: Spark asks again when it replays the first micro-batch after a restart.
+        return {"batch": 0}
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         # Every trigger is a micro-batch: what the group has available is known only by fetching.
         assert start is not None, "kshare needs pyspark >= 4.2 (latestOffset with a start offset)"
-        self._announce(start)
-        return {"stream": start["stream"], "batch": start["batch"] + 1}
+        stream = start.get("stream") or self._new_stream
+        self._announce(stream, start["batch"])
+        return {"stream": stream, "batch": start["batch"] + 1}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        run = self._announce(start)
-        if end["batch"] <= start["batch"]:
+        if end["batch"] <= start["batch"] or "stream" not in end:
             return []
+        run = self._announce(end["stream"], start["batch"])
         return [ShareInputPartition(self.opts, end["stream"], run, end["batch"], i)
                 for i in range(self.opts.parallelism)]
 
-    def _announce(self, start: dict) -> int:
+    def _announce(self, stream: str, committed: int) -> int:
         """On first use: take a run number larger than any before and tell the workers that
-        micro-batches <= start are committed (Spark plans from its commit log: they are)."""
+        micro-batches <= ``committed`` are committed (Spark plans from its commit log: they are).
+        The stream id is made by the first ``latestOffset`` and then read from the offsets, which
+        Spark keeps in the checkpoint."""
         if self._run is None:
-            self._channel = CommitChannel(self.opts, start["stream"])
+            self._channel = CommitChannel(self.opts, stream)
             old = self._channel.read()
             self._run = max(time.time_ns(), old.run + 1 if old else 0)
-            self._base = self._committed = start["batch"]
+            self._base = self._committed = committed
             self._channel.write(Marker(self._run, self._base, self._committed))
+            log.info("kshare: stream %s run %d starts after micro-batch %d (previous marker %s)",
+                     stream, self._run, self._base, old)
         return self._run
 
     def commit(self, end: dict) -> None:
         """Cumulative and idempotent: the marker only moves forward."""
-        self._announce(end)
+        if "stream" not in end:
+            return
+        self._announce(end["stream"], end["batch"])
         if end["batch"] > self._committed:
             self._committed = end["batch"]
             assert self._channel is not None and self._run is not None
             self._channel.write(Marker(self._run, self._base, self._committed))
+            log.info("kshare: stream %s run %d committed micro-batch %d", end["stream"], self._run, end["batch"])
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         assert isinstance(partition, ShareInputPartition)

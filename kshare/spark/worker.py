@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future
@@ -21,7 +20,7 @@ from typing import Any
 
 from ..tools.admin_client import parse_bootstrap
 from ..tools.share_member import ACCEPT, RELEASE, RENEW, Acquired, Record, ShareMember
-from .commits import CommitChannel, Marker
+from .commits import CommitChannel, Marker, RetryNotices
 from .options import Options
 
 log = logging.getLogger("kshare.spark")
@@ -64,6 +63,7 @@ class MemberHost:
                                   rack=opts.kafka_option("client.rack"), timeout_ms=timeout)
         self.holdings: list[Holding] = []
         self._channels: dict[str, CommitChannel] = {}
+        self._notices: dict[str, RetryNotices] = {}
         self._warned: set[str] = set()
         self.call(self.member.start())
         self._watcher = asyncio.run_coroutine_threadsafe(self._watch(), self.loop)
@@ -79,7 +79,9 @@ class MemberHost:
         return self.call(self._read(tag, max_records, max_wait_ms))
 
     async def _read(self, tag: Tag, max_records: int, max_wait_ms: int) -> tuple[list[Record], Holding]:
-        if tag.attempt > 0:  # an earlier attempt of this task failed: what it read here was never used
+        if tag.attempt > 0:  # an earlier attempt of this task failed: what it read was never used
+            await asyncio.get_running_loop().run_in_executor(
+                None, self._retries(tag.stream).add, tag.run, tag.batch, tag.index, tag.attempt)
             await self._settle([h for h in self.holdings if _same_task(h.tag, tag)], RELEASE)
         start = time.monotonic()
         await self.member.wait_assigned(JOIN_TIMEOUT_S if not self.holdings else max_wait_ms / 1000.0)
@@ -146,8 +148,15 @@ class MemberHost:
             ch = self._channels[stream] = CommitChannel(self.opts, stream)
         return ch
 
+    def _retries(self, stream: str) -> RetryNotices:
+        ch = self._notices.get(stream)
+        if ch is None:
+            ch = self._notices[stream] = RetryNotices(self.opts, stream)
+        return ch
+
     async def _apply(self, markers: dict[str, Marker | None]) -> None:
-        accept, release = [], []
+        accept: list[Holding] = []
+        release: list[Holding] = []
         for h in list(self.holdings):
             marker = markers.get(h.tag.stream)
             decision = marker.decides(h.tag.run, h.tag.batch) if marker is not None else None
@@ -160,6 +169,14 @@ class MemberHost:
                             "its %d record(s) for redelivery", h.tag.batch, self.opts.commit_timeout_ms,
                             sum(a.count for a in h.acquired))
                 release.append(h)
+        if accept:  # what a failed attempt read is released, even in its (surviving) worker
+            loop = asyncio.get_running_loop()
+            for stream in {h.tag.stream for h in accept}:
+                notices = await loop.run_in_executor(None, self._retries(stream).notices)
+                failed = [h for h in accept if h.tag.stream == stream and any(
+                    n[:3] == (h.tag.run, h.tag.batch, h.tag.index) and n[3] > h.tag.attempt for n in notices)]
+                accept = [h for h in accept if h not in failed]
+                release += failed
         if accept or release:
             log.info("kshare: marker %s: accept %s, release %s", markers, [h.tag for h in accept],
                      [h.tag for h in release])
@@ -192,7 +209,7 @@ class MemberHost:
         try:
             self.call(self.member.close(), timeout=10)
         finally:
-            for ch in self._channels.values():
+            for ch in [*self._channels.values(), *self._notices.values()]:
                 ch.close()
             self.loop.call_soon_threadsafe(self.loop.stop)
 
@@ -200,10 +217,6 @@ class MemberHost:
 def _same_task(a: Tag, b: Tag) -> bool:
     return (a.stream, a.run, a.batch, a.index) == (b.stream, b.run, b.batch, b.index) and a.attempt < b.attempt
 
-
-if os.environ.get("KSHARE_SPARK_LOG"):  # e.g. KSHARE_SPARK_LOG=INFO: the members' activity on stderr
-    logging.basicConfig(format="%(asctime)s %(process)d %(name)s %(message)s")
-    log.setLevel(os.environ["KSHARE_SPARK_LOG"].upper())
 
 _hosts: dict[tuple, MemberHost] = {}
 _hosts_lock = threading.Lock()
