@@ -152,7 +152,8 @@ class ShareBatchReader(DataSourceReader):
 
         host = member_host(partition.opts)
         tag = Tag(partition.stream, partition.run, 0, partition.index, _attempt())
-        records, holding = host.read(tag, partition.opts.max_records, partition.opts.max_wait_ms)
+        # "available now": keep fetching until a fetch comes back empty after a short wait
+        records, holding = host.read(tag, partition.opts.max_records, partition.opts.max_wait_ms, more_ms=250)
         done = False
         try:
             for r in records:

@@ -73,12 +73,14 @@ class MemberHost:
         return fut.result(timeout)
 
     # -- reading ----------------------------------------------------------------------------------
-    def read(self, tag: Tag, max_records: int, max_wait_ms: int) -> tuple[list[Record], Holding]:
-        """Acquire up to ``max_records`` within about ``max_wait_ms``; the records stay held under
-        ``tag`` until :meth:`settle` or the commit marker decides."""
-        return self.call(self._read(tag, max_records, max_wait_ms))
+    def read(self, tag: Tag, max_records: int, max_wait_ms: int, more_ms: int = 20) -> tuple[list[Record], Holding]:
+        """Acquire up to ``max_records`` within about ``max_wait_ms``; after the first records,
+        fetch again (waiting up to ``more_ms`` each time) until the group has nothing more. The
+        records stay held under ``tag`` until :meth:`settle` or the commit marker decides."""
+        return self.call(self._read(tag, max_records, max_wait_ms, more_ms))
 
-    async def _read(self, tag: Tag, max_records: int, max_wait_ms: int) -> tuple[list[Record], Holding]:
+    async def _read(self, tag: Tag, max_records: int, max_wait_ms: int,
+                    more_ms: int) -> tuple[list[Record], Holding]:
         if tag.attempt > 0:  # an earlier attempt of this task failed: what it read was never used
             await asyncio.get_running_loop().run_in_executor(
                 None, self._retries(tag.stream).add, tag.run, tag.batch, tag.index, tag.attempt)
@@ -96,11 +98,7 @@ class MemberHost:
                 break
             for a in acquired:
                 holding.lock_s = max(holding.lock_s, a.lock_deadline - time.monotonic())
-            # after the first answer take only what is there now, within the task's time
-            left_ms = max_wait_ms - (time.monotonic() - start) * 1000
-            if left_ms <= 0:
-                break
-            wait_ms = int(min(left_ms, 20))
+            wait_ms = more_ms  # after the first answer take only what is there now
         if holding.acquired:
             self.holdings.append(holding)
         log.info("kshare: %s read %d record(s) in %.0f ms", tag, len(records), (time.monotonic() - start) * 1000)
