@@ -13,6 +13,8 @@ this). ``FairShare`` divides the budget among the members that fetch from the pa
   are kept within ``PACE_SPREAD`` of the median so one outlier cannot starve or flood the rest.
 * A member may acquire its share minus what it already holds, never below zero (it must work
   off what it holds first); a share is never less than one record.
+* When fewer records are waiting than the members ask for, what is waiting is divided the same
+  way (without counting what members hold), so the end of a burst is spread too.
 
 Members are those the assignment gives the partition to, and those that fetched from it within
 the lock duration and have not left (``leave``: session closed or partition forgotten, member
@@ -102,10 +104,25 @@ class FairShare:
         return max(1, int(budget * weights.get(member_id, median) / total))
 
     def cap(self, member_id: str, held: int, budget: int, now_ms: int, idle_ms: int,
-            assigned: Iterable[str] = ()) -> int | None:
-        """Records the member may acquire now (its share minus what it holds), None = no cap."""
+            assigned: Iterable[str] = (), available: int | None = None) -> int | None:
+        """Records the member may acquire now, None = no cap.
+
+        Two limits, the smaller applies: its share of the lock ``budget`` minus what it holds
+        (locks are what a member's held records use up), and, when ``available`` (records no one
+        holds) is given, its share of those -- so the last records of a burst are spread over
+        the members instead of going to the first to ask. The second does not count what the
+        member holds: a member holding records it has finished with but not yet acknowledged
+        (a Spark task waiting for its micro-batch's commit) still gets its part of new ones.
+        """
+        caps = []
         s = self.share(member_id, budget, now_ms, idle_ms, assigned)
-        return None if s is None else max(0, s - held)
+        if s is not None:
+            caps.append(max(0, s - held))
+        if available is not None:
+            a = self.share(member_id, max(available, 1), now_ms, idle_ms, assigned)
+            if a is not None:
+                caps.append(a)
+        return min(caps) if caps else None
 
 
 def _median(weights: dict[str, float]) -> float:

@@ -103,3 +103,15 @@ def test_assigned_members_that_have_not_fetched_yet_count():
     assert fair.cap("m0", 0, 2000, 0, IDLE) is None
     assert fair.cap("m0", 0, 2000, 0, IDLE, assigned) == 2000 // 24
     assert fair.cap("m0", 0, 2000, 0, IDLE, assigned[:4]) is None  # 4 x 500 fit the budget
+
+
+def test_what_is_waiting_is_spread_without_counting_what_members_hold():
+    fair = members(2, wanted=500)  # 1,000 wanted: within the lock budget
+    assert fair.cap("m0", 0, 2000, 0, IDLE) is None
+    # 100 records waiting: 50 each, even for a member holding 400 it has not acknowledged yet
+    assert fair.cap("m0", 400, 2000, 0, IDLE, available=100) == 50
+    assert fair.cap("m1", 0, 2000, 0, IDLE, available=100) == 50
+    assert fair.cap("m0", 400, 2000, 0, IDLE, available=5000) is None
+    # the lock share still binds when it is the smaller one
+    fair = members(24)
+    assert fair.cap("m0", 80, 2000, 0, IDLE, available=5000) == 2000 // 24 - 80

@@ -148,19 +148,17 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         sp.fair.fetching(member_id, max_records, held, now)
         if not engine.can_acquire():
             continue
-        # Fair acquisition: when the members here want more than the lock budget, each gets its
+        # Fair acquisition: when the members here want more than the lock budget, or than the
+        # records waiting (up to the last seen high watermark, not held by anyone), each gets its
         # share (exactly, splitting a batch where needed) instead of first come, first served.
-        # What is there to share: the lock budget, or less when the backlog is smaller (records
-        # up to the last seen high watermark, not yet delivery-complete), so that the last
-        # records are spread too instead of going to whoever fetches first.
         plog = service.partition_log(topic, partition, rc)
-        budget = engine.max_record_locks
+        available = None
         if plog.high_watermark >= 0:
-            budget = max(1, min(budget, plog.high_watermark - engine.start_offset))
+            available = max(0, plog.high_watermark - engine.start_offset - engine.acquired_count())
         want = max_records - out.record_count
         acquire_mode = mode
-        cap = sp.fair.cap(member_id, held, budget, now, cfg.record_lock_duration_ms,
-                          group.assigned_members(topic_id, partition))
+        cap = sp.fair.cap(member_id, held, engine.max_record_locks, now, cfg.record_lock_duration_ms,
+                          group.assigned_members(topic_id, partition), available)
         if cap is not None and cap < want:
             if cap == 0:
                 continue  # it holds its share already; acknowledgements here wake this fetch
