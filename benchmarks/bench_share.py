@@ -55,6 +55,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -430,6 +431,27 @@ BALANCE_MIXES = "3x2,5x4,7x3,16x1,4x4,2x8"
 PARTS = ["throughput", "scaling", "balance", "fairness"]
 
 
+def drain_alternated(systems: dict[str, tuple[str, KafkaBroker]], rounds: int, prefix: str, partitions: int,
+                     report: Callable[[str, object], None], **drain_args: object) -> dict[str, list]:
+    """``rounds`` drains on each system (a fresh topic and group each), the order alternated per
+    round; each result goes to ``report(system, result)`` as it comes."""
+    from tests.integration.drain import drain, names
+
+    got: dict[str, list] = {s: [] for s in systems}
+    for r in range(rounds):
+        for name in (list(systems) if r % 2 == 0 else list(reversed(systems))):
+            bootstrap, broker = systems[name]
+            topic, group = names(prefix)
+            broker.create_topic(topic, partitions)
+            share_group(bootstrap, group)
+            res = drain(bootstrap, broker.bootstrap, topic, group, partitions=partitions, **drain_args)
+            got[name].append(res)
+            report(name, res)
+            with contextlib.suppress(Exception):
+                broker.delete_topic(topic)
+    return got
+
+
 def balance(k3: KafkaBroker, k4: KafkaBroker, kshare_bootstrap: str, mixes: list[tuple[int, int]], per_member: int,
             process_ms: float, max_poll: int, rounds: int, churn: bool) -> str:
     """Drain ratio (ideal / actual) per mix, kshare and native alternated, median of ``rounds``.
@@ -437,26 +459,16 @@ def balance(k3: KafkaBroker, k4: KafkaBroker, kshare_bootstrap: str, mixes: list
     tests/integration/drain.py runs it: members join first (threads), then members x per_member
     records are produced round-robin in batches of max.poll.records; with ``churn`` one member
     joins at 30 % of the ideal time and one leaves at 60 %."""
-    from tests.integration.drain import drain, names
-
     systems = {"kshare": (kshare_bootstrap, k3), "native": (k4.bootstrap, k4)}
     rows = []
     for members, partitions in mixes:
-        got: dict[str, list] = {s: [] for s in systems}
-        for r in range(rounds):
-            for name in (list(systems) if r % 2 == 0 else list(reversed(systems))):
-                bootstrap, broker = systems[name]
-                topic, group = names("bench-balance")
-                broker.create_topic(topic, partitions)
-                share_group(bootstrap, group)
-                res = drain(bootstrap, broker.bootstrap, topic, group, partitions=partitions, members=members,
-                            work_ms=process_ms, per_member=per_member, max_poll=max_poll,
-                            joins=(0.3,) if churn else (), leaves=(0.6,) if churn else ())
-                got[name].append(res)
-                print(f"  {members} on {partitions} {name:6}: {res.ratio:.2f} of ideal ({res.seconds:.2f} s vs "
-                      f"{res.ideal:.2f} s); per member {res.per_member}", flush=True)
-                with contextlib.suppress(Exception):
-                    broker.delete_topic(topic)
+        def report(name: str, res, members=members, partitions=partitions) -> None:
+            print(f"  {members} on {partitions} {name:6}: {res.ratio:.2f} of ideal ({res.seconds:.2f} s vs "
+                  f"{res.ideal:.2f} s); per member {res.per_member}", flush=True)
+
+        got = drain_alternated(systems, rounds, "bench-balance", partitions, report, members=members,
+                               work_ms=process_ms, per_member=per_member, max_poll=max_poll,
+                               joins=(0.3,) if churn else (), leaves=(0.6,) if churn else ())
         med = {s: statistics.median(x.ratio for x in v) for s, v in got.items()}
         rows.append(f"| {members} on {partitions} | {med['kshare']:.2f} | {med['native']:.2f} | "
                     f"{med['kshare'] / med['native']:.2f} |")
@@ -476,10 +488,8 @@ FAIRNESS_CASES = "24x1x6000x5,64x4x25600x5,100x2x20000x2"
 def fairness(k3: KafkaBroker, k4: KafkaBroker, kshare_bootstrap: str, cases: list[tuple[int, int, int, float]],
              max_polls: list[int], rounds: int) -> str:
     """Drain ratio with many ShareConsumers, client defaults (max.poll.records 500) and a small
-    max.poll.records as the control, kshare and native alternated, median of ``rounds``; also the
-    fewest and most records one consumer processed (fair acquisition shows there)."""
-    from tests.integration.drain import drain, names
-
+    max.poll.records as the control, kshare and native alternated, median of ``rounds``; also how
+    many consumers got records, and the fewest and most one processed (fair acquisition shows there)."""
     systems = {"kshare": (kshare_bootstrap, k3), "native": (k4.bootstrap, k4)}
     head = "| members on partitions, records, work | " + " | ".join(
         f"{s}, max.poll.records {m}" for m in max_polls for s in ("native", "kshare")) + " |"
@@ -487,22 +497,15 @@ def fairness(k3: KafkaBroker, k4: KafkaBroker, kshare_bootstrap: str, cases: lis
     for members, partitions, records, work_ms in cases:
         cells = []
         for mpr in max_polls:
-            got: dict[str, list] = {s: [] for s in systems}
-            for r in range(rounds):
-                for name in (list(systems) if r % 2 == 0 else list(reversed(systems))):
-                    bootstrap, broker = systems[name]
-                    topic, group = names("bench-fair")
-                    broker.create_topic(topic, partitions)
-                    share_group(bootstrap, group)
-                    res = drain(bootstrap, broker.bootstrap, topic, group, partitions=partitions, members=members,
-                                work_ms=work_ms, per_member=max(1, records // members), max_poll=mpr, timeout=300)
-                    got[name].append(res)
-                    busy = sum(1 for n in res.per_member if n)
-                    print(f"  {members} on {partitions}, max.poll.records {mpr}, {name:6}: {res.ratio:.2f} of ideal "
-                          f"({res.seconds:.2f} s vs {res.ideal:.2f} s); {busy}/{members} consumers got records, "
-                          f"min {min(res.per_member)} max {max(res.per_member)}", flush=True)
-                    with contextlib.suppress(Exception):
-                        broker.delete_topic(topic)
+            def report(name: str, res, members=members, partitions=partitions, mpr=mpr) -> None:
+                busy = sum(1 for n in res.per_member if n)
+                print(f"  {members} on {partitions}, max.poll.records {mpr}, {name:6}: {res.ratio:.2f} of ideal "
+                      f"({res.seconds:.2f} s vs {res.ideal:.2f} s); {busy}/{members} consumers got records, "
+                      f"min {min(res.per_member)} max {max(res.per_member)}", flush=True)
+
+            got = drain_alternated(systems, rounds, "bench-fair", partitions, report, members=members,
+                                   work_ms=work_ms, per_member=max(1, records // members), max_poll=mpr,
+                                   timeout=300)
             for name in ("native", "kshare"):
                 runs = got[name]
                 med = statistics.median(x.ratio for x in runs)
