@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import signal
@@ -151,6 +152,10 @@ def run_proxy(config: ProxyConfig, *, share_groups: bool = True, metrics_port: i
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await app.start()
+        # What start-up built (modules, the codec's generated classes, clients) lives as long as the
+        # process: out of the collector's sight, so that its full collections, which stop the
+        # proxy, visit only what serving creates (a full collection visits every tracked object).
+        gc.freeze()
         await stop.wait()
         logging.getLogger("kshare").info("signal received: shutting down")
         await app.stop()

@@ -56,6 +56,17 @@ QUICK_WAIT_MS = 2
 QUICK_MAX_WAIT_MS = 64
 # Evicted batches are dropped from a run's lists in bulk, once this many have accumulated.
 _COMPACT_AT = 1024
+# Fetched bytes up to this size are cached as a copy (``bytes``), larger ones as the memoryview of
+# the response. See ``_Run``: a memoryview is an object the garbage collector tracks, and with
+# 1-record producer batches every Fetch brings one, so the cache held tens of thousands.
+COPY_BELOW = 64 << 10
+
+# A cached batch is kept as a plain tuple of its ``Batch`` fields, not as the ``Batch`` itself: the
+# garbage collector stops tracking a plain tuple of ints, never a named tuple, and every tracked
+# object is visited by every full collection. With 1-record producer batches the cache holds tens of
+# thousands of them, and each full collection took 40-80 ms: the proxy's latency spikes.
+_LAST, _START, _END = Batch._fields.index("last_offset"), Batch._fields.index("start"), Batch._fields.index("end")
+_as_batch = tuple.__new__
 
 
 class _Run:
@@ -67,18 +78,18 @@ class _Run:
         self.start = start
         self.end = end
         self.lasts: list[int] = []  # last offset of each batch, ascending (bisection)
-        self.batches: list[Batch] = []
-        self.bufs: list[memoryview] = []  # the fetched bytes each batch points into
+        self.batches: list[tuple] = []  # each a ``Batch`` as a plain tuple (see _LAST)
+        self.bufs: list[memoryview | bytes] = []  # the fetched bytes each batch points into
         self.head = 0  # batches before ``head`` are evicted (dropped from the lists in bulk)
         self.lso = -1  # the highest last stable offset any of its fetches reported
         # aborted transactions per fetch that added batches: (first offset, end, [(producer, first)])
         self.aborted: list[tuple[int, int, list[tuple[int, int]]]] = []
 
-    def add(self, batches: list[Batch], buf: memoryview, lasts: list[int], lso: int,
+    def add(self, batches: list[Batch], buf: memoryview | bytes, lasts: list[int], lso: int,
             aborted: list[tuple[int, int]]) -> None:
         if aborted and batches:
             self.aborted.append((batches[0].base_offset, batches[-1].last_offset + 1, aborted))
-        self.batches += batches
+        self.batches += map(tuple, batches)
         self.lasts += lasts
         self.bufs += [buf] * len(batches)
         self.lso = max(self.lso, lso)
@@ -98,8 +109,8 @@ class _Fetched:
     batches: list[Batch]
 
 
-def _size(b: Batch) -> int:
-    return b.end - b.start + BATCH_OVERHEAD
+def _size(b: tuple) -> int:
+    return b[_END] - b[_START] + BATCH_OVERHEAD
 
 
 @dataclass(slots=True)
@@ -160,10 +171,10 @@ class PartitionLog:
             k, n_batches = j, len(batches)
             while k < n_batches:
                 b = batches[k]
-                n = b.end - b.start
-                if out and (size + n > max_bytes or (until is not None and b.base_offset >= until)):
+                n = b[_END] - b[_START]
+                if out and (size + n > max_bytes or (until is not None and b[0] >= until)):
                     break
-                out.append((b, bufs[k][b.start:b.end]))
+                out.append((_as_batch(Batch, b), bufs[k][b[_START]:b[_END]]))
                 size += n
                 k += 1
             if len(out) > first:
@@ -274,10 +285,11 @@ class PartitionLog:
         data = res.records if res.records is not None else memoryview(b"")
         batches = split_batches(data)
         if batches:
-            self._insert(offset, batches, data, lso, res.aborted or [])
+            end = batches[-1].end
+            self._insert(offset, batches, bytes(data[:end]) if end < COPY_BELOW else data, lso, res.aborted or [])
         return batches
 
-    def _insert(self, offset: int, batches: list[Batch], data: memoryview, lso: int,
+    def _insert(self, offset: int, batches: list[Batch], data: memoryview | bytes, lso: int,
                 aborted: list[tuple[int, int]]) -> None:
         """Add the batches a Fetch at ``offset`` returned: every offset from ``offset`` (or the first
         batch, which may start before it) to the last batch's end is covered by them."""
@@ -348,7 +360,7 @@ class PartitionLog:
                 self.cached_bytes -= _size(b)
                 self.cached_batches -= 1
                 h += 1
-                run.start = b.last_offset + 1
+                run.start = b[_LAST] + 1
             run.head = h
             if h == len(run.batches):
                 del runs[r], starts[r]

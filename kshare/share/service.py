@@ -61,6 +61,7 @@ class SharePartitionState:
     writing: bool = False
     broken: bool = False  # a write failed: rebuild from durable state before serving again
     fair: FairShare = field(default_factory=FairShare)  # the members fetching here, their shares
+    lock_timer: int | None = None  # the earliest lock-expiry check queued for it (ms), if any
 
     def wake(self) -> None:
         for fut in self.waiters:
@@ -497,19 +498,27 @@ class ShareGroupService:
         if sp.engine is None:
             return
         deadline = sp.engine.next_deadline()
-        if deadline is not None:
-            heapq.heappush(self._lock_heap, (deadline, sp.key))
-            if deadline == self._lock_heap[0][0]:
-                self._timer_wakeup.set()
+        if deadline is None or (sp.lock_timer is not None and sp.lock_timer <= deadline):
+            return  # a check at or before it is queued already; it queues the next one
+        # One queued check per partition, not one per acquisition: at 1,000 acquisitions a second
+        # the heap held as many entries as records acquired within a lock duration.
+        sp.lock_timer = deadline
+        heapq.heappush(self._lock_heap, (deadline, sp.key))
+        if deadline == self._lock_heap[0][0]:
+            self._timer_wakeup.set()
 
     async def _timers(self) -> None:
         """Lock expiries and member session timeouts, each handled when due."""
         while True:
             now = self.clock()
             while self._lock_heap and self._lock_heap[0][0] <= now:
-                _, key = heapq.heappop(self._lock_heap)
+                due, key = heapq.heappop(self._lock_heap)
                 sp = self.partitions.get(key)
-                if sp is None or sp.engine is None:
+                if sp is None:
+                    continue
+                if sp.lock_timer == due:
+                    sp.lock_timer = None
+                if sp.engine is None:
                     continue
                 held = sp.engine.acquired_count()
                 update = sp.engine.expire_locks(now)

@@ -52,6 +52,8 @@ TEST_LIMITS = BrokerLimits(min_session_timeout_ms=1000, min_heartbeat_interval_m
 # API keys, error codes and acknowledge types of the share-group RPCs the tests send themselves
 METADATA, HEARTBEAT, SHARE_FETCH, SHARE_ACK = 3, 76, 78, 79
 NONE = 0
+FIND_COORDINATOR = 10
+COORDINATOR_NOT_READY = (14, 15, 16)  # load in progress, not available, not coordinator
 UNKNOWN_TOPIC_OR_PARTITION = 3
 INCONSISTENT_GROUP_PROTOCOL = 23
 UNKNOWN_MEMBER_ID = 25
@@ -621,6 +623,10 @@ class Raw:
     async def topic_id(self, topic: str, *, attempts: int = 100) -> bytes:
         return await topic_id(self.conn, topic, attempts=attempts)
 
+    async def find_coordinator(self, group: str) -> Any:
+        Req = messages.message_class("FindCoordinatorRequest")
+        return await self.conn.request(FIND_COORDINATOR, 4, Req(key_type=0, coordinator_keys=[group]))
+
     async def hb(self, group: str, member: str, epoch: int, topics: list[str] | None = None) -> Any:
         return await self.conn.request(HEARTBEAT, 1, hb_request(group, member, epoch, topics))
 
@@ -628,10 +634,16 @@ class Raw:
         """A new member, heartbeating until it has an assignment (Kafka 4.4 assigns on a later
         heartbeat); returns (member id, member epoch)."""
         member = str(uuid.uuid4())
+        deadline = time.monotonic() + timeout
         r = await self.hb(group, member, 0, [topic])
+        while r.error_code in COORDINATOR_NOT_READY and time.monotonic() < deadline:
+            # A fresh Kafka creates its group coordinator's topic when a client first looks for a
+            # coordinator (as real clients do before they join); until then it is not the coordinator.
+            await self.find_coordinator(group)
+            await asyncio.sleep(0.3)
+            r = await self.hb(group, member, 0, [topic])
         assert r.error_code == NONE, r
         epoch = r.member_epoch
-        deadline = time.monotonic() + timeout
         while r.assignment is None or not r.assignment.topic_partitions:
             assert time.monotonic() < deadline, "no assignment"
             await asyncio.sleep(0.3)
