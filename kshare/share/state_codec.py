@@ -407,8 +407,13 @@ def partition_of_key_bytes(key: bytes, partitions: int) -> int:
     return (murmur2(key[2:]) & 0x7FFFFFFF) % partitions
 
 
+def state_partition_of(topic_id: bytes, partition: int, partitions: int) -> int:
+    """The state partition of every share group's state of this topic-partition (docs/state-format.md)."""
+    return (murmur2(topic_id + struct.pack(">i", partition)) & 0x7FFFFFFF) % partitions
+
+
 def partition_for(key: SharePartitionKey, partitions: int) -> int:
-    return partition_of_key_bytes(encode_share_key(RECORD_SNAPSHOT, key), partitions)
+    return state_partition_of(key.topic_id, key.partition, partitions)
 
 
 def partition_for_group(group_id: str, partitions: int) -> int:
@@ -435,6 +440,7 @@ __all__ = [
     "encode_update_value",
     "murmur2",
     "partition_for",
+    "state_partition_of",
     "partition_for_group",
     "snapshot_value_size",
     "update_value_size",

@@ -39,7 +39,7 @@ import logging
 import time
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,6 +63,7 @@ from .state_codec import (
     snapshot_value_size,
     update_value_size,
 )
+from .state_fence import Fenced, PartitionWriter
 from .states import (
     TERMINAL_STATES,
     ShareSnapshot,
@@ -376,7 +377,10 @@ class TopicStateStore:
         producer_config: dict[str, Any] | None = None,
         admin_config: dict[str, Any] | None = None,
         consumer_config: dict[str, Any] | None = None,
+        transactional_prefix: str | None = None,
     ) -> None:
+        """``transactional_prefix``: an instance group's store (see :meth:`claim`): it loads and
+        writes only the partitions it claimed, each through a fenced transactional producer."""
         if isinstance(bootstrap_servers, str):
             bootstrap_servers = [s for s in bootstrap_servers.split(",") if s]
         self.bootstrap_servers = list(bootstrap_servers)
@@ -425,6 +429,19 @@ class TopicStateStore:
         self._maintenance: asyncio.Task[None] | None = None
         self._started = False
         self._closing = False
+        self.transactional_prefix = transactional_prefix
+        self._writers: dict[int, PartitionWriter] = {}  # claimed partitions (instance group only)
+        self._round_lock = asyncio.Lock()
+        # told the partitions another proxy fenced this one out of (instance group only)
+        self.on_fenced: Callable[[int], None] | None = None
+
+    @property
+    def claims(self) -> bool:
+        """True for an instance group's store, which owns only the partitions it claimed."""
+        return self.transactional_prefix is not None
+
+    def claimed(self) -> list[int]:
+        return sorted(self._writers)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -444,6 +461,14 @@ class TopicStateStore:
         try:
             await self._admin.start()
             created = await self._ensure_topic()
+            if self.claims:
+                self._entries.clear()
+                self._groups.clear()
+                self._started = True
+                self._closing = False
+                self._flusher = asyncio.create_task(self._flush_loop(), name="kshare-state-flusher")
+                self._maintenance = asyncio.create_task(self._maintenance_loop(), name="kshare-state-pruner")
+                return
             await self._load(empty=created)
             # expected on Tansu (the embedded broker): one line each at start-up, nothing to act on
             refusal, no_pruning = await _cluster_refusals(self.bootstrap_servers, self.topic)
@@ -549,6 +574,8 @@ class TopicStateStore:
         await self._close_clients()
 
     async def _close_clients(self) -> None:
+        writers, self._writers = list(self._writers.values()), {}
+        await asyncio.gather(*(w.stop() for w in writers), return_exceptions=True)
         producer, admin = self._producer, self._admin
         self._producer = self._admin = None
         if self._retiring is not None:
@@ -568,6 +595,50 @@ class TopicStateStore:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    # -- an instance group's partitions ------------------------------------------------------------
+
+    async def claim(self, partitions: Sequence[int]) -> None:
+        """Take these state partitions over: first each one's transactional producer starts, which
+        makes the broker refuse the previous owner's writes (and abort its open transaction),
+        then what was committed there is replayed. Writes of their share-partitions and groups
+        are accepted from then on."""
+        new = sorted(p for p in set(partitions) if p not in self._writers)
+        if not new:
+            return
+        assert self.transactional_prefix is not None, "claim() is for an instance group's store"
+        writers = {p: PartitionWriter(self.bootstrap_servers, self.topic, p, f"{self.transactional_prefix}{p}",
+                                      write_timeout_s=self.write_timeout_s, producer_config=self._producer_config)
+                   for p in new}
+        try:
+            await asyncio.gather(*(w.start() for w in writers.values()))
+            await self._load(partitions=new)
+        except BaseException:
+            await asyncio.gather(*(w.stop() for w in writers.values()), return_exceptions=True)
+            raise
+        for key, e in self._entries.items():
+            if e.partition in writers and partition_for(key, self.partitions) != e.partition:
+                log.error("state topic %s: %s is in partition %d, the instance group looks for it in %d "
+                          "(written by an older kshare): it will be served without that state",
+                          self.topic, key, e.partition, partition_for(key, self.partitions))
+        self._writers.update(writers)
+
+    async def release(self, partitions: Sequence[int]) -> None:
+        """Give these state partitions up: no more writes to them (a round in flight finishes
+        first) and their share-partitions and groups leave memory."""
+        gone = {p for p in partitions if p in self._writers}
+        if not gone:
+            return
+        async with self._round_lock:
+            writers = [self._writers.pop(p) for p in gone]
+        for key in [k for k, e in self._entries.items() if e.partition in gone]:
+            del self._entries[key]
+        for gid in [g for g, v in self._groups.items() if v.partition in gone]:
+            del self._groups[gid]
+        await asyncio.gather(*(w.stop() for w in writers), return_exceptions=True)
+
+    def owns_partition(self, partition: int) -> bool:
+        return not self.claims or partition in self._writers
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -685,6 +756,10 @@ class TopicStateStore:
                 return
 
     async def _round(self, items: list[_Pending]) -> None:
+        if self.claims:
+            async with self._round_lock:
+                await self._round_claimed(items)
+            return
         if self._replace_producer or self._retiring is not None:
             try:
                 await self._renew_producer()
@@ -746,6 +821,42 @@ class TopicStateStore:
                     self._replace_producer = True
             else:
                 rec.offset = fut.result().offset
+        self._settle(out, items)
+
+    async def _round_claimed(self, items: list[_Pending]) -> None:
+        """An instance group's round: one transaction per claimed partition, all at once."""
+        out: list[_Out] = []
+        for item in items:
+            for op in item.ops:
+                self._encode(item, op, out)
+        self.stats.rounds += 1
+        self.stats.max_round_records = max(self.stats.max_round_records, len(out))
+        by_partition: dict[int, list[_Out]] = defaultdict(list)
+        for rec in out:
+            by_partition[rec.partition].append(rec)
+
+        async def write(p: int, recs: list[_Out]) -> None:
+            writer = self._writers.get(p)
+            if writer is None:
+                for rec in recs:
+                    rec.error = StateWriteError(f"state partition {p} is not owned by this proxy")
+                return
+            try:
+                offsets = await writer.write([(rec.key, rec.value) for rec in recs])
+            except Fenced as exc:
+                for rec in recs:
+                    rec.error = StateWriteError(f"fenced: {exc}")
+                if self.on_fenced is not None:
+                    self.on_fenced(p)
+                return
+            except Exception as exc:  # noqa: BLE001 - reported to the callers
+                for rec in recs:
+                    rec.error = StateWriteError(f"state write failed: {exc!r}")
+                return
+            for rec, off in zip(recs, offsets, strict=True):
+                rec.offset = off
+
+        await asyncio.gather(*(write(p, recs) for p, recs in by_partition.items()))
         self._settle(out, items)
 
     def _save(self, ref: Any) -> None:
@@ -1051,13 +1162,16 @@ class TopicStateStore:
 
     # -- recovery --------------------------------------------------------------------------------
 
-    async def _load(self, *, empty: bool = False) -> None:
+    async def _load(self, *, empty: bool = False, partitions: Sequence[int] | None = None) -> None:
+        """Replay the topic (or, for an instance group, the claimed ``partitions``: their
+        committed records only, adding to what the store holds)."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
         t0 = time.monotonic()
         stats = self.load_stats = LoadStats()
-        self._entries.clear()
-        self._groups.clear()
+        if partitions is None:
+            self._entries.clear()
+            self._groups.clear()
         if empty:  # just created: nothing to replay
             for p in range(self.partitions):
                 self._start[p] = self._end[p] = 0
@@ -1070,6 +1184,9 @@ class TopicStateStore:
             "fetch_max_bytes": 64 * 1024 * 1024,
             "request_timeout_ms": max(40_000, int(self.write_timeout_s * 1000)),
         }
+        if partitions is not None:
+            # transactional writes: what an aborted (fenced) transaction left is not state
+            conf["isolation_level"] = "read_committed"
         conf.update(self._consumer_config)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers,
@@ -1083,7 +1200,7 @@ class TopicStateStore:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
+            tps = [TopicPartition(self.topic, p) for p in (range(self.partitions) if partitions is None else partitions)]
             consumer.assign(tps)
             begin = await consumer.beginning_offsets(tps)
             end = await consumer.end_offsets(tps)
@@ -1120,9 +1237,10 @@ class TopicStateStore:
         stats.groups = len(self._groups)
         stats.seconds = time.monotonic() - t0
         log.info(
-            "state topic %s loaded in %.2f s: %d share-partitions, %d groups from %d records (%d bytes), "
+            "state topic %s%s loaded in %.2f s: %d share-partitions, %d groups from %d records (%d bytes), "
             "%d skipped",
             self.topic,
+            "" if partitions is None else f" partitions {list(partitions)}",
             stats.seconds,
             stats.share_partitions,
             stats.groups,
@@ -1188,7 +1306,8 @@ class TopicStateStore:
 
     def prune_points(self) -> dict[int, int]:
         """Per partition: the lowest offset replay still needs (everything below may go)."""
-        low: dict[int, int] = {p: self._end.get(p, 0) for p in range(self.partitions)}
+        scope = self._writers if self.claims else range(self.partitions)
+        low: dict[int, int] = {p: self._end.get(p, 0) for p in scope}
         pins: list[tuple[int, int | None]] = [
             (e.partition, e.snapshot_offset) for e in self._entries.values()
         ]
@@ -1202,7 +1321,7 @@ class TopicStateStore:
             else:
                 pins.append((saved[0].partition, saved[2]))
         for partition, offset in pins:
-            if offset is not None and offset < low.get(partition, 1 << 62):
+            if offset is not None and partition in low and offset < low[partition]:
                 low[partition] = offset
         return low
 

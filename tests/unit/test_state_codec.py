@@ -234,8 +234,15 @@ def test_murmur2_known_values() -> None:
 def test_every_record_of_a_share_partition_in_one_partition(key, n) -> None:
     p = sc.partition_for(key, n)
     assert 0 <= p < n
-    assert sc.partition_of_key_bytes(sc.encode_share_key(sc.RECORD_UPDATE, key), n) == p
-    assert sc.partition_of_key_bytes(sc.encode_share_key(sc.RECORD_SNAPSHOT, key), n) == p
+    assert sc.partition_for(SharePartitionKey(key.group_id, bytes(key.topic_id), key.partition), n) == p
+
+
+@settings(max_examples=100, deadline=None)
+@given(keys, st.text(max_size=20), st.integers(1, 64))
+def test_every_group_of_a_topic_partition_in_one_partition(key, other_group, n) -> None:
+    """What lets an instance group own a topic-partition's share state by owning one partition."""
+    other = SharePartitionKey(other_group, key.topic_id, key.partition)
+    assert sc.partition_for(other, n) == sc.partition_for(key, n) == sc.state_partition_of(key.topic_id, key.partition, n)
 
 
 def test_keys_spread_over_partitions() -> None:

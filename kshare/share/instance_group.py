@@ -1,0 +1,180 @@
+"""The instance group's shell: a consumer group on the fronted cluster that splits ownership.
+
+Every proxy of the group joins the consumer group ``kshare-instances.<name>`` subscribed to the
+state topic. The group's leader (whichever proxy Kafka's group coordinator picks) runs
+:func:`ownership.assign` over what each proxy said at join (its advertised endpoints, what it owned
+before, its slot) and ships the whole :class:`OwnershipMap` inside every member's assignment, so
+every proxy knows every other's partitions and listeners. Kafka's group protocol does the rest:
+session timeouts, generations, rebalances when a proxy comes or goes.
+
+This module only learns maps and reports changes (``on_change(map, gained, lost)``); what owning a
+state partition means (replaying it, fencing the previous owner with a transactional producer,
+routing clients) is the caller's. Between rebalances a proxy keeps serving what it owned: when a
+partition moves, the new owner fences the old one's writes through the broker before it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from .ownership import Candidate, Instance, OwnershipMap, assign
+
+log = logging.getLogger("kshare.share")
+
+GROUP_PREFIX = "kshare-instances."
+PROTOCOL = "kshare-ownership-v1"
+
+ChangeCallback = Callable[[OwnershipMap, list[int], list[int]], Awaitable[None] | None]
+
+
+class InstanceGroup:
+    """One proxy's membership. ``start`` returns once the first map is known."""
+
+    def __init__(self, bootstrap: list[str], name: str, state_topic: str, me: Instance,
+                 on_change: ChangeCallback, *, session_timeout_ms: int = 10_000,
+                 heartbeat_interval_ms: int = 1_000, client_config: Mapping[str, Any] | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.group_id = GROUP_PREFIX + name
+        self.state_topic = state_topic
+        self.me = me
+        self.on_change = on_change
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.client_config = dict(client_config or {})
+        self.map: OwnershipMap | None = None
+        self.owned: list[int] = []
+        self._consumer: Any = None
+        self._poller: asyncio.Task | None = None
+        self._first = asyncio.Event()
+        self._changes: asyncio.Queue[OwnershipMap] = asyncio.Queue()
+        self._applier: asyncio.Task | None = None
+
+    def _assignor(self) -> type:
+        """aiokafka's assignors are classes with class methods: one of our own per membership."""
+        from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+        from aiokafka.coordinator.protocol import (
+            ConsumerProtocolMemberAssignment,
+            ConsumerProtocolMemberMetadata,
+        )
+
+        group = self
+
+        class OwnershipAssignor(AbstractPartitionAssignor):
+            name = PROTOCOL
+            version = 0
+
+            @classmethod
+            def metadata(cls, topics: Iterable[str]) -> Any:
+                prev = group.map
+                cand = Candidate(group.me, list(group.owned), prev.epoch if prev else 0)
+                return ConsumerProtocolMemberMetadata(cls.version, list(topics), cand.encode())
+
+            @classmethod
+            def assign(cls, cluster: Any, members: Mapping[str, Any]) -> dict[str, Any]:
+                partitions = cluster.partitions_for_topic(group.state_topic) or set()
+                cands = {}
+                for member_id, meta in members.items():
+                    try:
+                        c = Candidate.decode(meta.user_data)
+                    except Exception:  # noqa: BLE001 - a member of another version: it gets nothing
+                        log.warning("instance group %s: member %s sent metadata this proxy cannot read; "
+                                    "it owns nothing", group.group_id, member_id)
+                        continue
+                    cands[member_id] = c
+                decision = assign(cands, len(partitions))
+                data = decision.encode()
+                out = {}
+                for member_id in members:
+                    c = cands.get(member_id)
+                    mine = decision.partitions_of(c.instance.id) if c is not None else []
+                    out[member_id] = ConsumerProtocolMemberAssignment(
+                        cls.version, [(group.state_topic, mine)] if mine else [], data)
+                log.info("instance group %s: ownership epoch %d over %d proxies: %s", group.group_id,
+                         decision.epoch, len(decision.instances),
+                         ", ".join(f"{i.host}:{i.port}={len(decision.partitions_of(i.id))}"
+                                   for i in decision.instances))
+                return out
+
+            @classmethod
+            def on_assignment(cls, assignment: Any) -> None:
+                try:
+                    decision = OwnershipMap.decode(assignment.user_data)
+                except Exception as exc:  # noqa: BLE001
+                    log.error("instance group %s: unreadable ownership map (%r); keeping the last one",
+                              group.group_id, exc)
+                    return
+                group._changes.put_nowait(decision)
+
+        return OwnershipAssignor
+
+    async def start(self, timeout: float = 60.0) -> None:
+        from aiokafka import AIOKafkaConsumer
+
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group_id,
+            client_id=f"kshare-instance-{self.me.host}:{self.me.port}",
+            enable_auto_commit=False,
+            partition_assignment_strategy=(self._assignor(),),
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            # it never consumes: the membership is the point (polled only to stay in the group)
+            max_poll_interval_ms=0x7FFFFFFF,
+            rebalance_timeout_ms=max(self.session_timeout_ms, 10_000),
+            **self.client_config,
+        )
+        await self._consumer.start()
+        self._consumer.subscribe([self.state_topic])
+        self._applier = asyncio.create_task(self._apply_loop(), name="kshare-instance-map")
+        self._poller = asyncio.create_task(self._poll_loop(), name="kshare-instance-poll")
+        await asyncio.wait_for(self._first.wait(), timeout)
+
+    async def _poll_loop(self) -> None:
+        """aiokafka joins, syncs and rejoins from its poll calls; partitions stay paused."""
+        consumer = self._consumer
+        while True:
+            try:
+                assigned = consumer.assignment()
+                if assigned:
+                    consumer.pause(*assigned)
+                await consumer.getmany(timeout_ms=500)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the consumer recovers by itself; say it once
+                log.warning("instance group %s: %r", self.group_id, exc)
+                await asyncio.sleep(1.0)
+
+    async def _apply_loop(self) -> None:
+        while True:
+            decision = await self._changes.get()
+            mine = decision.partitions_of(self.me.id)
+            gained = sorted(set(mine) - set(self.owned))
+            lost = sorted(set(self.owned) - set(mine))
+            self.map, self.owned = decision, mine
+            me = decision.instance(self.me.id)
+            if me is not None:
+                self.me = me  # with the slot the leader gave it
+            try:
+                result = self.on_change(decision, gained, lost)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:  # noqa: BLE001 - the caller's failure must not stop membership
+                log.exception("instance group %s: applying ownership epoch %d failed", self.group_id,
+                              decision.epoch)
+            self._first.set()
+
+    async def stop(self) -> None:
+        """Leave the group at once (the others take over without waiting for a session timeout)."""
+        for task in (self._poller, self._applier):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()  # LeaveGroup
+            self._consumer = None

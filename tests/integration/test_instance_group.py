@@ -1,0 +1,199 @@
+"""Several proxies split ownership through a consumer group on a real Apache Kafka 3.9.
+
+The membership alone (``kshare.share.instance_group``), without proxies around it: every state
+partition has exactly one owner, every member sees the same map, and a member that leaves hands
+its partitions to the others at once (LeaveGroup, no session timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from kshare.share.instance_group import InstanceGroup
+from kshare.share.ownership import Instance, OwnershipMap
+from tests.brokers import KafkaBroker
+
+PARTITIONS = 6
+
+
+class Member:
+    def __init__(self, kafka: KafkaBroker, name: str, topic: str, port: int) -> None:
+        self.changes: list[tuple[int, list[int], list[int]]] = []
+        self.group = InstanceGroup([kafka.bootstrap], name, topic,
+                                   Instance(uuid.uuid4().hex, "127.0.0.1", port, {1: port + 1}),
+                                   self._changed, session_timeout_ms=6000, heartbeat_interval_ms=300)
+
+    def _changed(self, m: OwnershipMap, gained: list[int], lost: list[int]) -> None:
+        self.changes.append((m.epoch, gained, lost))
+
+
+async def settled(members: list[Member], timeout: float = 30.0) -> OwnershipMap:
+    """Until every member holds the same map and it gives each state partition to one of them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        maps = [m.group.map for m in members]
+        if all(maps) and len({mp.encode() for mp in maps}) == 1:
+            mp = maps[0]
+            ids = {m.group.me.id for m in members}
+            owned = sorted(p for m in members for p in m.group.owned)
+            if {i.id for i in mp.instances} == ids and owned == list(range(PARTITIONS)):
+                return mp
+        assert time.monotonic() < deadline, [m.group.owned for m in members]
+        await asyncio.sleep(0.1)
+
+
+def test_three_members_split_then_one_leaves(kafka39: KafkaBroker) -> None:
+    topic = f"state-{uuid.uuid4().hex[:8]}"
+    kafka39.create_topic(topic, PARTITIONS)
+    name = f"ig-{uuid.uuid4().hex[:8]}"
+
+    async def main() -> None:
+        members = [Member(kafka39, name, topic, 20000 + 10 * i) for i in range(3)]
+        await asyncio.gather(*(m.group.start() for m in members))
+        try:
+            mp = await settled(members)
+            assert sorted(len(m.group.owned) for m in members) == [2, 2, 2]
+            assert len({m.group.me.slot for m in members}) == 3  # slots distinct, given by the leader
+            for m in members:  # the map names every member's listeners, as it said at join
+                inst = mp.instance(m.group.me.id)
+                assert inst is not None and (inst.port, inst.broker_ports) == (m.group.me.port, {1: m.group.me.port + 1})
+            before = {m.group.me.id: list(m.group.owned) for m in members}
+            slots = {m.group.me.id: m.group.me.slot for m in members}
+
+            gone = members.pop()
+            started = time.monotonic()
+            await gone.group.stop()
+            mp2 = await settled(members, timeout=10)
+            took = time.monotonic() - started
+            assert took < 6, f"hand-over took {took:.1f} s: the leaving member should not wait out a session"
+            assert mp2.epoch > mp.epoch
+            for m in members:  # the survivors kept what they had and took the rest
+                assert set(before[m.group.me.id]) <= set(m.group.owned)
+                assert m.group.me.slot == slots[m.group.me.id]
+                assert m.changes[-1][2] == []  # lost nothing
+        finally:
+            for m in members:
+                await m.group.stop()
+
+    asyncio.run(main())
+
+
+def test_a_new_owner_fences_the_previous_one(kafka39: KafkaBroker) -> None:
+    """Two writers of one state partition with the same transactional id, as an old and a new
+    owner: once the new one started, the old one's writes are refused by the broker (nothing of
+    them committed) and a read_committed replay sees exactly what was committed."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from kshare.share.state_fence import Fenced, PartitionWriter
+
+    topic = f"state-{uuid.uuid4().hex[:8]}"
+    kafka39.create_topic(topic, 2)
+    txid = f"kshare-test.{topic}.1"
+
+    async def main() -> list[bytes]:
+        old = PartitionWriter([kafka39.bootstrap], topic, 1, txid, write_timeout_s=20)
+        new = PartitionWriter([kafka39.bootstrap], topic, 1, txid, write_timeout_s=20)
+        await old.start()
+        try:
+            assert len(await old.write([(b"k", b"old-1"), (b"k", b"old-2")])) == 2
+            await new.start()  # takes the partition over
+            try:
+                await old.write([(b"k", b"old-3")])
+                raise AssertionError("the old owner's write went through after the take-over")
+            except Fenced:
+                pass
+            assert old.fenced
+            try:
+                await old.write([(b"k", b"old-4")])
+                raise AssertionError("a fenced writer wrote")
+            except Fenced:
+                pass
+            offsets = await new.write([(b"k", b"new-1")])
+            assert len(offsets) == 1
+        finally:
+            await old.stop()
+            await new.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka39.bootstrap, isolation_level="read_committed",
+                                    enable_auto_commit=False, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            tp = TopicPartition(topic, 1)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            end = (await consumer.end_offsets([tp]))[tp]
+            values: list[bytes] = []
+            while await consumer.position(tp) < end:
+                for recs in (await consumer.getmany(tp, timeout_ms=1000)).values():
+                    values += [r.value for r in recs]
+            return values
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(main()) == [b"old-1", b"old-2", b"new-1"]
+
+
+def test_a_store_claims_partitions_and_fences_the_previous_owner(kafka39: KafkaBroker) -> None:
+    """Two instance-group stores over one state topic. A claims both partitions and writes
+    state; B claims partition 1: it replays what A committed there, A's next write to it fails
+    (fenced, and A is told), A's writes to partition 0 go on, and after A releases partition 1 it
+    no longer holds that state."""
+    from kshare.share.state_codec import partition_for
+    from kshare.share.state_topic import StateWriteError, TopicStateStore
+    from kshare.share.states import ShareSnapshot
+    from kshare.share.store import GroupRecord, SharePartitionKey
+
+    topic = f"state-{uuid.uuid4().hex[:8]}"
+    prefix = f"kshare-test.{topic}."
+    tid = uuid.uuid4().bytes
+    keys = {}
+    for p in range(40):  # one share-partition key per state partition
+        key = SharePartitionKey("g", tid, p)
+        keys.setdefault(partition_for(key, 2), key)
+    assert set(keys) == {0, 1}
+
+    def store() -> TopicStateStore:
+        return TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2, transactional_prefix=prefix,
+                               write_timeout_s=20)
+
+    async def main() -> None:
+        a, b = store(), store()
+        fenced: list[int] = []
+        a.on_fenced = fenced.append
+        await a.start()
+        await b.start()
+        try:
+            await a.claim([0, 1])
+            assert a.claimed() == [0, 1]
+            await a.write([(keys[0], ShareSnapshot(10, ())), (keys[1], ShareSnapshot(20, ()))])
+            await a.write_group(GroupRecord("g", 3))
+            await a.write([(keys[1], ShareSnapshot(21, ()))])
+
+            await b.claim([1])
+            assert b.share_partition(keys[1]) == ShareSnapshot(21, ())
+            assert b.share_partition(keys[0]) is None  # not its partition
+            try:
+                await a.write([(keys[1], ShareSnapshot(22, ()))])
+                raise AssertionError("a fenced owner wrote")
+            except StateWriteError:
+                pass
+            assert fenced == [1]
+            await a.write([(keys[0], ShareSnapshot(11, ()))])  # its other partition is still its own
+            await a.release([1])
+            assert a.claimed() == [0] and a.share_partition(keys[1]) is None
+            await b.write([(keys[1], ShareSnapshot(23, ()))])
+        finally:
+            await a.close()
+            await b.close()
+        # a third store claiming everything sees what was committed, nothing of the refused write
+        c = store()
+        await c.start()
+        try:
+            await c.claim([0, 1])
+            assert c.share_partition(keys[0]) == ShareSnapshot(11, ())
+            assert c.share_partition(keys[1]) == ShareSnapshot(23, ())
+        finally:
+            await c.close()
+
+    asyncio.run(main())
