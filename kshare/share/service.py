@@ -62,6 +62,9 @@ class SharePartitionState:
     broken: bool = False  # a write failed: rebuild from durable state before serving again
     fair: FairShare = field(default_factory=FairShare)  # the members fetching here, their shares
     lock_timer: int | None = None  # the earliest lock-expiry check queued for it (ms), if any
+    # what the next write waits for first: dead letters that must be on the DLQ topic before the
+    # write archiving their records (a failed one fails the write, and nothing is archived)
+    gates: list[asyncio.Future] = field(default_factory=list)
 
     def wake(self) -> None:
         for fut in self.waiters:
@@ -328,14 +331,19 @@ class ShareGroupService:
         try:
             while sp.pending:
                 batch, done = sp.pending, sp.pending_done
-                sp.pending, sp.pending_done = [], None
+                gates = sp.gates
+                sp.pending, sp.pending_done, sp.gates = [], None, []
                 assert done is not None
                 started = time.perf_counter()
                 try:
+                    if gates:
+                        await asyncio.gather(*gates)
                     await self.store.write([(sp.key, change) for change in batch])
                     self.stats.on_state_write(time.perf_counter() - started)
                 except Exception as exc:  # noqa: BLE001
-                    log.error("durable write for %s failed: %r; rebuilding it from the state topic", sp.key, exc)
+                    what = "dead letters" if any(g.done() and not g.cancelled() and g.exception() for g in gates) \
+                        else "durable write"
+                    log.error("%s for %s failed: %r; rebuilding it from the state topic", what, sp.key, exc)
                     # The engine moved ahead of what is durable: rebuild before serving it again.
                     sp.broken = True
                     sp.engine = None
@@ -345,7 +353,7 @@ class ShareGroupService:
                     if sp.pending_done is not None and not sp.pending_done.done():
                         sp.pending_done.set_exception(WriteFailed(str(exc)))
                         sp.pending_done.exception()
-                    sp.pending, sp.pending_done = [], None
+                    sp.pending, sp.pending_done, sp.gates = [], None, []
                     sp.wake()
                     return
                 if not done.done():
@@ -373,25 +381,15 @@ class ShareGroupService:
                                     dead_letter.acked_ranges(ack_batches, 0))
         if not items:
             return self.persist(sp, update)
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        # Queue the write now so its order among this share-partition's writes is kept, but hold
-        # its acknowledgement until the dead letters are on the DLQ topic.
-        write = self.persist(sp, update)
-
-        async def run() -> None:
-            try:
-                await self._produce_dead_letters(group, sp, items)
-                await write
-            except Exception as exc:  # noqa: BLE001
-                if not done.done():
-                    done.set_exception(WriteFailed(str(exc)))
-                return
-            if not done.done():
-                done.set_result(None)
-
-        loop.create_task(run())
-        return done
+        # Queue the write now, so its order among this share-partition's writes is kept, behind a
+        # gate: it goes to the state topic only once the dead letters are on the DLQ topic. If they
+        # cannot be written, neither is the write (nor the others queued with it): the share-
+        # partition is rebuilt from its durable state, so the records are not archived and come
+        # back, instead of being archived without their dead letters.
+        gate = asyncio.get_running_loop().create_task(self._produce_dead_letters(group, sp, items))
+        gate.add_done_callback(_ignore_failure)
+        sp.gates.append(gate)
+        return self.persist(sp, update)
 
     async def _produce_dead_letters(self, group: ShareGroup, sp: SharePartitionState, items: list) -> None:
         cfg = group.config

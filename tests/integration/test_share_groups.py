@@ -198,6 +198,45 @@ def test_delivery_limit_archives_to_dead_letter_topic(kafka39, kshare39, topic_n
     assert len(read_plain(kafka39.bootstrap, dlq, 3, timeout=2)) == 2  # nothing more
 
 
+def test_a_dead_letter_topic_that_refuses_loses_nothing(kafka39, kshare39, topic_name, group):
+    """Fault: the DLQ topic refuses the dead letters (max.message.bytes too small for them).
+    The record at the delivery limit must not be archived without its dead letter: the write that
+    would archive it fails with the DLQ produce, and the record comes back (redelivered, at most
+    at the limit again). Once the topic accepts records, the next time it reaches the limit it is
+    archived and its dead letter is there. May be redelivered: the poison record, any number of
+    times while the DLQ refuses; lost: nothing."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    kafka39.create_topic(topic_name, partitions=1)
+    dlq = f"dlq.{topic_name}"[:249]
+    kafka39.create_topic(dlq, partitions=1, configs={"max.message.bytes": "64"})
+    share_group(kshare39.bootstrap, group, **{
+        "share.delivery.count.limit": 2,
+        "errors.deadletterqueue.topic.name": dlq,
+    })
+    produce(kshare39.bootstrap, topic_name, [b"poison", b"good"], per_batch=1)
+    seen: list[tuple[bytes, int]] = []
+    action = acknowledger(seen, release={b"poison"})
+    loop = ConsumerLoop("c", kshare39.bootstrap, group, topic_name, explicit=True, action=action).start()
+    try:
+        # at the limit twice: the first archive failed with the DLQ, the record came back
+        wait_until(lambda: sum(1 for v, dc in seen if v == b"poison" and dc == 2) >= 2, 60,
+                   "the poison record back after the DLQ refused it")
+        assert all(dc <= 2 for v, dc in seen if v == b"poison")
+        assert read_plain(kafka39.bootstrap, dlq, 1, timeout=1) == []
+        admin = AdminClient({"bootstrap.servers": kafka39.bootstrap})
+        res = ConfigResource("topic", dlq, incremental_configs=[
+            ConfigEntry("max.message.bytes", "1048588", incremental_operation=AlterConfigOpType.SET)])
+        for f in admin.incremental_alter_configs([res]).values():
+            f.result(30)
+        letters = read_plain(kafka39.bootstrap, dlq, 1, timeout=60)
+    finally:
+        stop_all([loop])
+    assert len(letters) == 1
+    assert dict(letters[0].headers())[HEADER_PREFIX + "offset"] == b"0"
+    assert [dc for v, dc in seen if v == b"good"] == [1]
+
+
 # ------------------------------------------------------------------------------------------------
 # records held by a consumer that stops, closes or dies
 
