@@ -6,10 +6,12 @@ Start kshare (with its embedded broker) in one shell, then run this in another:
     python examples/spark_pipeline.py --produce 2000 --output /tmp/kshare-jobs
 
 It creates the topic ``jobs`` (one partition) if needed, starts the share group ``workers`` at the
-beginning of the topic, produces ``--produce`` jobs, and runs a streaming query in which 4 tasks per
-micro-batch read the one partition as 4 members of the share group, each job taking 5 ms of
-work, results appended to Parquet under ``--output``. It stops once every job is done and prints
-the throughput. Needs ``pip install 'kshare[spark]'`` and Java 17+.
+beginning of the topic, produces ``--produce`` jobs (``--poison`` of them malformed), and runs a
+streaming query in which 4 tasks per micro-batch read the one partition as 4 members of the share
+group, each job taking 5 ms of work, results appended to Parquet under ``--output``. Jobs that do
+not parse are rejected from the sink (``kshare.spark.reject``): never delivered again, and on the
+group's dead-letter topic if it has one. It stops once every good job is done and prints the
+throughput. Needs ``pip install 'kshare[spark]'`` and Java 17+.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from confluent_kafka.admin import (
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from kshare.spark import register
+from kshare.spark import register, reject
 
 
-def prepare(bootstrap: str, topic: str, group: str, jobs: int) -> None:
+def prepare(bootstrap: str, topic: str, group: str, jobs: int, poison: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     if topic not in admin.list_topics(timeout=10).topics:
         admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
@@ -44,14 +46,19 @@ def prepare(bootstrap: str, topic: str, group: str, jobs: int) -> None:
                                                                incremental_configs=[reset])]).values():
         fut.result(30)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    bad = {i * jobs // poison for i in range(poison)} if poison else set()
     for i in range(jobs):
-        producer.produce(topic, key=f"job-{i}".encode(), value=f"payload {i}".encode())
+        value = f"payload {i}" if i not in bad else f"\ufffd not a job {i}"
+        producer.produce(topic, key=f"job-{i}".encode(), value=value.encode())
         if i % 1000 == 999:
             producer.flush(30)
     producer.flush(30)
 
 
-def work(value: bytes) -> str:
+def work(value: bytes) -> str | None:
+    """The job's result, or None when it does not parse."""
+    if not value.startswith(b"payload "):
+        return None
     time.sleep(0.005)  # stands for 5 ms of real work per job (I/O bound: a call out, a write)
     return value.decode().upper()
 
@@ -62,30 +69,38 @@ def main() -> int:
     ap.add_argument("--topic", default="jobs")
     ap.add_argument("--group", default="workers")
     ap.add_argument("--produce", type=int, default=2000, help="jobs to produce first (0: none)")
-    ap.add_argument("--expect", type=int, default=None, help="stop after this many jobs (default: --produce)")
+    ap.add_argument("--poison", type=int, default=20, help="how many of the produced jobs are malformed")
+    ap.add_argument("--expect", type=int, default=None,
+                    help="stop after this many jobs (default: --produce minus --poison)")
     ap.add_argument("--tasks", type=int, default=4, help="share members reading per micro-batch")
     ap.add_argument("--output", default="/tmp/kshare-jobs", help="Parquet directory (and its checkpoint)")
     args = ap.parse_args()
-    expect = args.expect if args.expect is not None else args.produce
+    poison = min(args.poison, args.produce)
+    expect = args.expect if args.expect is not None else args.produce - poison
 
-    prepare(args.bootstrap, args.topic, args.group, args.produce)
+    prepare(args.bootstrap, args.topic, args.group, args.produce, poison)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master(f"local[{args.tasks}]").appName("kshare-pipeline")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", args.tasks)
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
     register(spark)
-    jobs = (spark.readStream.format("kshare")
-            .option("kafka.bootstrap.servers", args.bootstrap)
-            .option("kafka.share.group.id", args.group)
-            .option("subscribe", args.topic)
-            .option("parallelism", args.tasks)
-            .option("maxRecordsPerTask", 250)
-            .option("maxWaitMs", 500)
-            .load())
-    results = jobs.select(F.col("key").cast("string").alias("job"), F.udf(work, "string")("value").alias("result"),
-                          "partition", "offset", "deliveryCount")
-    query = (results.writeStream.format("parquet").option("path", os.path.join(args.output, "data"))
+    source = {"kafka.bootstrap.servers": args.bootstrap, "kafka.share.group.id": args.group,
+              "subscribe": args.topic, "parallelism": args.tasks, "maxRecordsPerTask": 250, "maxWaitMs": 500}
+    jobs = spark.readStream.format("kshare").options(**source).load()
+    work_udf = F.udf(work, "string")
+    data = os.path.join(args.output, "data")
+
+    def sink(batch, _batch_id: int) -> None:
+        # Two actions on the micro-batch: persist it so that both see the same records (each action
+        # would otherwise read new records from the share group) and the work runs once.
+        results = batch.select(F.col("key").cast("string").alias("job"), work_udf("value").alias("result"),
+                               "topic", "partition", "offset", "deliveryCount").persist()
+        results.filter("result IS NOT NULL").drop("topic").write.mode("append").parquet(data)
+        reject(results.filter("result IS NULL"), options=source)  # malformed: never delivered again
+        results.unpersist()
+
+    query = (jobs.writeStream.foreachBatch(sink)
              .option("checkpointLocation", os.path.join(args.output, "checkpoint")).start())
     started, done = time.monotonic(), 0
     try:
@@ -93,8 +108,9 @@ def main() -> int:
             time.sleep(1)
             if query.exception() is not None:
                 raise SystemExit(f"the query failed: {query.exception()}")
-            with contextlib.suppress(Exception):  # no output yet
-                done = spark.read.parquet(os.path.join(args.output, "data")).count()
+            if os.path.isdir(data):
+                with contextlib.suppress(Exception):  # no output yet
+                    done = spark.read.parquet(data).count()
             print(f"{done} of {expect} jobs done", flush=True)
     finally:
         query.stop()

@@ -4,8 +4,10 @@
     register(spark)                       # or spark.dataSource.register(ShareSource)
     spark.readStream.format("kshare").option("kafka.bootstrap.servers", ...) ...
 
-pyspark is imported only when the source itself is asked for, so the options and the commit
-channel can be used (and tested) without it.
+Poison records: ``kshare.spark.reject(rows, options=...)`` inside ``foreachBatch``.
+
+pyspark is imported only when the source itself is asked for, so the options, the commit
+channel and ``reject`` can be used (and tested) without it.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import os
 from typing import Any
 
 from .options import OptionError, Options
+from .rejects import RejectError, reject
 
 if os.environ.get("KSHARE_SPARK_LOG"):  # e.g. KSHARE_SPARK_LOG=INFO: the source's activity on stderr
     logging.basicConfig(format="%(asctime)s %(process)d %(name)s %(message)s")
     logging.getLogger("kshare.spark").setLevel(os.environ["KSHARE_SPARK_LOG"].upper())
 
-__all__ = ["SCHEMA", "OptionError", "Options", "ShareSource", "register"]
+__all__ = ["SCHEMA", "OptionError", "Options", "RejectError", "ShareSource", "register", "reject"]
 
 
 def __getattr__(name: str) -> Any:

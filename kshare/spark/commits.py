@@ -47,14 +47,37 @@ def marker_group(opts: Options, stream: str) -> str:
     return f"kshare-spark.{opts.group}.{stream}"
 
 
+def offsets_client(opts: Options, group: str) -> Consumer:
+    """A librdkafka consumer that only commits and fetches offsets of ``group`` (never joins it)."""
+    conf = {k: v for k, v in opts.kafka if k not in ("client.rack", "request.timeout.ms")}
+    conf.update({"bootstrap.servers": opts.bootstrap, "group.id": group, "enable.auto.commit": False,
+                 "logger": log})
+    return Consumer(conf)
+
+
+def retried(call: Callable[[], list[TopicPartition] | None], attempts: int = 20) -> list[TopicPartition]:
+    """``call`` until none of its partitions has an error; retriable errors (a coordinator moving or
+    loading, as after the offsets topic is created) are retried for a few seconds. librdkafka
+    reports partition errors in the result, not as exceptions."""
+    for attempt in range(attempts):
+        try:
+            tps = call() or []
+            err = next((tp.error for tp in tps if tp.error is not None), None)
+        except KafkaException as exc:
+            tps, err = [], exc.args[0]
+        if tps and err is None:
+            return tps
+        if attempt == attempts - 1 or (err is not None and not err.retriable() and err.code() not in _ALSO_RETRIED):
+            raise KafkaException(err)
+        time.sleep(min(1.0, 0.1 * (attempt + 1)))
+    raise AssertionError("unreachable")
+
+
 class CommitChannel:
     """Reads and writes the marker of one stream (blocking calls)."""
 
     def __init__(self, opts: Options, stream: str, group: str | None = None) -> None:
-        conf = {k: v for k, v in opts.kafka if k not in ("client.rack", "request.timeout.ms")}
-        conf.update({"bootstrap.servers": opts.bootstrap, "group.id": group or marker_group(opts, stream),
-                     "enable.auto.commit": False, "logger": log})
-        self._consumer = Consumer(conf)
+        self._consumer = offsets_client(opts, group or marker_group(opts, stream))
         self._tp = TopicPartition(opts.topics[0], 0)
 
     def read(self, timeout: float = 10.0) -> Marker | None:
@@ -72,23 +95,8 @@ class CommitChannel:
         self._retry(lambda: self._consumer.commit(offsets=[tp], asynchronous=False))
 
     @staticmethod
-    def _retry(call: Callable[[], list[TopicPartition] | None], attempts: int = 20) -> TopicPartition:
-        """``call`` until its partition has no error; retriable errors (a coordinator moving or
-        loading, as after the offsets topic is created) are retried for a few seconds. librdkafka
-        reports partition errors in the result, not as exceptions."""
-        for attempt in range(attempts):
-            try:
-                (tp,) = call() or [None]
-                err = tp.error if tp is not None else None
-            except KafkaException as exc:
-                tp, err = None, exc.args[0]
-            if err is None and tp is not None:
-                return tp
-            if attempt == attempts - 1 or (err is not None and not err.retriable()
-                                           and err.code() not in _ALSO_RETRIED):
-                raise KafkaException(err)
-            time.sleep(min(1.0, 0.1 * (attempt + 1)))
-        raise AssertionError("unreachable")
+    def _retry(call: Callable[[], list[TopicPartition] | None]) -> TopicPartition:
+        return retried(call)[0]
 
     def close(self) -> None:
         self._consumer.close()

@@ -56,28 +56,37 @@ def parse(opts: Mapping[str, str], default_parallelism: int | None = None) -> Op
     for name in REQUIRED:
         if not lower.get(name, "").strip():
             raise OptionError(f"kshare source: option '{name}' is required (missing or empty)")
+    topics = tuple(t.strip() for t in lower["subscribe"].split(",") if t.strip())
+    if not topics:
+        raise OptionError("kshare source: option 'subscribe' names no topic")
+    fallback = default_parallelism or os.cpu_count() or 1
+    return Options(
+        **_client(lower),
+        topics=topics,
+        parallelism=_int(lower, "parallelism", fallback, 1),
+        max_records=_int(lower, "maxrecordspertask", 500, 1),
+        max_wait_ms=_int(lower, "maxwaitms", 1000, 0),
+        commit_timeout_ms=_int(lower, "committimeoutms", 600_000, 1000),
+    )
+
+
+def parse_client(opts: Mapping[str, str]) -> Options:
+    """Only the bootstrap servers, the share group and the ``kafka.*`` options (no topics): what
+    ``kshare.spark.reject`` needs. The caller checks that the first two are there."""
+    return Options(**_client({str(k).lower(): str(v) for k, v in opts.items()}), topics=(), parallelism=1)
+
+
+def _client(lower: Mapping[str, str]) -> dict:
     try:
         parse_bootstrap(lower["kafka.bootstrap.servers"])
     except AdminError as exc:
         raise OptionError(f"kshare option kafka.bootstrap.servers: {exc}".replace("--bootstrap-server: ", "")) \
             from None
-    topics = tuple(t.strip() for t in lower["subscribe"].split(",") if t.strip())
-    if not topics:
-        raise OptionError("kshare source: option 'subscribe' names no topic")
     kafka = tuple(sorted((k[len("kafka."):], v) for k, v in lower.items()
                          if k.startswith("kafka.") and k not in REQUIRED))
     protocol = dict(kafka).get("security.protocol", "plaintext").lower()
     if protocol != "plaintext":
         raise OptionError(f"kshare source: kafka.security.protocol={protocol} is not supported "
                           "(the share member speaks PLAINTEXT only)")
-    fallback = default_parallelism or os.cpu_count() or 1
-    return Options(
-        bootstrap=lower["kafka.bootstrap.servers"].strip(),
-        group=lower["kafka.share.group.id"].strip(),
-        topics=topics,
-        parallelism=_int(lower, "parallelism", fallback, 1),
-        max_records=_int(lower, "maxrecordspertask", 500, 1),
-        max_wait_ms=_int(lower, "maxwaitms", 1000, 0),
-        commit_timeout_ms=_int(lower, "committimeoutms", 600_000, 1000),
-        kafka=kafka,
-    )
+    return {"bootstrap": lower["kafka.bootstrap.servers"].strip(), "group": lower["kafka.share.group.id"].strip(),
+            "kafka": kafka}

@@ -21,6 +21,7 @@ from typing import Any
 from ..tools.admin_client import parse_bootstrap
 from ..tools.share_member import ACCEPT, RELEASE, RENEW, Acquired, Record, ShareMember
 from .commits import CommitChannel, Marker, RetryNotices
+from .ledger import Entry, Ledger, LedgerFormatError, within
 from .options import Options
 
 log = logging.getLogger("kshare.spark")
@@ -64,6 +65,7 @@ class MemberHost:
         self.holdings: list[Holding] = []
         self._channels: dict[str, CommitChannel] = {}
         self._notices: dict[str, RetryNotices] = {}
+        self._ledger: Ledger | None = None
         self._warned: set[str] = set()
         self.call(self.member.start())
         self._watcher = asyncio.run_coroutine_threadsafe(self._watch(), self.loop)
@@ -169,12 +171,17 @@ class MemberHost:
                 release.append(h)
         if accept:  # what a failed attempt read is released, even in its (surviving) worker
             loop = asyncio.get_running_loop()
-            for stream in {h.tag.stream for h in accept}:
-                notices = await loop.run_in_executor(None, self._retries(stream).notices)
+            streams = sorted({h.tag.stream for h in accept})
+            tps = {(a.topic, a.partition) for h in accept for a in h.acquired}
+            *all_notices, ledger = await asyncio.gather(  # the rejects ledger too: kshare.spark.reject
+                *(loop.run_in_executor(None, self._retries(s).notices) for s in streams),
+                loop.run_in_executor(None, self._rejects_ledger().read, tps))
+            for stream, notices in zip(streams, all_notices, strict=True):
                 failed = [h for h in accept if h.tag.stream == stream and any(
                     n[:3] == (h.tag.run, h.tag.batch, h.tag.index) and n[3] > h.tag.attempt for n in notices)]
                 accept = [h for h in accept if h not in failed]
                 release += failed
+            self._mark_rejected(accept, ledger)
         if accept or release:
             log.info("kshare: marker %s: accept %s, release %s", markers, [h.tag for h in accept],
                      [h.tag for h in release])
@@ -182,6 +189,31 @@ class MemberHost:
             await self._settle(accept, ACCEPT)
         if release:
             await self._settle(release, RELEASE)
+
+    def _rejects_ledger(self) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(self.opts)
+        return self._ledger
+
+    def _mark_rejected(self, accept: list[Holding], entries: dict[tuple[str, int], Entry]) -> None:
+        """Held offsets the rejects ledger lists get REJECT in the coming ACCEPT (kshare.spark.reject)."""
+        ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for tp, entry in entries.items():
+            try:
+                ranges[tp] = entry.ranges
+            except LedgerFormatError as exc:
+                if "ledger-format" not in self._warned:
+                    self._warned.add("ledger-format")
+                    log.warning("kshare: ignoring the rejects ledger of %s-%d: %s", tp[0], tp[1], exc)
+        rejected = 0
+        for h in accept:
+            for a in h.acquired:
+                listed = ranges.get((a.topic, a.partition))
+                if listed:
+                    a.rejects = {o for lo, hi in a.ranges for o in within(listed, lo, hi)} - a.gaps
+                    rejected += len(a.rejects)
+        if rejected:
+            log.info("kshare: rejecting %d record(s) the sink rejected", rejected)
 
     async def _renew(self) -> None:
         """Renew the locks of held records at half their lock time (ShareAcknowledge v2 RENEW)."""
@@ -207,7 +239,7 @@ class MemberHost:
         try:
             self.call(self.member.close(), timeout=10)
         finally:
-            for ch in [*self._channels.values(), *self._notices.values()]:
+            for ch in [*self._channels.values(), *self._notices.values(), *filter(None, [self._ledger])]:
                 ch.close()
             self.loop.call_soon_threadsafe(self.loop.stop)
 

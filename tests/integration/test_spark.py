@@ -8,7 +8,9 @@ source cannot replay, see docs/spark.md).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import sys
 import threading
 import time
@@ -24,7 +26,10 @@ from pyspark.errors import StreamingQueryException  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from kshare.spark import register  # noqa: E402
+from kshare.share.dead_letter import HEADER_PREFIX, REASON_REJECTED  # noqa: E402
+from kshare.spark import RejectError, register, reject  # noqa: E402
+from kshare.spark.ledger import Entry, Ledger  # noqa: E402
+from kshare.spark.options import parse_client  # noqa: E402
 from tests.integration import share_helpers  # noqa: E402
 from tests.integration.share_helpers import produce, share_group, values  # noqa: E402
 
@@ -228,3 +233,95 @@ def test_the_commit_channel_carries_the_marker(kshare39, kafka39):
     finally:
         writer.close()
         reader.close()
+
+
+def _start_offset(bootstrap: str, group: str, topic: str) -> int | None:
+    """The share-partition start offset of partition 0 (DescribeShareGroupOffsets through kshare)."""
+    from kshare.tools.admin_client import ShareGroupAdmin, parse_bootstrap
+
+    async def ask():
+        async with ShareGroupAdmin(parse_bootstrap(bootstrap)) as admin:
+            return await admin.describe_offsets(group, {topic: [0]})
+
+    (found,) = asyncio.run(ask())
+    return found.start_offset
+
+
+def _ledger(bootstrap: str, group: str, topic: str) -> Entry:
+    ledger = Ledger(parse_client({"kafka.bootstrap.servers": bootstrap, "kafka.share.group.id": group}))
+    try:
+        return ledger.read([(topic, 0)])[(topic, 0)]
+    finally:
+        ledger.close()
+
+
+def test_rejected_records_are_never_delivered_again(spark, kshare39, kafka39, tmp_path):
+    """foreachBatch rejects the "poison" records and returns normally: they are archived (to the
+    dead-letter topic), never delivered again, and every other record reaches the sink."""
+    topic, group = _names(kafka39, "reject")
+    dlq = f"dlq.{topic}"
+    kafka39.create_topic(dlq, 1)
+    share_group(kshare39.bootstrap, group, share_heartbeat_interval_ms=500, **{
+        "errors.deadletterqueue.topic.name": dlq, "errors.deadletterqueue.copy.record.enable": "true"})
+    first = [f"poison-{i}".encode() if i % 10 == 3 else f"w-{i}".encode() for i in range(120)]
+    second = values("v", 10) + [b"poison-late"] + values("v2", 10)
+    poison = [v for v in first + second if v.startswith(b"poison")]
+    produce(kshare39.bootstrap, topic, first, per_batch=20)
+    opts = {"kafka.bootstrap.servers": kshare39.bootstrap, "kafka.share.group.id": group, "subscribe": topic,
+            "parallelism": "4", "maxRecordsPerTask": "50", "maxWaitMs": "500"}
+    seen: list[tuple[bytes, int]] = []
+
+    def sink(batch, _batch_id: int) -> None:
+        batch.persist()  # two actions on the batch: both must see the same records
+        seen.extend((bytes(r.value), r.deliveryCount) for r in batch.select("value", "deliveryCount").collect())
+        reject(batch.filter(F.col("value").cast("string").startswith("poison")), options=opts)
+        batch.unpersist()
+
+    def wait_seen(expected: list[bytes]) -> None:
+        share_helpers.wait_until(lambda: set(expected) <= {v for v, _ in seen} or q.exception() is not None,
+                                 90, "every record in the sink")
+        assert q.exception() is None, q.exception()
+
+    def wait_start(offset: int) -> None:
+        share_helpers.wait_until(lambda: _start_offset(kshare39.bootstrap, group, topic) == offset, 30,
+                                 f"the start offset at {offset}")
+
+    q = (spark.readStream.format("kshare").options(**opts).load().writeStream.foreachBatch(sink)
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_seen(first)
+        wait_start(len(first))  # every record settled: accepted, or rejected (archived)
+        produce(kshare39.bootstrap, topic, second, per_batch=7)
+        wait_seen(second)  # later micro-batches: the rejected records do not come back
+        wait_start(len(first) + len(second))
+    finally:
+        q.stop()
+    counts: dict[bytes, list[int]] = {}
+    for v, c in seen:
+        counts.setdefault(v, []).append(c)
+    assert {v: counts[v] for v in poison} == {v: [1] for v in poison}
+    assert set(counts) == set(first + second)
+    letters = share_helpers.read_plain(kafka39.bootstrap, dlq, len(poison) + 1, timeout=5)
+    assert sorted(m.value() for m in letters) == sorted(poison)
+    assert {dict(m.headers())[HEADER_PREFIX + "message"] for m in letters} == {REASON_REJECTED.encode()}
+    # the last reject() pruned the first wave's offsets (below the start offset by then)
+    late = len(first) + second.index(b"poison-late")
+    assert _ledger(kshare39.bootstrap, group, topic).ranges == [(late, late)]
+
+
+def test_reject_refuses_a_missing_column_and_an_oversized_set(spark, kshare39, kafka39):
+    topic, group = _names(kafka39, "rejectbad")
+    where = {"bootstrap": kshare39.bootstrap, "group": group}
+    with pytest.raises(RejectError, match="^kshare.spark.reject: the rows have no offset column"):
+        reject(spark.createDataFrame([(topic, 0)], "topic string, partition int"), **where)
+    many = random.Random(1).sample(range(10**9), 3000)  # no pattern: ~4 bytes each in the ledger
+    rows = spark.createDataFrame([(topic, 0, o) for o in many], "topic string, partition int, offset long")
+    with pytest.raises(RejectError) as err:
+        reject(rows, **where)
+    message = str(err.value)
+    assert "\n" not in message and f"3000 pending rejected offsets of {topic}-0" in message, message
+    assert "offset.metadata.max.bytes (4096)" in message
+    assert _ledger(kshare39.bootstrap, group, topic).text is None  # nothing written
+    assert reject([(topic, 0, 5)], **where) == 1
+    assert reject([{"topic": topic, "partition": 0, "offset": 7}], **where) == 1  # merged
+    assert _ledger(kshare39.bootstrap, group, topic).ranges == [(5, 5), (7, 7)]
