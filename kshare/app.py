@@ -37,7 +37,8 @@ class KShare:
                     replication_factor=config.state_topic_replication_factor,
                 )
             self.service = ShareGroupService(self.proxy, store, UpstreamCluster(list(config.upstream)),
-                                             limits=config.group_limits)
+                                             limits=config.group_limits,
+                                             record_cache_bytes=config.record_cache_bytes)
             self.service.register(self.proxy)
         self.metrics = Metrics(self.proxy, self.service)
         self.metrics_server = None

@@ -80,6 +80,9 @@ def _option(*decls: str, env: str, **kwargs: object):
 @_option("--group-limit", "group_limits", env="GROUP_LIMIT", multiple=True, metavar="NAME=VALUE",
          help="A broker-level share group bound, e.g. group.share.max.size=500 (repeatable; in the "
               "environment, space-separated).")
+@_option("--record-cache-mb", env="RECORD_CACHE_MB", default=256, show_default=True, type=click.IntRange(1),
+         help="Memory for record batches cached for share fetches, shared by the partitions in use (an idle "
+              "partition's share is released after a minute).")
 @_option("--no-share-groups", env="NO_SHARE_GROUPS", is_flag=True, help="Be a plain pass-through proxy.")
 @_option("--metrics-port", env="METRICS_PORT", type=click.IntRange(0, 65535), default=None,
          help="Serve /metrics (Prometheus), /ready and /live over HTTP on this port (default: off).")
@@ -91,7 +94,8 @@ def _option(*decls: str, env: str, **kwargs: object):
          type=click.Choice(["text", "json"], case_sensitive=False))
 def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_port_base: int | None,
           advertised_host: str | None, max_frame_bytes: int, state_topic: str, state_topic_partitions: int,
-          state_topic_replication_factor: int | None, group_limits: tuple[str, ...], no_share_groups: bool,
+          state_topic_replication_factor: int | None, group_limits: tuple[str, ...], record_cache_mb: int,
+          no_share_groups: bool,
           metrics_port: int | None, metrics_host: str | None, log_level: str, log_format: str) -> None:
     """Run the proxy in front of a Kafka cluster, serving share groups.
 
@@ -127,7 +131,8 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
                          broker_port_base=broker_port_base, advertised_host=advertised_host,
                          max_frame_bytes=max_frame_bytes, state_topic=state_topic,
                          state_topic_partitions=state_topic_partitions,
-                         state_topic_replication_factor=state_topic_replication_factor, group_limits=limits)
+                         state_topic_replication_factor=state_topic_replication_factor, group_limits=limits,
+                         record_cache_bytes=record_cache_mb << 20)
     try:
         run_proxy(config, share_groups=not no_share_groups, metrics_port=metrics_port,
                   metrics_host=metrics_host or listen_host)

@@ -85,6 +85,12 @@ class ShareCollector(Collector):
             for (group, topic), n in counts.items():
                 family.add_metric([group, topic], n)
             yield family
+        yield GaugeMetricFamily("kshare_record_cache_bytes", "Raw record batches cached for share fetches "
+                                "(bytes plus a per-batch overhead)", value=service.record_cache_size())
+        yield GaugeMetricFamily("kshare_record_cache_budget_bytes", "The record cache's budget (--record-cache-mb)",
+                                value=service.record_cache_bytes)
+        yield GaugeMetricFamily("kshare_record_cache_partitions", "Topic-partitions with a record cache in use",
+                                value=len(service.logs))
         acks = CounterMetricFamily("kshare_share_acknowledgements", "Records acknowledged, by type",
                                    labels=["group", "topic", "type"])
         for labels, n in stats.acks.items():

@@ -43,6 +43,7 @@ class ProxyConfig:
     state_topic_partitions: int = 10
     state_topic_replication_factor: int | None = None  # None: min(3, brokers)
     group_limits: BrokerLimits = field(default_factory=BrokerLimits)
+    record_cache_bytes: int = 256 << 20  # raw batches cached for share fetches, all partitions together
 
     @property
     def advertised(self) -> str:

@@ -54,6 +54,8 @@ SLOW_FINDER_PAUSE = 1.0
 # Brokers that hold a long poll although data arrived (see PartitionLog._learn)
 QUICK_WAIT_MS = 2
 QUICK_MAX_WAIT_MS = 64
+# The smallest Fetch a log with a small share of the record cache still asks for.
+MIN_FETCH_BYTES = 64 << 10
 # Evicted batches are dropped from a run's lists in bulk, once this many have accumulated.
 _COMPACT_AT = 1024
 # Fetched bytes up to this size are cached as a copy (``bytes``), larger ones as the memoryview of
@@ -130,7 +132,8 @@ class PartitionLog:
         self.topic = topic
         self.partition = partition
         self.read_committed = read_committed
-        self.fetch_bytes = fetch_bytes
+        self.max_fetch_bytes = fetch_bytes
+        self.fetch_bytes = min(fetch_bytes, max(MIN_FETCH_BYTES, budget_bytes))
         self.budget_bytes = budget_bytes
         self._runs: list[_Run] = []  # sorted by start, never overlapping
         self._starts: list[int] = []  # their starts, for bisection
@@ -150,6 +153,7 @@ class PartitionLog:
         self._next_fetch_at = 0.0  # loop time before which no Fetch goes to such a cluster
         self._paced = asyncio.Lock()
         self._fetching: dict[int, asyncio.Task] = {}
+        self.last_used = 0.0  # loop time a share fetch last read or waited here (set by the service)
 
     # -- reads --------------------------------------------------------------------------------------
     def _cached(self, offset: int, max_bytes: int, until: int | None = None) -> ReadResult | None:
@@ -371,6 +375,18 @@ class PartitionLog:
                 if id(run) in guarded:
                     guarded[id(run)] -= h
             r += 1
+
+    def trim(self, budget_bytes: int) -> None:
+        """A new budget (the service divides one among the logs in use): evict down to it now.
+        Fetches shrink with it (the batches a Fetch just brought are never evicted at once)."""
+        self.budget_bytes = budget_bytes
+        self.fetch_bytes = min(self.max_fetch_bytes, max(MIN_FETCH_BYTES, budget_bytes))
+        if self.cached_bytes > budget_bytes:
+            self._evict([])
+
+    def busy(self) -> bool:
+        """Someone waits here or a Fetch is running: not to be dropped."""
+        return bool(self.listeners or self._fetching or (self._poll is not None and not self._poll.done()))
 
     def covered(self) -> list[tuple[int, int]]:
         """The cached stretches of offsets, (start, end) each (for tests and diagnostics)."""

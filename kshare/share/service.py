@@ -46,6 +46,10 @@ class WriteFailed(Exception):
     """A durable write was not acknowledged by the cluster; the change it carried is undone."""
 
 
+DEFAULT_RECORD_CACHE_BYTES = 256 << 20
+LOG_IDLE_S = 60.0  # a partition log unused this long is dropped with its cache
+
+
 @dataclass(eq=False)
 class SharePartitionState:
     """One share-partition: its engine, its ordered durable writes, the fetches waiting on it."""
@@ -76,8 +80,11 @@ class SharePartitionState:
 class ShareGroupService:
     def __init__(self, proxy: Proxy | None, store: StateStore, upstream: UpstreamCluster, *,
                  limits: BrokerLimits | None = None, ownership: Ownership | None = None,
-                 clock=_now_ms) -> None:
+                 clock=_now_ms, record_cache_bytes: int = DEFAULT_RECORD_CACHE_BYTES) -> None:
         self.proxy = proxy
+        # One budget for the raw batches cached by every PartitionLog, divided among the logs in
+        # use; a log nobody read for LOG_IDLE_S is dropped (see _sweep_logs).
+        self.record_cache_bytes = record_cache_bytes
         self.store = store
         self.upstream = upstream
         self.limits = limits or BrokerLimits()
@@ -304,8 +311,33 @@ class ShareGroupService:
         k = (topic.topic_id, partition, read_committed)
         plog = self.logs.get(k)
         if plog is None:
-            plog = self.logs[k] = PartitionLog(self.upstream, topic, partition, read_committed)
+            plog = self.logs[k] = PartitionLog(self.upstream, topic, partition, read_committed,
+                                               budget_bytes=self.record_cache_bytes)
+            self._share_cache()
+        plog.last_used = time.monotonic()
         return plog
+
+    def _share_cache(self) -> None:
+        """An equal share of the record cache budget for every log in use, effective at once."""
+        if self.logs:
+            share = self.record_cache_bytes // len(self.logs)
+            for plog in self.logs.values():
+                if plog.budget_bytes != share:
+                    plog.trim(share)
+
+    def record_cache_size(self) -> int:
+        return sum(plog.cached_bytes for plog in self.logs.values())
+
+    def _sweep_logs(self) -> None:
+        """Drop the logs nobody used for LOG_IDLE_S (their cache with them) and give the others an
+        equal share of the record cache budget: memory follows the partitions in use, not every
+        partition ever read."""
+        now = time.monotonic()
+        for k, plog in list(self.logs.items()):
+            if now - plog.last_used > LOG_IDLE_S and not plog.busy():
+                plog.close()
+                del self.logs[k]
+        self._share_cache()
 
     # -- durable writes -------------------------------------------------------------------------------
     def persist(self, sp: SharePartitionState, change: ShareUpdate | ShareSnapshot | None) -> asyncio.Future:
@@ -547,6 +579,7 @@ class ShareGroupService:
         """Follow topic changes (new topics, partitions, deletions) for assignments."""
         while True:
             await asyncio.sleep(1.0)
+            self._sweep_logs()
             try:
                 await self.upstream.refresh_metadata(max_age=5.0)
             except Exception as exc:  # noqa: BLE001
