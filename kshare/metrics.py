@@ -249,8 +249,32 @@ class MetricsServer:
             self.server.close()
 
 
+# Apache Kafka's API key names (ApiKeys), for the APIs kshare forwards without a spec of its own
+# (e.g. 71, GetTelemetrySubscriptions, which librdkafka sends): labels only.
+_KAFKA_API_NAMES = (
+    "Produce Fetch ListOffsets Metadata LeaderAndIsr StopReplica UpdateMetadata ControlledShutdown OffsetCommit "
+    "OffsetFetch FindCoordinator JoinGroup Heartbeat LeaveGroup SyncGroup DescribeGroups ListGroups SaslHandshake "
+    "ApiVersions CreateTopics DeleteTopics DeleteRecords InitProducerId OffsetForLeaderEpoch AddPartitionsToTxn "
+    "AddOffsetsToTxn EndTxn WriteTxnMarkers TxnOffsetCommit DescribeAcls CreateAcls DeleteAcls DescribeConfigs "
+    "AlterConfigs AlterReplicaLogDirs DescribeLogDirs SaslAuthenticate CreatePartitions CreateDelegationToken "
+    "RenewDelegationToken ExpireDelegationToken DescribeDelegationToken DeleteGroups ElectLeaders "
+    "IncrementalAlterConfigs AlterPartitionReassignments ListPartitionReassignments OffsetDelete "
+    "DescribeClientQuotas AlterClientQuotas DescribeUserScramCredentials AlterUserScramCredentials Vote "
+    "BeginQuorumEpoch EndQuorumEpoch DescribeQuorum AlterPartition UpdateFeatures Envelope FetchSnapshot "
+    "DescribeCluster DescribeProducers BrokerRegistration BrokerHeartbeat UnregisterBroker DescribeTransactions "
+    "ListTransactions AllocateProducerIds ConsumerGroupHeartbeat ConsumerGroupDescribe ControllerRegistration "
+    "GetTelemetrySubscriptions PushTelemetry AssignReplicasToDirs ListConfigResources DescribeTopicPartitions "
+    "ShareGroupHeartbeat ShareGroupDescribe ShareFetch ShareAcknowledge AddRaftVoter RemoveRaftVoter "
+    "UpdateRaftVoter InitializeShareGroupState ReadShareGroupState WriteShareGroupState DeleteShareGroupState "
+    "ReadShareGroupStateSummary StreamsGroupHeartbeat StreamsGroupDescribe DescribeShareGroupOffsets "
+    "AlterShareGroupOffsets DeleteShareGroupOffsets"
+).split()
+
+
 def api_name(key: int) -> str:
     from .protocol import messages
 
     a = messages.apis().get(key)
-    return a.name if a else str(key)
+    if a is not None:
+        return a.name
+    return _KAFKA_API_NAMES[key] if 0 <= key < len(_KAFKA_API_NAMES) else str(key)
