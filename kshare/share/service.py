@@ -69,6 +69,7 @@ class SharePartitionState:
     # what the next write waits for first: dead letters that must be on the DLQ topic before the
     # write archiving their records (a failed one fails the write, and nothing is archived)
     gates: list[asyncio.Future] = field(default_factory=list)
+    write_failing: bool = False  # the last write failed (logged once until one succeeds again)
 
     def wake(self) -> None:
         for fut in self.waiters:
@@ -375,7 +376,10 @@ class ShareGroupService:
                 except Exception as exc:  # noqa: BLE001
                     what = "dead letters" if any(g.done() and not g.cancelled() and g.exception() for g in gates) \
                         else "durable write"
-                    log.error("%s for %s failed: %r; rebuilding it from the state topic", what, sp.key, exc)
+                    log.log(logging.DEBUG if sp.write_failing else logging.ERROR,
+                            "%s for %s failed: %r; rebuilding it from the state topic (further failures of "
+                            "this share-partition are logged at DEBUG until a write succeeds)", what, sp.key, exc)
+                    sp.write_failing = True
                     # The engine moved ahead of what is durable: rebuild before serving it again.
                     sp.broken = True
                     sp.engine = None
@@ -388,6 +392,9 @@ class ShareGroupService:
                     sp.pending, sp.pending_done, sp.gates = [], None, []
                     sp.wake()
                     return
+                if sp.write_failing:
+                    sp.write_failing = False
+                    log.info("durable writes for %s succeed again", sp.key)
                 if not done.done():
                     done.set_result(None)
         finally:
