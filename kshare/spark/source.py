@@ -84,12 +84,14 @@ class ShareStreamReader(DataSourceStreamReader):
         assert start is not None, "kshare needs pyspark >= 4.2 (latestOffset with a start offset)"
         stream = start.get("stream") or self._new_stream
         self._announce(stream, start["batch"])
+        log.debug("kshare: timeline: driver latestOffset -> batch %d", start["batch"] + 1)
         return {"stream": stream, "batch": start["batch"] + 1}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         if end["batch"] <= start["batch"] or "stream" not in end:
             return []
         run = self._announce(end["stream"], start["batch"])
+        log.debug("kshare: timeline: driver partitions batch %d", end["batch"])
         return [ShareInputPartition(self.opts, end["stream"], run, end["batch"], i)
                 for i in range(self.opts.parallelism)]
 
@@ -116,7 +118,10 @@ class ShareStreamReader(DataSourceStreamReader):
         if end["batch"] > self._committed:
             self._committed = end["batch"]
             assert self._channel is not None and self._run is not None
+            t0 = time.monotonic()
             self._channel.write(Marker(self._run, self._base, self._committed))
+            log.debug("kshare: timeline: driver commit batch %d, marker written in %.0f ms", end["batch"],
+                      (time.monotonic() - t0) * 1000)
             log.info("kshare: stream %s run %d committed micro-batch %d", end["stream"], self._run, end["batch"])
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
@@ -126,7 +131,9 @@ class ShareStreamReader(DataSourceStreamReader):
         host = member_host(partition.opts)
         tag = Tag(partition.stream, partition.run, partition.batch, partition.index, _attempt())
         records, _ = host.read(tag, partition.opts.max_records, partition.opts.max_wait_ms)
-        return map(_row, records)
+        if not log.isEnabledFor(logging.DEBUG):
+            return map(_row, records)
+        return _handed(tag, map(_row, records))
 
     def stop(self) -> None:
         if self._channel is not None:
@@ -161,6 +168,14 @@ class ShareBatchReader(DataSourceReader):
             done = True
         finally:
             host.settle(holding, ACCEPT if done else RELEASE)
+
+
+def _handed(tag: Any, rows: Iterator[tuple]) -> Iterator[tuple]:
+    n = 0
+    for row in rows:
+        n += 1
+        yield row
+    log.debug("kshare: timeline: %s handed %d row(s) to Spark", tag, n)
 
 
 def _attempt() -> int:

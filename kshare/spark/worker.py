@@ -67,6 +67,7 @@ class MemberHost:
         self._notices: dict[str, RetryNotices] = {}
         self._ledger: Ledger | None = None
         self._warned: set[str] = set()
+        self._deciding: asyncio.Lock | None = None  # one marker decision at a time (watch or read)
         self.call(self.member.start())
         self._watcher = asyncio.run_coroutine_threadsafe(self._watch(), self.loop)
 
@@ -88,12 +89,25 @@ class MemberHost:
                 None, self._retries(tag.stream).add, tag.run, tag.batch, tag.index, tag.attempt)
             await self._settle([h for h in self.holdings if _same_task(h.tag, tag)], RELEASE)
         start = time.monotonic()
+        log.debug("kshare: timeline: %s read starts", tag)
+        if any(h.tag.stream == tag.stream and (h.tag.run, h.tag.batch) < (tag.run, tag.batch) for h in self.holdings):
+            # Micro-batch b starts after Spark committed b - 1: settle what this member holds of
+            # committed batches before asking for more (the watch may not have seen the marker
+            # yet), so those locks count neither against the partition nor this member's share.
+            try:
+                await self._decide({tag.stream})
+            except Exception as exc:  # the watch retries; the read must not fail for this
+                log.warning("kshare: commit check before reading failed (%r)", exc)
+            log.debug("kshare: timeline: %s settled committed holdings at %.0f ms", tag,
+                      (time.monotonic() - start) * 1000)
         await self.member.wait_assigned(JOIN_TIMEOUT_S if not self.holdings else max_wait_ms / 1000.0)
         records: list[Record] = []
         holding = Holding(tag, [])
         wait_ms = max_wait_ms
         while len(records) < max_records:
             got, acquired = await self.member.fetch(max_records - len(records), wait_ms)
+            log.debug("kshare: timeline: %s fetch (wait %d ms) got %d record(s) at %.0f ms", tag, wait_ms,
+                      len(got), (time.monotonic() - start) * 1000)
             records += got
             holding.acquired += acquired
             if not acquired:
@@ -126,21 +140,28 @@ class MemberHost:
 
     # -- the background watch -----------------------------------------------------------------------
     async def _watch(self) -> None:
-        loop = asyncio.get_running_loop()
         while not self.member.closed:
             await asyncio.sleep(WATCH_INTERVAL_S)
             if not self.holdings:
                 continue
             try:
-                markers: dict[str, Marker | None] = {}
-                for stream in {h.tag.stream for h in self.holdings}:
-                    markers[stream] = await loop.run_in_executor(None, self._channel(stream).read)
-                log.debug("kshare: markers %s; holding %s", markers, [h.tag for h in self.holdings])
-                await self._apply(markers)
+                await self._decide()
                 await self._renew()
             except Exception as exc:  # keep watching: a passing outage must not orphan the records
                 log.warning("kshare: commit watch failed (%r); retrying", exc)
                 await asyncio.sleep(1.0)
+
+    async def _decide(self, streams: set[str] | None = None) -> None:
+        """Read the markers of the streams held (or ``streams``) and settle what they decide."""
+        if self._deciding is None:
+            self._deciding = asyncio.Lock()
+        async with self._deciding:
+            loop = asyncio.get_running_loop()
+            markers: dict[str, Marker | None] = {}
+            for stream in streams or {h.tag.stream for h in self.holdings}:
+                markers[stream] = await loop.run_in_executor(None, self._channel(stream).read)
+            log.debug("kshare: markers %s; holding %s", markers, [h.tag for h in self.holdings])
+            await self._apply(markers)
 
     def _channel(self, stream: str) -> CommitChannel:
         ch = self._channels.get(stream)
@@ -186,7 +207,10 @@ class MemberHost:
             log.info("kshare: marker %s: accept %s, release %s", markers, [h.tag for h in accept],
                      [h.tag for h in release])
         if accept:
+            log.debug("kshare: timeline: marker seen, accepting %s (held %s ms)", [h.tag.batch for h in accept],
+                      [round((time.monotonic() - h.since) * 1000) for h in accept])
             await self._settle(accept, ACCEPT)
+            log.debug("kshare: timeline: accepted %s", [h.tag.batch for h in accept])
         if release:
             await self._settle(release, RELEASE)
 
