@@ -53,10 +53,14 @@ class KafkaConnection:
         conn = cls(host, port, client_id)
         conn._reader, conn._writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
         conn._read_task = asyncio.get_running_loop().create_task(conn._read_loop())
-        resp = await conn.request(18, 3, messages.message_class("ApiVersionsRequest")(
-            client_software_name="kshare", client_software_version="0.1.0"))
-        if resp.error_code == 35:
-            resp = await conn.request(18, 0, messages.message_class("ApiVersionsRequest")())
+        try:
+            resp = await conn.request(18, 3, messages.message_class("ApiVersionsRequest")(
+                client_software_name="kshare", client_software_version="0.1.0"))
+            if resp.error_code == 35:
+                resp = await conn.request(18, 0, messages.message_class("ApiVersionsRequest")())
+        except BaseException:  # also cancelled (a caller's timeout): do not leak the socket
+            await conn.close()
+            raise
         if resp.error_code:
             await conn.close()
             if resp.error_code == BROKER_NOT_AVAILABLE:

@@ -20,6 +20,11 @@ log = logging.getLogger("kshare.proxy")
 # ApiVersions v0 is the lingua franca for the UNSUPPORTED_VERSION answer.
 UNSUPPORTED_VERSION = 35
 
+# While client connections find the cluster unreachable, the proxy itself asks the bootstrap
+# servers (connection, ApiVersions, Metadata) after this many seconds, then backs off to the cap.
+REPROBE_FIRST_DELAY = 0.5
+REPROBE_MAX_DELAY = 2.0
+
 
 def _ignore(api_key: int, seconds: float) -> None:
     pass
@@ -137,10 +142,13 @@ class Proxy:
         # why the cluster could not be reached, while it cannot (for readiness and for clients)
         self.upstream_error: str | None = None
         # set while client connections cannot reach the cluster (since when, why): readiness
-        # reports it until a connection gets through again
+        # reports it until a client connection gets through again or the re-probe task
+        # (_reprobe_upstream) gets an answer from a bootstrap server, whichever comes first
         self.upstream_down: tuple[float, str] | None = None
+        self._reprobe_task: asyncio.Task | None = None
         self._unreachable_warned_at = -60.0
         self._unreachable_since_warning = 0
+        self._down_logged = False  # this outage's WARNING was logged: log its end too
 
     # -- served APIs -----------------------------------------------------------------------------
     def serve(self, api_key: int, min_version: int, max_version: int, handler: Handler,
@@ -221,26 +229,76 @@ class Proxy:
             except Exception:  # noqa: BLE001 - one listener's failure must not keep the others from running
                 log.exception("disconnect listener failed for client %s", conn.peer)
 
-    def upstream_reached(self) -> None:
-        """A client connection reached its broker: the cluster answers again."""
-        if self.upstream_down is not None:
-            log.warning("upstream cluster reachable again after %.0f s", time.monotonic() - self.upstream_down[0])
-            self.upstream_down = None
+    def upstream_reached(self, how: str = "a client connection got through") -> None:
+        """The cluster answers again (a client connection reached its broker, or the re-probe did)."""
+        if self.upstream_down is None:
+            return
+        level = logging.WARNING if self._down_logged else logging.DEBUG
+        log.log(level, "upstream cluster reachable again after %.0f s (%s)", time.monotonic() - self.upstream_down[0], how)
+        self.upstream_down = None
 
     def upstream_unreachable(self, what: str, exc: BaseException | None) -> None:
-        """A client connection found its broker unreachable: warn once a minute, not per connection."""
-        if self.upstream_down is None:
-            self.upstream_down = (time.monotonic(), f"{what}: {describe_error(exc) if exc else 'no address'}")
-        self._unreachable_since_warning += 1
+        """A client connection found its broker unreachable.
+
+        The first failure marks the cluster down and starts the re-probe. Logging: one WARNING when
+        it goes down and one when it is back; failures in between are counted and summed up at most
+        once a minute. Outages that come and go faster (e.g. one broker down while the bootstrap
+        servers answer) share that once-a-minute WARNING instead of logging each time.
+        """
+        why = describe_error(exc) if exc else "no address"
         now = time.monotonic()
+        if self.upstream_down is None:
+            self.upstream_down = (now, f"{what}: {why}")
+            self._down_logged = False
+            if self._reprobe_task is None or self._reprobe_task.done():
+                self._reprobe_task = asyncio.get_running_loop().create_task(self._reprobe_upstream())
+        self._unreachable_since_warning += 1
         if now - self._unreachable_warned_at < 60:
-            log.debug("%s: %s", what, describe_error(exc) if exc else "no address")
+            log.debug("%s: %s", what, why)
             return
-        more = self._unreachable_since_warning - 1
-        also = f" ({more} more client connection(s) failed the same way in the last minute)" if more else ""
-        log.warning("%s: %s; answering BROKER_NOT_AVAILABLE and closing%s", what,
-                    describe_error(exc) if exc else "no address", also)
+        n = self._unreachable_since_warning
+        also = f"; {n} client connection(s) failed so in the last minute" if n > 1 else ""
+        log.warning("%s: %s; answering BROKER_NOT_AVAILABLE and closing; not ready until the cluster answers "
+                    "again (probing %s)%s", what, why, self._bootstrap_servers(), also)
         self._unreachable_warned_at, self._unreachable_since_warning = now, 0
+        self._down_logged = True
+
+    def _bootstrap_servers(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.config.upstream)
+
+    async def _reprobe_upstream(self) -> None:
+        """While the cluster is marked down, ask the bootstrap servers until one answers.
+
+        Readiness must not wait for a client connection to get through: a proxy that is not ready
+        gets no clients (a Kubernetes Service drops it), so it would never become ready again.
+        Each attempt opens a connection (ApiVersions) to each bootstrap server in turn and asks for
+        Metadata; the first answer marks the cluster reached. Attempts are logged at DEBUG only.
+        """
+        delay = REPROBE_FIRST_DELAY
+        while self.upstream_down is not None:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REPROBE_MAX_DELAY)
+            for host, port in self.config.upstream:
+                if self.upstream_down is None:
+                    return
+                try:
+                    await asyncio.wait_for(self._ask(host, port), self.config.upstream_connect_timeout)
+                except (TimeoutError, OSError, ConnectionError) as exc:
+                    log.debug("re-probe of the upstream cluster at %s:%d: %s", host, port, describe_error(exc))
+                    continue
+                self.upstream_reached(f"{host}:{port} answered the proxy's probe")
+                return
+
+    async def _ask(self, host: str, port: int) -> None:
+        """Connect (ApiVersions) and ask for Metadata of no topic; raises if the broker does not answer."""
+        conn = await KafkaConnection.open(host, port, timeout=self.config.upstream_connect_timeout)
+        try:
+            req = messages.message_class("MetadataRequest")(topics=[])
+            meta = await conn.request(filters.METADATA, conn.best_version(filters.METADATA), req)
+            if not meta.brokers:
+                raise ConnectionError(f"{host}:{port} answered Metadata without brokers")
+        finally:
+            await conn.close()
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Until the cluster's brokers and versions are known."""
@@ -287,8 +345,9 @@ class Proxy:
             delay = min(delay * 2, 5.0)
 
     async def stop(self) -> None:
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        for task in (self._probe_task, self._reprobe_task):
+            if task is not None:
+                task.cancel()
         if self.bootstrap_server is not None:
             self.bootstrap_server.close()
         await self.brokers.close()

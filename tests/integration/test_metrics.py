@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import socket
 import time
@@ -117,10 +118,14 @@ def _bootstrap_once(address: str) -> None:
             s.recv(1)
 
 
-def test_ready_follows_a_later_cluster_outage(kafka39) -> None:
+def test_ready_follows_a_later_cluster_outage(kafka39, caplog) -> None:
     """/ready is 503 while clients cannot reach the cluster, not only before the first contact,
-    and 200 again once a client connection gets through. (The session's broker is stopped here and
+    and 200 again soon after the cluster is back WITHOUT any client connecting through the proxy:
+    the proxy re-probes the cluster itself (a proxy that is not ready gets no clients from a
+    Kubernetes Service, so waiting for one would never end). The outage is logged once when it
+    begins and once when it ends, not per attempt. (The session's broker is stopped here and
     started again, same port and data.)"""
+    caplog.set_level(logging.WARNING, logger="kshare.proxy")
     with ShareProxyThread(kafka39.bootstrap, metrics_port=0) as proxy:
         port = proxy.app.metrics_server.port
         wait_until(lambda: _ready(port)[0] == 200, 30, "ready")
@@ -129,12 +134,23 @@ def test_ready_follows_a_later_cluster_outage(kafka39) -> None:
             _bootstrap_once(proxy.bootstrap)
             status, doc = _ready(port)
             assert status == 503 and "unreachable" in doc["reason"], (status, doc)
+            # still down while the cluster is: the re-probes fail (several rounds of backoff)
+            time.sleep(5)
+            status, doc = _ready(port)
+            assert status == 503 and "unreachable" in doc["reason"], (status, doc)
+            connections = value(scrape(port), "kshare_requests_total", api="ApiVersions")
         finally:
             kafka39.start()
 
-        def ready_again() -> bool:
-            with contextlib.suppress(OSError):
-                _bootstrap_once(proxy.bootstrap)
-            return _ready(port)[0] == 200
+        back = time.monotonic()
+        wait_until(lambda: _ready(port)[0] == 200, 10, "ready again without a client", interval=0.2)
+        assert time.monotonic() - back < 10
+        # no client request went through the proxy meanwhile
+        assert value(scrape(port), "kshare_requests_total", api="ApiVersions") == connections
+        assert proxy.app.proxy.connections == set()
 
-        wait_until(ready_again, 60, "ready again", interval=1.0)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kshare.proxy" and r.levelno >= logging.WARNING]
+    down = [m for m in warnings if "not ready until the cluster answers again" in m]
+    again = [m for m in warnings if m.startswith("upstream cluster reachable again")]
+    assert len(down) == 1 and len(again) == 1, warnings
+    assert "answered the proxy's probe" in again[0], again
