@@ -3,7 +3,8 @@
 Every `--flag` given to a kshare command and every KSHARE_* variable in deploy/ and
 docs/deploy.md must be a parameter (option or environment variable) of that click command. The
 Kubernetes manifests must be YAML documents of the expected kinds whose cross-references hold
-(selectors, the headless Service, the ConfigMap, probes on the metrics port, broker ports).
+(selectors, the headless Service, the ConfigMap, probes on the metrics port, broker ports), and
+must run one proxy: one replica, no instance-group setting (several proxies are not possible yet).
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def test_the_scan_finds_what_deploy_uses():
     env_files = {rel for rel, _ in envs}
     assert {"deploy/Dockerfile", "deploy/kubernetes/configmap.yaml", "deploy/kubernetes/statefulset.yaml",
             "deploy/systemd/kshare.env", "docs/deploy.md"} <= env_files
-    assert {var for _, var in envs} >= {"KSHARE_UPSTREAM", "KSHARE_INSTANCE_GROUP", "KSHARE_ADVERTISED_HOST",
+    assert {var for _, var in envs} >= {"KSHARE_UPSTREAM", "KSHARE_STATE_TOPIC", "KSHARE_ADVERTISED_HOST",
                                        "KSHARE_LISTEN_HOST", "KSHARE_PORT", "KSHARE_BROKER_PORT_BASE",
                                        "KSHARE_METRICS_PORT"}
     assert invocations("ExecStart=/opt/kshare/bin/kshare proxy --port 1 \\\n  --log-format json && x --y") == [
@@ -248,7 +249,7 @@ def test_systemd_env_example():
         keys.append(key)
     assert len(keys) == len(set(keys))
     assert {"KSHARE_UPSTREAM", "KSHARE_ADVERTISED_HOST", "KSHARE_LISTEN_HOST", "KSHARE_METRICS_PORT"} <= set(keys)
-    assert set(keys) - {"KSHARE_INSTANCE_GROUP"} <= proxy_envvars  # that one: the test above
+    assert set(keys) <= proxy_envvars
 
 
 # -- YAML -----------------------------------------------------------------------------------------
@@ -473,14 +474,14 @@ def test_manifests_fit_together():
     data = cm["data"]
     assert all(isinstance(v, str) for v in data.values()), "ConfigMap values must be strings"
     assert data["KSHARE_LISTEN_HOST"] == "0.0.0.0"
-    assert data["KSHARE_INSTANCE_GROUP"]
+    assert data["KSHARE_STATE_TOPIC"]
     spec = sts["spec"]
     pod_labels = spec["template"]["metadata"]["labels"]
 
     def selects(selector: dict) -> bool:
         return bool(selector) and all(pod_labels.get(key) == v for key, v in selector.items())
 
-    assert spec["replicas"] == 3
+    assert spec["replicas"] == 1  # one proxy per state topic: test_one_proxy_per_state_topic
     assert selects(spec["selector"]["matchLabels"])
     assert selects(pdb["spec"]["selector"]["matchLabels"]) and pdb["spec"]["maxUnavailable"] == 1
     headless = [s for s in k["Service"] if s["spec"].get("clusterIP") == "None"]
@@ -513,6 +514,23 @@ def test_manifests_fit_together():
     service_ports = {p["name"]: (p["port"], p["targetPort"]) for p in headless[0]["spec"]["ports"]}
     for name, port in ports.items():
         assert service_ports[name] == (port, name)
+
+
+# Drop this test (and set the replicas above to 3) when `kshare proxy --instance-group` lands
+# (issue 12, docs/scale-out.md). Until then only one proxy may use a state topic: several would
+# each write every share-partition's state, and click ignores an unknown KSHARE_* variable, so an
+# instance-group setting in deploy/ would silently do exactly that.
+INSTANCE_GROUP_RE = re.compile(r"instance[-_]group", re.IGNORECASE)
+
+
+def test_one_proxy_per_state_topic():
+    (sts,) = by_kind()["StatefulSet"]
+    assert sts["spec"]["replicas"] == 1
+    assert "--instance-group" not in command_params("proxy")[0], "it landed: update deploy/ and this test"
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in sorted(p for p in DEPLOY.rglob("*") if p.is_file())
+             for n, line in enumerate(path.read_text().splitlines(), 1) if INSTANCE_GROUP_RE.search(line)]
+    assert not found, "an instance-group setting in deploy/:\n" + "\n".join(found)
 
 
 def test_probes_point_at_the_metrics_port():
