@@ -637,9 +637,6 @@ class TopicStateStore:
             del self._groups[gid]
         await asyncio.gather(*(w.stop() for w in writers), return_exceptions=True)
 
-    def owns_partition(self, partition: int) -> bool:
-        return not self.claims or partition in self._writers
-
     # -- reads -----------------------------------------------------------------------------------
 
     def share_partitions(self) -> dict[SharePartitionKey, ShareSnapshot]:
