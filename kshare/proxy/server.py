@@ -283,7 +283,7 @@ class Proxy:
                     return
                 try:
                     await asyncio.wait_for(self._ask(host, port), self.config.upstream_connect_timeout)
-                except (TimeoutError, OSError, ConnectionError) as exc:
+                except Exception as exc:  # noqa: BLE001 - any failure is "not yet"; the probe must not die
                     log.debug("re-probe of the upstream cluster at %s:%d: %s", host, port, describe_error(exc))
                     continue
                 self.upstream_reached(f"{host}:{port} answered the proxy's probe")
