@@ -7,10 +7,16 @@ busiest task: planning, task launch, join or first fetch, commit). Runs against 
 you started (``kshare proxy``, embedded broker) or any share-group cluster:
 
     kshare proxy --port 19292 &
-    python benchmarks/bench_spark.py --bootstrap 127.0.0.1:19292
+    PYTHONPATH=. python benchmarks/bench_spark.py --bootstrap 127.0.0.1:19292
+
+(``PYTHONPATH=.`` so that the driver and Spark's Python workers import this tree's kshare.)
+``--source null`` runs the same query on a Python data source of made-up rows, no Kafka: what
+Spark itself costs per micro-batch, the floor the kshare source cannot go under. The result
+also has Spark's own account of a micro-batch (``StreamingQueryProgress.durationMs``, mean per
+phase); ``KSHARE_SPARK_LOG=DEBUG`` logs the source's timeline of every micro-batch.
 
 The work is a sleep (an I/O-bound job), so 2 cores do not bound it by CPU; Spark's own task
-overhead and the Python workers do compete for the 2 cores, which bounds the ratio at 4 tasks.
+overhead and the Python workers do compete for the 2 cores. Figures: docs/spark.md.
 """
 
 from __future__ import annotations
