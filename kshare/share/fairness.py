@@ -16,19 +16,23 @@ this). ``FairShare`` divides the budget among the members that fetch from the pa
 * When fewer records are waiting than the members ask for, what is waiting is divided the same
   way (without counting what members hold), so the end of a burst is spread too.
 
-Members are those the assignment gives the partition to, and those that fetched from it within
-the lock duration and have not left (``leave``: session closed or partition forgotten, member
-gone). Time comes from the caller, in milliseconds.
+Members are those the assignment gives the partition to and that have not fetched from it yet,
+and those that fetched from it within the lock duration and have not left (``leave``: session
+closed or partition forgotten, member gone) -- except members that hold nothing here and have not
+fetched for ``QUIET_MS``: they are not competing for records now (a Spark worker whose turn is
+the next micro-batch, a consumer busy elsewhere) and count again at their next fetch. Time comes
+from the caller, in milliseconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 PACE_SPREAD = 8.0  # a member's weight stays within [median / 8, median * 8]
 PACE_EWMA = 0.3  # weight of a new pace sample
 DEFAULT_WANTED = 500  # what a member that has not fetched yet is taken to ask for (clients' default)
+QUIET_MS = 2000  # a member holding nothing that has not fetched for this long is not competing
 
 
 @dataclass(slots=True)
@@ -46,6 +50,7 @@ class FairShare:
 
     def __init__(self) -> None:
         self.members: dict[str, _Member] = {}
+        self.seen: set[str] = set()  # members that fetched here since they joined the partition
 
     def fetching(self, member_id: str, wanted: int, held: int, now_ms: int) -> None:
         """A fetch from ``member_id`` asking for ``wanted`` records; it holds ``held`` here now.
@@ -56,6 +61,7 @@ class FairShare:
         m = self.members.get(member_id)
         if m is None:
             self.members[member_id] = _Member(now_ms, wanted)
+            self.seen.add(member_id)
             return
         m.last_fetch_ms = now_ms
         m.wanted = wanted
@@ -76,6 +82,7 @@ class FairShare:
 
     def leave(self, member_id: str) -> None:
         self.members.pop(member_id, None)
+        self.seen.discard(member_id)
 
     def active(self, now_ms: int, idle_ms: int) -> dict[str, _Member]:
         """Members that fetched within ``idle_ms``; older ones are forgotten."""
@@ -85,15 +92,20 @@ class FairShare:
         return self.members
 
     def share(self, member_id: str, budget: int, now_ms: int, idle_ms: int,
-              assigned: Iterable[str] = ()) -> int | None:
+              assigned: Iterable[str] = (), held_of: Callable[[str], int] | None = None) -> int | None:
         """The member's share of ``budget`` records, None when nobody needs to be capped.
 
         ``assigned``: members the group's assignment gives the partition to. Those that have
         not fetched yet count too (asking for ``DEFAULT_WANTED``, at the median pace), so the
         first fetches after a start do not take the budget before the others arrive.
+        ``held_of``: records a member holds here; with it, quiet members (see the module) do not
+        count.
         """
         members = self.active(now_ms, idle_ms)
-        expected = [k for k in assigned if k not in members]
+        if held_of is not None:
+            members = {k: m for k, m in members.items()
+                       if k == member_id or now_ms - m.last_fetch_ms <= QUIET_MS or held_of(k) > 0}
+        expected = [k for k in assigned if k not in self.members and k not in self.seen]
         if len(members) + len(expected) <= 1:
             return None
         if sum(m.wanted for m in members.values()) + DEFAULT_WANTED * len(expected) <= budget:
@@ -104,7 +116,8 @@ class FairShare:
         return max(1, int(budget * weights.get(member_id, median) / total))
 
     def cap(self, member_id: str, held: int, budget: int, now_ms: int, idle_ms: int,
-            assigned: Iterable[str] = (), available: int | None = None) -> int | None:
+            assigned: Iterable[str] = (), available: int | None = None,
+            held_of: Callable[[str], int] | None = None) -> int | None:
         """Records the member may acquire now, None = no cap.
 
         Two limits, the smaller applies: its share of the lock ``budget`` minus what it holds
@@ -115,11 +128,11 @@ class FairShare:
         (a Spark task waiting for its micro-batch's commit) still gets its part of new ones.
         """
         caps = []
-        s = self.share(member_id, budget, now_ms, idle_ms, assigned)
+        s = self.share(member_id, budget, now_ms, idle_ms, assigned, held_of)
         if s is not None:
             caps.append(max(0, s - held))
         if available is not None:
-            a = self.share(member_id, max(available, 1), now_ms, idle_ms, assigned)
+            a = self.share(member_id, max(available, 1), now_ms, idle_ms, assigned, held_of)
             if a is not None:
                 caps.append(a)
         return min(caps) if caps else None

@@ -115,3 +115,37 @@ def test_what_is_waiting_is_spread_without_counting_what_members_hold():
     # the lock share still binds when it is the smaller one
     fair = members(24)
     assert fair.cap("m0", 80, 2000, 0, IDLE, available=5000) == 2000 // 24 - 80
+
+
+def test_quiet_members_holding_nothing_do_not_compete():
+    """Eight members (a Spark query at parallelism 4 whose Python workers take turns): the four
+    reading now get 500 each out of 2,000, not 250 because the other four fetched a while ago."""
+    from kshare.share.fairness import QUIET_MS
+
+    fair = members(8, wanted=500, now=0)
+    held = dict.fromkeys((f"m{i}" for i in range(8)), 0)
+    assigned = list(held)
+    now = QUIET_MS + 1000
+    for i in range(4):  # the readers of this micro-batch fetch again
+        fair.fetching(f"m{i}", 500, 0, now)
+    assert fair.cap("m0", 0, 2000, now, IDLE, assigned, held_of=held.get) is None  # 4 x 500 fit
+    # a quiet member still holding records (a slow consumer working off its batch) competes
+    held["m5"] = 300
+    assert fair.cap("m0", 0, 2000, now, IDLE, assigned, held_of=held.get) == 400
+    # and a quiet one counts again once it fetches
+    held["m5"] = 0
+    fair.fetching("m6", 500, 0, now)
+    assert fair.cap("m0", 0, 2000, now, IDLE, assigned, held_of=held.get) == 400
+    # without holdings known, everyone that fetched within the lock duration counts (as before)
+    assert fair.cap("m0", 0, 2000, now, IDLE, assigned) == 250
+
+
+def test_assigned_members_count_until_their_first_fetch_only():
+    """An assigned member that fetched once and then went quiet past the lock duration is not
+    'expected' again (it would hold back everyone else's share)."""
+    fair = members(2)
+    assigned = [f"m{i}" for i in range(8)]
+    later = IDLE + 1
+    fair.fetching("m0", 500, 0, later)
+    # m1 fetched at 0 and is forgotten; m2-m7 never fetched and still count
+    assert fair.cap("m0", 0, 2000, later, IDLE, assigned) == 2000 // 7

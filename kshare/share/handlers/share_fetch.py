@@ -158,7 +158,7 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         want = max_records - out.record_count
         acquire_mode = mode
         cap = sp.fair.cap(member_id, held, engine.max_record_locks, now, cfg.record_lock_duration_ms,
-                          group.assigned_members(topic_id, partition), available)
+                          group.assigned_members(topic_id, partition), available, engine.acquired_count)
         if cap is not None and cap < want:
             if cap == 0:
                 continue  # it holds its share already; acknowledgements here wake this fetch
