@@ -772,12 +772,7 @@ class TopicStateStore:
                     if not it.future.done():
                         it.future.set_exception(StateWriteError(f"state write failed: {exc!r}"))
                 return
-        out: list[_Out] = []
-        for item in items:
-            for op in item.ops:
-                self._encode(item, op, out)
-        self.stats.rounds += 1
-        self.stats.max_round_records = max(self.stats.max_round_records, len(out))
+        out = self._encode_round(items)
         sends: list[asyncio.Future | None] = []
         deadline = time.monotonic() + self.write_timeout_s
         producer = self._producer
@@ -820,14 +815,19 @@ class TopicStateStore:
                 rec.offset = fut.result().offset
         self._settle(out, items)
 
-    async def _round_claimed(self, items: list[_Pending]) -> None:
-        """An instance group's round: one transaction per claimed partition, all at once."""
+    def _encode_round(self, items: list[_Pending]) -> list[_Out]:
+        """The records of a round, each write applied to the in-memory state (undo kept)."""
         out: list[_Out] = []
         for item in items:
             for op in item.ops:
                 self._encode(item, op, out)
         self.stats.rounds += 1
         self.stats.max_round_records = max(self.stats.max_round_records, len(out))
+        return out
+
+    async def _round_claimed(self, items: list[_Pending]) -> None:
+        """An instance group's round: one transaction per claimed partition, all at once."""
+        out = self._encode_round(items)
         by_partition: dict[int, list[_Out]] = defaultdict(list)
         for rec in out:
             by_partition[rec.partition].append(rec)
