@@ -27,18 +27,41 @@ class KShare:
             from .share.service import ShareGroupService
             from .share.upstream import UpstreamCluster
 
+            bootstrap = [f"{h}:{p}" for h, p in config.upstream]
+            name = config.instance_group
             if store is None:
                 from .share.state_topic import TopicStateStore
 
                 store = TopicStateStore(
-                    [f"{h}:{p}" for h, p in config.upstream],
+                    bootstrap,
                     topic=config.state_topic,
                     partitions=config.state_topic_partitions,
                     replication_factor=config.state_topic_replication_factor,
+                    # an instance group's proxy writes only the state partitions it owns, each
+                    # through a transactional producer that fences the previous owner
+                    transactional_prefix=f"kshare-state.{name}.{config.state_topic}." if name else None,
                 )
+            ownership = None
+            if name:
+                import uuid
+
+                from .share.ownership import GroupOwnership, Instance
+
+                me = Instance(str(uuid.uuid4()), config.advertised, config.bootstrap_port)
+                ownership = GroupOwnership(me.id, config.state_topic_partitions)
             self.service = ShareGroupService(self.proxy, store, UpstreamCluster(list(config.upstream)),
-                                             limits=config.group_limits,
+                                             limits=config.group_limits, ownership=ownership,
                                              record_cache_bytes=config.record_cache_bytes)
+            if name:
+                from .share.instance_group import InstanceGroup
+                from .share.peers import PeerClient
+
+                self.service.instances = InstanceGroup(
+                    bootstrap, name, config.state_topic, me, self.service.apply_ownership,
+                    session_timeout_ms=config.instance_session_timeout_ms,
+                    heartbeat_interval_ms=max(100, config.instance_session_timeout_ms // 5))
+                self.service.peers = PeerClient()
+                store.on_fenced = self.service.fenced
             self.service.register(self.proxy)
         self.metrics = Metrics(self.proxy, self.service)
         self.metrics_server = None

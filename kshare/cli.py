@@ -83,6 +83,13 @@ def _option(*decls: str, env: str, **kwargs: object):
 @_option("--record-cache-mb", env="RECORD_CACHE_MB", default=256, show_default=True, type=click.IntRange(1),
          help="Memory for record batches cached for share fetches, shared by the partitions in use (an idle "
               "partition's share is released after a minute).")
+@_option("--instance-group", env="INSTANCE_GROUP", default=None, metavar="NAME",
+         help="Run as one of several proxies serving as one: proxies started with the same name, cluster and state "
+              "topic split the share-partitions through a consumer group on the cluster and take over from each other "
+              "(docs/scale-out.md). --advertised-host must then be reachable by clients and by the other proxies.")
+@_option("--instance-session-timeout-ms", env="INSTANCE_SESSION_TIMEOUT_MS", default=10_000, show_default=True,
+         type=click.IntRange(1000), help="How long the others wait for a proxy of the instance group that stopped "
+                                        "answering before they take its share-partitions over.")
 @_option("--no-share-groups", env="NO_SHARE_GROUPS", is_flag=True, help="Be a plain pass-through proxy.")
 @_option("--metrics-port", env="METRICS_PORT", type=click.IntRange(0, 65535), default=None,
          help="Serve /metrics (Prometheus), /ready and /live over HTTP on this port (default: off).")
@@ -95,7 +102,7 @@ def _option(*decls: str, env: str, **kwargs: object):
 def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_port_base: int | None,
           advertised_host: str | None, max_frame_bytes: int, state_topic: str, state_topic_partitions: int,
           state_topic_replication_factor: int | None, group_limits: tuple[str, ...], record_cache_mb: int,
-          no_share_groups: bool,
+          instance_group: str | None, instance_session_timeout_ms: int, no_share_groups: bool,
           metrics_port: int | None, metrics_host: str | None, log_level: str, log_format: str) -> None:
     """Run the proxy in front of a Kafka cluster, serving share groups.
 
@@ -112,6 +119,12 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
             raise ConfigError("--group-limit takes NAME=VALUE")
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--group-limit") from None
+    if instance_group and not upstream:
+        raise click.BadParameter("an instance group needs a cluster the proxies share: give --upstream",
+                                 param_hint="--instance-group")
+    if instance_group and no_share_groups:
+        raise click.BadParameter("an instance group splits share groups: it cannot be used with --no-share-groups",
+                                 param_hint="--instance-group")
     embedded = None
     if upstream:
         try:
@@ -132,7 +145,8 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
                          max_frame_bytes=max_frame_bytes, state_topic=state_topic,
                          state_topic_partitions=state_topic_partitions,
                          state_topic_replication_factor=state_topic_replication_factor, group_limits=limits,
-                         record_cache_bytes=record_cache_mb << 20)
+                         record_cache_bytes=record_cache_mb << 20, instance_group=instance_group or None,
+                         instance_session_timeout_ms=instance_session_timeout_ms)
     try:
         run_proxy(config, share_groups=not no_share_groups, metrics_port=metrics_port,
                   metrics_host=metrics_host or listen_host)

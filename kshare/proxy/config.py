@@ -44,6 +44,10 @@ class ProxyConfig:
     state_topic_replication_factor: int | None = None  # None: min(3, brokers)
     group_limits: BrokerLimits = field(default_factory=BrokerLimits)
     record_cache_bytes: int = 256 << 20  # raw batches cached for share fetches, all partitions together
+    # Several proxies as one service: those started with the same name (and cluster and state
+    # topic) split the share-partitions through a consumer group (docs/scale-out.md).
+    instance_group: str | None = None
+    instance_session_timeout_ms: int = 10_000
 
     @property
     def advertised(self) -> str:

@@ -45,7 +45,7 @@ BROKER_NOT_AVAILABLE = 8
 class Slot:
     """A response owed to the client, in request order."""
 
-    __slots__ = ("api_key", "version", "corr", "data", "streaming", "started")
+    __slots__ = ("api_key", "version", "corr", "data", "streaming", "started", "request")
 
     def __init__(self, api_key: int, version: int, corr: int) -> None:
         self.api_key = api_key
@@ -54,6 +54,7 @@ class Slot:
         self.data: bytes | bytearray | None = None
         self.streaming = False
         self.started = perf_counter()
+        self.request: Any = None  # the decoded request, for the few rewrites that need it
 
 
 def produce_acks(frame: memoryview, version: int) -> int | None:
@@ -284,7 +285,7 @@ class ClientConnection(asyncio.Protocol):
                 return
             _, api_key, version, corr = _HEAD.unpack_from(buf, 0)
             served = self.proxy.handler_for(api_key, version)
-            if served is not None:
+            if served is not None or (self.proxy.view is not None and filters.reads_request(api_key)):
                 self._begin_local(buf, size, api_key, version, corr)
                 continue
             bad = self.proxy.check_forwardable(api_key, version)
@@ -358,13 +359,20 @@ class ClientConnection(asyncio.Protocol):
             self.order.remove(slot)  # never answered: the answers owed are those before it
             self._reject(f"malformed {_api_name(slot.api_key)} v{slot.version} request: {exc}")
             return
-        if not self.proxy.serves(slot.api_key, header, body):
-            # not ours after all (e.g. DescribeConfigs of a topic): forward it in its turn
+        handler = self.proxy.handler_for(slot.api_key, slot.version)
+        if handler is None or not self.proxy.serves(slot.api_key, header, body):
+            # not ours after all (e.g. DescribeConfigs of a topic), or read only for the rewrite
+            # of its response (FindCoordinator in an instance group): forward it in its turn
+            if handler is None:
+                bad = self.proxy.check_forwardable(slot.api_key, slot.version)
+                if bad is not None:
+                    self.order.remove(slot)
+                    self._reject(bad)
+                    return
+                slot.request = body
             self.awaiting_upstream.append(slot)
             self.upstream.transport.write(_SIZE.pack(len(frame)) + frame)  # type: ignore[union-attr]
             return
-        handler = self.proxy.handler_for(slot.api_key, slot.version)
-        assert handler is not None
         self._spawn(self._run_handler(handler, slot, header, body))
 
     async def _run_handler(self, handler: Any, slot: Slot, header: Any, body: Any) -> None:
@@ -544,7 +552,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     async def _finish_rewrite(self, slot: Slot, f: filters.ResponseFilter, body: Any, frame: bytes) -> None:
         try:
-            await f.rewrite(self.client.proxy, body, slot.version)
+            if f.reads_request:
+                await f.rewrite(self.client.proxy, body, slot.version, slot.request)
+            else:
+                await f.rewrite(self.client.proxy, body, slot.version)
         except Exception:
             log.exception("client %s: rewriting %s response failed; closing", self.client.peer, _api_name(slot.api_key))
             self.client.close()

@@ -36,11 +36,14 @@ class ResponseFilter:
     # Decode-and-check before paying for a re-encode (Fetch responses are large and rarely carry
     # anything to rewrite).
     applies: Callable[[Any], bool] | None = None
+    # The rewrite needs the request too (given as a fourth argument). Such requests are decoded
+    # before they are forwarded, in an instance group only (where the answer depends on them).
+    reads_request: bool = False
 
 
 RESPONSE_FILTERS: dict[int, ResponseFilter] = {
     METADATA: ResponseFilter(rewrite.rewrite_metadata),
-    FIND_COORDINATOR: ResponseFilter(rewrite.rewrite_find_coordinator),
+    FIND_COORDINATOR: ResponseFilter(rewrite.rewrite_find_coordinator, reads_request=True),
     DESCRIBE_CLUSTER: ResponseFilter(rewrite.rewrite_describe_cluster),
     PRODUCE: ResponseFilter(rewrite.rewrite_node_endpoints, 10, rewrite.needs_node_endpoint_rewrite),
     # Fetch v16+ never reaches the broker (it is asked as v15), so its responses carry no
@@ -48,6 +51,11 @@ RESPONSE_FILTERS: dict[int, ResponseFilter] = {
     FETCH: ResponseFilter(rewrite.rewrite_node_endpoints, 16, rewrite.needs_node_endpoint_rewrite),
     API_VERSIONS: ResponseFilter(rewrite.rewrite_api_versions),
 }
+
+
+def reads_request(api_key: int) -> bool:
+    f = RESPONSE_FILTERS.get(api_key)
+    return f is not None and f.reads_request
 
 
 def response_filter(api_key: int, version: int) -> ResponseFilter | None:

@@ -10,6 +10,8 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .virtual import ClusterView, virtual_node
+
 if TYPE_CHECKING:
     from .server import Proxy
 
@@ -31,37 +33,105 @@ def synthetic_topic_id(topic: str) -> bytes:
 
 
 async def rewrite_metadata(proxy: Proxy, body: Any, version: int) -> None:
+    real = [(b.node_id, b.host, b.port) for b in body.brokers]
     for broker in body.brokers:
         broker.host, broker.port = await proxy.brokers.expose(broker.node_id, broker.host, broker.port)
     if body.brokers:  # an error answer (e.g. to a malformed request) lists none: not a cluster change
-        await proxy.brokers.forget_missing({b.node_id for b in body.brokers})
+        await proxy.brokers.forget_missing({node for node, _, _ in real})
     if version >= 10:
         for topic in body.topics:
             if topic.topic_id == ZERO_UUID and topic.name and topic.error_code == 0:
                 topic.topic_id = synthetic_topic_id(topic.name)
             if topic.name and topic.topic_id != ZERO_UUID:
                 proxy.topics.learn(topic.name, topic.topic_id)
+    view = proxy.view
+    if view is not None:
+        _virtualize_metadata(proxy, view, body, version)
 
 
-async def rewrite_find_coordinator(proxy: Proxy, body: Any, version: int) -> None:
+def _virtualize_metadata(proxy: Proxy, view: ClusterView, body: Any, version: int) -> None:
+    """One virtual cluster: every proxy's listener for every broker is a node, and a partition's
+    leader (with its replicas) is named through the listeners of the proxy that owns it."""
+    brokers = []
+    for b in body.brokers:
+        for slot in sorted(view.peers):
+            endpoint = view.endpoint(slot, b.node_id)
+            if endpoint is not None:
+                node, host, port = endpoint
+                brokers.append(type(b)(node_id=node, host=host, port=port, rack=b.rack))
+    body.brokers = brokers
+    if version >= 1 and body.controller_id >= 0:
+        body.controller_id = virtual_node(view.me, body.controller_id)
+    for topic in body.topics:
+        topic_id = topic.topic_id if version >= 10 and topic.topic_id != ZERO_UUID else proxy.topics.by_name.get(topic.name)
+        for p in topic.partitions:
+            owner = view.partition_owner(topic_id, p.partition_index) if topic_id is not None else None
+            slot = view.slot_for(owner, p.leader_id) if p.leader_id >= 0 else view.me
+            if p.leader_id >= 0:
+                p.leader_id = virtual_node(slot, p.leader_id)
+            p.replica_nodes = [virtual_node(slot, r) for r in p.replica_nodes]
+            p.isr_nodes = [virtual_node(slot, r) for r in p.isr_nodes]
+            if version >= 5:
+                p.offline_replicas = [virtual_node(slot, r) for r in p.offline_replicas]
+
+
+GROUP_KEY = 0  # FindCoordinator key type of (consumer, classic and share) groups
+
+
+async def _coordinator(proxy: Proxy, key: str, key_type: int, node_id: int, host: str, port: int) -> tuple[int, str, int]:
+    host, port = await proxy.brokers.expose(node_id, host, port)
+    view = proxy.view
+    if view is None:
+        return node_id, host, port
+    # a group is coordinated through the listeners of the proxy owning its key (share groups are
+    # served there; other groups are forwarded from there to their real coordinator)
+    owner = view.group_owner(key) if key_type == GROUP_KEY else None
+    endpoint = view.endpoint(view.slot_for(owner, node_id), node_id)
+    return endpoint if endpoint is not None else (node_id, host, port)
+
+
+async def rewrite_find_coordinator(proxy: Proxy, body: Any, version: int, request: Any = None) -> None:
+    """``request``: the decoded request, read in an instance group (whose answer depends on the key)."""
+    key_type = request.key_type if request is not None and version >= 1 else GROUP_KEY
     if version < 4:
         if body.error_code == 0:
-            body.host, body.port = await proxy.brokers.expose(body.node_id, body.host, body.port)
+            key = request.key if request is not None else ""
+            body.node_id, body.host, body.port = await _coordinator(proxy, key, key_type, body.node_id, body.host,
+                                                                    body.port)
         return
     for coordinator in body.coordinators:
         if coordinator.error_code == 0:
-            coordinator.host, coordinator.port = await proxy.brokers.expose(
-                coordinator.node_id, coordinator.host, coordinator.port
-            )
+            coordinator.node_id, coordinator.host, coordinator.port = await _coordinator(
+                proxy, coordinator.key, key_type, coordinator.node_id, coordinator.host, coordinator.port)
 
 
 async def rewrite_describe_cluster(proxy: Proxy, body: Any, version: int) -> None:
     for broker in body.brokers:  # DescribeClusterBroker names its id BrokerId, not NodeId
         broker.host, broker.port = await proxy.brokers.expose(broker.broker_id, broker.host, broker.port)
+    view = proxy.view
+    if view is None:
+        return
+    brokers = []
+    for b in body.brokers:
+        for slot in sorted(view.peers):
+            endpoint = view.endpoint(slot, b.broker_id)
+            if endpoint is not None:
+                node, host, port = endpoint
+                brokers.append(type(b)(broker_id=node, host=host, port=port, rack=b.rack))
+    body.brokers = brokers
+    if body.controller_id >= 0:
+        body.controller_id = virtual_node(view.me, body.controller_id)
 
 
 async def rewrite_node_endpoints(proxy: Proxy, body: Any, version: int) -> None:
-    """Produce v10+ and Fetch v16+ name the new leader's endpoint on NOT_LEADER_OR_FOLLOWER."""
+    """Produce v10+ and Fetch v16+ name the new leader's endpoint on NOT_LEADER_OR_FOLLOWER.
+
+    In an instance group the endpoints (and the leader ids beside them) would name real brokers,
+    which are not nodes of the virtual cluster: they are dropped, and the client asks Metadata.
+    """
+    if proxy.view is not None:
+        body.node_endpoints = []
+        return
     for node in body.node_endpoints:
         node.host, node.port = await proxy.brokers.expose(node.node_id, node.host, node.port)
 

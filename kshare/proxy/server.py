@@ -14,6 +14,7 @@ from ..protocol import messages
 from . import filters
 from .config import ProxyConfig
 from .connection import ClientConnection
+from .virtual import ClusterView
 
 log = logging.getLogger("kshare.proxy")
 
@@ -149,6 +150,9 @@ class Proxy:
         self._unreachable_warned_at = -60.0
         self._unreachable_since_warning = 0
         self._down_logged = False  # this outage's WARNING was logged: log its end too
+        # In an instance group: the virtual cluster clients are shown (set by the share layer on
+        # every ownership change; None for a proxy on its own). See virtual.py.
+        self.view: ClusterView | None = None
 
     # -- served APIs -----------------------------------------------------------------------------
     def serve(self, api_key: int, min_version: int, max_version: int, handler: Handler,

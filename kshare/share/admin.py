@@ -81,7 +81,7 @@ def group_topics(service: ShareGroupService, group_id: str) -> dict[bytes, Topic
     """Topics the group has state for (those still in the cluster), by id."""
     ids = {k.topic_id for k in service.store.share_partitions() if k.group_id == group_id}
     ids |= {k.topic_id for k in service.partitions if k.group_id == group_id}
-    group = service.coordinator.group(group_id)
+    group = service.share_group(group_id)
     if group is not None:
         ids |= set(group.topics)
         ids |= {service.upstream.topics[name].topic_id for name in group.subscribed_topics()
@@ -92,7 +92,7 @@ def group_topics(service: ShareGroupService, group_id: str) -> dict[bytes, Topic
 async def reset_offset(service: ShareGroupService, group_id: str, topic: TopicInfo, partition: int,
                        offset: int) -> int:
     """Move a share-partition's SPSO (empty groups only); in-flight state is discarded."""
-    group = service.coordinator.group(group_id)
+    group = service.share_group(group_id)
     if group is not None and group.members:
         return ErrorCode.NON_EMPTY_GROUP
     if not 0 <= partition < topic.partitions:
@@ -116,7 +116,7 @@ async def reset_offset(service: ShareGroupService, group_id: str, topic: TopicIn
 
 async def delete_topic_offsets(service: ShareGroupService, group_id: str, topic: TopicInfo) -> int:
     """Forget the group's state for a topic (empty groups only): it starts over from the reset policy."""
-    group = service.coordinator.group(group_id)
+    group = service.share_group(group_id)
     if group is None:
         return ErrorCode.GROUP_ID_NOT_FOUND
     if group.members:
@@ -133,7 +133,7 @@ async def delete_topic_offsets(service: ShareGroupService, group_id: str, topic:
 
 
 async def delete_group(service: ShareGroupService, group_id: str) -> int:
-    group = service.coordinator.group(group_id)
+    group = service.share_group(group_id)
     if group is None:
         return ErrorCode.GROUP_ID_NOT_FOUND
     if group.members:

@@ -22,24 +22,9 @@ from typing import Protocol
 
 import msgspec
 
+from ..proxy.virtual import MAX_SLOTS, SLOT_STRIDE, ClusterView, Peer, split_node, virtual_node  # noqa: F401 - re-exported
 from .state_codec import partition_for_group, state_partition_of
 from .store import SharePartitionKey
-
-# Virtual node ids of an instance group: proxy slot s stands for upstream broker b as node
-# s * SLOT_STRIDE + b, so every (proxy, broker) pair is one node clients can address.
-SLOT_STRIDE = 1 << 20
-MAX_SLOTS = (1 << 31) // SLOT_STRIDE  # 2048
-
-
-def virtual_node(slot: int, broker_id: int) -> int:
-    if not 0 <= broker_id < SLOT_STRIDE:
-        raise ValueError(f"broker id {broker_id} is outside 0..{SLOT_STRIDE - 1}: an instance group cannot front it")
-    return slot * SLOT_STRIDE + broker_id
-
-
-def split_node(node_id: int) -> tuple[int, int]:
-    """(slot, upstream broker id) of a virtual node id."""
-    return divmod(node_id, SLOT_STRIDE)
 
 
 class Ownership(Protocol):
@@ -50,14 +35,33 @@ class Ownership(Protocol):
     def epoch(self) -> int:
         """The ownership epoch written as the leader epoch of state records."""
 
+    def owns_partition(self, topic_id: bytes, partition: int) -> bool:
+        """True if this proxy is the share-partition leader of the topic-partition."""
+
+    def owns_group(self, group_id: str) -> bool:
+        """True if this proxy coordinates the share group."""
+
+    def owner_of_group(self, group_id: str) -> Instance | None:
+        """The proxy coordinating the group (None: unknown, or this proxy alone)."""
+
 
 class LocalOwnership:
     """This process owns every share-partition."""
 
     epoch = 0
+    map = None
 
     def owns(self, key: SharePartitionKey) -> bool:
         return True
+
+    def owns_partition(self, topic_id: bytes, partition: int) -> bool:
+        return True
+
+    def owns_group(self, group_id: str) -> bool:
+        return True
+
+    def owner_of_group(self, group_id: str) -> Instance | None:
+        return None
 
 
 class Instance(msgspec.Struct, frozen=True):
@@ -68,6 +72,7 @@ class Instance(msgspec.Struct, frozen=True):
     port: int  # bootstrap listener
     broker_ports: dict[int, int] = {}  # upstream broker id -> this proxy's listener port
     slot: int = -1
+    broker_port_base: int = 0  # > 0: brokers that appear later are served on base + broker id
 
 
 class OwnershipMap(msgspec.Struct, frozen=True):
@@ -169,3 +174,51 @@ def assign(candidates: dict[str, Candidate], partitions: int) -> OwnershipMap:
             q.have.append(p)
     instances = [msgspec.structs.replace(candidates[m].instance, slot=slots[m]) for m in members]
     return OwnershipMap(epoch, instances, owners)
+
+
+class GroupOwnership:
+    """This proxy's share of an instance group: what it serves is what its store has claimed (so
+    nothing is served before its state is replayed), while clients are routed by the latest map."""
+
+    def __init__(self, me: str, partitions: int) -> None:
+        self.me = me  # this proxy's instance id
+        self.partitions = partitions  # of the state topic
+        self.map: OwnershipMap | None = None
+        self.claimed: frozenset[int] = frozenset()
+
+    @property
+    def epoch(self) -> int:
+        return self.map.epoch if self.map is not None else 0
+
+    def owns(self, key: SharePartitionKey) -> bool:
+        return self.owns_partition(key.topic_id, key.partition)
+
+    def owns_partition(self, topic_id: bytes, partition: int) -> bool:
+        return state_partition_of(topic_id, partition, self.partitions) in self.claimed
+
+    def owns_group(self, group_id: str) -> bool:
+        return partition_for_group(group_id, self.partitions) in self.claimed
+
+    def owner_of_group(self, group_id: str) -> Instance | None:
+        return self.map.owner_of_group(group_id) if self.map is not None else None
+
+    def owner_of_partition(self, topic_id: bytes, partition: int) -> Instance | None:
+        return self.map.owner_of_topic_partition(topic_id, partition) if self.map is not None else None
+
+    def view(self) -> ClusterView | None:
+        """What the proxy shows clients: every proxy's listeners, each owner by slot."""
+        decision = self.map
+        mine = decision.instance(self.me) if decision is not None else None
+        if decision is None or mine is None:
+            return None
+        peers = {i.slot: Peer(i.slot, i.host, dict(i.broker_ports), i.broker_port_base) for i in decision.instances}
+        n = len(decision.owners)
+
+        def slot_of(state_partition: int) -> int | None:
+            owner = decision.owner(state_partition)
+            return owner.slot if owner is not None else None
+
+        return ClusterView(
+            me=mine.slot, peers=peers, epoch=decision.epoch,
+            partition_owner=lambda topic_id, partition: slot_of(state_partition_of(topic_id, partition, n)),
+            group_owner=lambda group_id: slot_of(partition_for_group(group_id, n)))

@@ -23,9 +23,11 @@ from .config import BrokerLimits, parse_duration_ms
 from .coordinator import GroupCoordinator, ShareGroup
 from .errors import ErrorCode
 from .fairness import FairShare
-from .ownership import LocalOwnership, Ownership
+from .instance_group import InstanceGroup
+from .ownership import GroupOwnership, Instance, LocalOwnership, Ownership, OwnershipMap
 from .partition import SharePartition
 from .partition_log import PartitionLog
+from .peers import PeerClient
 from .sessions import ShareSessionCache
 from .states import ShareSnapshot, ShareUpdate
 from .stats import ShareStats
@@ -105,6 +107,11 @@ class ShareGroupService:
         self._group_writes: dict[str, asyncio.Task] = {}
         self._releases: set[asyncio.Task] = set()  # releases after connections closed, kept referenced
         self._producer = None  # aiokafka producer for dead letters, created on first use
+        # An instance group (several proxies as one service): set by the app before start. Its
+        # ownership decides what this proxy serves; peers answers what other proxies own.
+        self.instances: InstanceGroup | None = None
+        self.peers: PeerClient | None = None
+        self._remote_configs: dict[str, float] = {}  # group id -> when its configs were last asked
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -133,10 +140,10 @@ class ShareGroupService:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10)
         self.load_error = None
+        if self.instances is not None:
+            await self._join_instances()
         for record in self.store.groups().values():
-            group = self.coordinator.ensure_group(record.group_id, epoch=record.group_epoch, configs=record.configs)
-            group.topics.update(record.topics)
-            group.topic_partitions.update(record.topic_partitions)
+            self._adopt_group(record)
         for key in self.store.share_partitions():
             self.coordinator.ensure_group(key.group_id)
         self.loaded = True
@@ -144,8 +151,162 @@ class ShareGroupService:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._timers()))
         self._tasks.append(loop.create_task(self._refresh_topics()))
+        if self.instances is not None:
+            self._tasks.append(loop.create_task(self._refresh_remote_configs()))
         log.info("share state loaded in %.2fs: %d group(s), %d share-partition(s)", time.monotonic() - started,
                  len(self.coordinator.groups), len(self.store.share_partitions()))
+
+    def _adopt_group(self, record: GroupRecord) -> None:
+        """A durable group record becomes this proxy's group (at start, or when it takes the group over)."""
+        group = self.coordinator.ensure_group(record.group_id, epoch=record.group_epoch, configs=record.configs)
+        group.epoch = max(group.epoch, record.group_epoch)
+        group.config.overrides = dict(record.configs)
+        group.topics.update(record.topics)
+        group.topic_partitions.update(record.topic_partitions)
+        self.apply_config(group)
+
+    # -- an instance group --------------------------------------------------------------------------
+    def owns_group(self, group_id: str) -> bool:
+        """Whether this proxy coordinates the group (always, unless in an instance group)."""
+        return self.ownership.owns_group(group_id)
+
+    def owns_partition(self, topic_id: bytes, partition: int) -> bool:
+        """Whether this proxy is the share-partition leader of the topic-partition."""
+        return self.ownership.owns_partition(topic_id, partition)
+
+    def share_group(self, group_id: str) -> ShareGroup | None:
+        """The share group, if this proxy coordinates it (a share-partition leader's copy of a group
+        coordinated elsewhere only mirrors its configs: it is not the group)."""
+        group = self.coordinator.group(group_id)
+        return group if group is not None and self.owns_group(group_id) else None
+
+    def me(self) -> Instance:
+        """This proxy as the others of its instance group reach it."""
+        assert self.proxy is not None and self.instances is not None
+        cfg = self.proxy.config
+        base = 0 if cfg.broker_port_base == 0 else (cfg.bootstrap_port + 1 if cfg.broker_port_base is None
+                                                      else cfg.broker_port_base)
+        return Instance(self.instances.me.id, cfg.advertised, self.proxy.bootstrap_port or cfg.bootstrap_port,
+                        dict(self.proxy.brokers.ports), self.instances.me.slot, base)
+
+    async def _join_instances(self) -> None:
+        """Join the instance group once the proxy's listeners are known; returns with the first
+        ownership map applied (this proxy's partitions claimed and replayed)."""
+        assert self.instances is not None and self.proxy is not None
+        delay = 1.0
+        while True:
+            try:
+                await self.proxy.wait_ready(timeout=60)
+                self.instances.me = self.me()
+                await self.instances.start()
+                return
+            except Exception as exc:  # noqa: BLE001 - keep trying: the cluster may be starting
+                self.load_error = f"joining instance group {self.instances.group_id}: {exc or type(exc).__name__}"
+                log.warning("%s; retrying in %.0f s", self.load_error, delay)
+                await self.instances.stop()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10)
+
+    async def apply_ownership(self, decision: OwnershipMap, gained: list[int], lost: list[int]) -> None:
+        """A new ownership map: give up what moved away, then claim (fence and replay) what moved
+        here. Clients are routed by the new map at once; this proxy serves a state partition only
+        while its store has it claimed."""
+        ownership = self.ownership
+        assert isinstance(ownership, GroupOwnership)
+        ownership.map = decision
+        ownership.partitions = len(decision.owners)
+        self.store.leader_epoch = decision.epoch  # the ownership epoch is written with the state
+        if lost:
+            await self._give_up(lost)
+        if gained:
+            started = time.monotonic()
+            await self.store.claim(gained)
+            ownership.claimed = frozenset(self.store.claimed())
+            adopted = 0
+            for record in self.store.groups().values():
+                if record.group_id not in self.coordinator.groups or not self.coordinator.groups[record.group_id].members:
+                    self._adopt_group(record)
+                    adopted += 1
+            replayed = sum(1 for k in self.store.share_partitions() if self.store.partition_of(k) in set(gained))
+            log.info("instance group: took over state partition(s) %s in %.2f s (%d share-partition(s), %d group(s))",
+                     ",".join(map(str, gained)), time.monotonic() - started, replayed, adopted)
+        if self.proxy is not None:
+            self.proxy.view = ownership.view()
+
+    async def _give_up(self, partitions: Sequence[int]) -> None:
+        """Stop serving these state partitions: their writes in flight finish, their share-partitions
+        leave memory (waiting fetches return; what was acquired comes back from the new owner), and
+        their groups' members go (they find the new coordinator)."""
+        ownership = self.ownership
+        assert isinstance(ownership, GroupOwnership)
+        gone = set(partitions)
+        ownership.claimed = frozenset(p for p in ownership.claimed if p not in gone)
+        states = [sp for key, sp in self.partitions.items() if self.store.partition_of(key) in gone]
+        pending = [sp.pending_done for sp in states if sp.pending_done is not None and not sp.pending_done.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+        for sp in states:
+            self.partitions.pop(sp.key, None)
+            sp.engine = None
+            sp.wake()
+        for group in self.coordinator.groups.values():
+            if not ownership.owns_group(group.group_id) and group.members:
+                group.members.clear()
+                group.target.clear()
+        await self.store.release(list(gone))
+        log.info("instance group: gave up state partition(s) %s (%d share-partition(s))",
+                 ",".join(map(str, sorted(gone))), len(states))
+
+    def fenced(self, partition: int) -> None:
+        """Another proxy took this state partition over (this one was paused or cut off): stop
+        serving it at once; the group protocol tells this proxy the new map when it rejoins."""
+        ownership = self.ownership
+        if not isinstance(ownership, GroupOwnership) or partition not in ownership.claimed:
+            return
+        log.warning("instance group: state partition %d was taken over by another proxy (this one was fenced); "
+                    "no longer serving it", partition)
+        task = asyncio.get_running_loop().create_task(self._give_up([partition]))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def group_configs_from_owner(self, group: ShareGroup, max_age: float = 5.0) -> None:
+        """A share-partition leader that does not coordinate the group asks the group's coordinator
+        for its configs (at most every ``max_age`` seconds); they apply to the live engines."""
+        if self.owns_group(group.group_id) or self.peers is None:
+            return
+        now = time.monotonic()
+        if now - self._remote_configs.get(group.group_id, -1e9) < max_age:
+            return
+        owner = self.ownership.owner_of_group(group.group_id) if isinstance(self.ownership, GroupOwnership) else None
+        if owner is None:
+            return
+        self._remote_configs[group.group_id] = now
+        req = messages.message_class("DescribeConfigsRequest")
+        body = req(resources=[req.DescribeConfigsResource(resource_type=32, resource_name=group.group_id,
+                                                          configuration_keys=None)])
+        try:
+            resp = await self.peers.request(owner, 32, body)
+        except Exception as exc:  # noqa: BLE001 - keep the configs known; ask again later
+            log.debug("asking %s:%d for the configs of group %s failed: %r", owner.host, owner.port,
+                      group.group_id, exc)
+            self._remote_configs[group.group_id] = now - max_age + 1.0
+            return
+        for result in resp.results:
+            if result.error_code == 0 and result.resource_name == group.group_id:
+                overrides = {c.name: c.value for c in result.configs if c.config_source == 8 and c.value is not None}
+                if overrides != group.config.overrides:
+                    group.config.overrides = overrides
+                    self.apply_config(group)
+
+    async def _refresh_remote_configs(self) -> None:
+        """Keep the configs of groups coordinated elsewhere current while this proxy serves them."""
+        while True:
+            await asyncio.sleep(2.0)
+            groups = {key.group_id for key in self.partitions}
+            for group_id in groups:
+                group = self.coordinator.group(group_id)
+                if group is not None and not self.owns_group(group_id):
+                    await self.group_configs_from_owner(group)
 
     async def wait_loaded(self, timeout: float = 60.0) -> None:
         if not await self.until_loaded(timeout):
@@ -169,6 +330,11 @@ class ShareGroupService:
         pending = [s.pending_done for s in self.partitions.values() if s.pending_done is not None]
         if pending:
             await asyncio.wait(pending, timeout=5)
+        if self.instances is not None:
+            # the in-flight writes are done: leave the group now, so the others take over at once
+            await self.instances.stop()
+        if self.peers is not None:
+            await self.peers.close()
         await self.store.close()
         if self._producer is not None:
             await self._producer.stop()
@@ -176,7 +342,12 @@ class ShareGroupService:
 
     # -- groups -------------------------------------------------------------------------------------
     def persist_group(self, group: ShareGroup) -> None:
-        """Write the group's record (epoch, configs) in the background; later writes supersede."""
+        """Write the group's record (epoch, configs) in the background; later writes supersede.
+
+        In an instance group only the group's coordinator writes it (another proxy's copy of the
+        group only mirrors its configs)."""
+        if not self.ownership.owns_group(group.group_id):
+            return
         record = GroupRecord(group.group_id, group.epoch, dict(group.config.overrides), dict(group.topics),
                              dict(group.topic_partitions))
         prev = self._group_writes.get(group.group_id)
@@ -195,7 +366,9 @@ class ShareGroupService:
     async def persist_group_now(self, group: ShareGroup) -> None:
         """Write the group's record and wait until it is durable (config changes are answered after)."""
         self.persist_group(group)
-        await self._group_writes[group.group_id]
+        write = self._group_writes.get(group.group_id)
+        if write is not None:
+            await write
 
     async def member_gone(self, group_id: str, member_id: str, *, close_sessions: bool = False) -> None:
         """A member left or was removed: release what it holds.
@@ -260,6 +433,7 @@ class ShareGroupService:
     async def _initialise(self, sp: SharePartitionState) -> tuple[int, SharePartition | None]:
         key = sp.key
         group = self.coordinator.ensure_group(key.group_id)
+        await self.group_configs_from_owner(group, max_age=1.0)
         cfg = group.config
         durable = self.store.share_partitions().get(key)
         if durable is None or durable.start_offset < 0:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ...protocol import messages
 from .. import admin
 from ..errors import ErrorCode
-from .common import admin_loaded
+from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -23,7 +23,9 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     version = header.api_version
     if not await admin_loaded(service):
         return version, Response(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-    group = service.coordinator.group(req.group_id)
+    if coordinated_elsewhere(service, req.group_id):
+        return version, Response(error_code=ErrorCode.NOT_COORDINATOR, error_message=NOT_COORDINATOR_MESSAGE)
+    group = service.share_group(req.group_id)
     if group is not None and group.members:
         return version, Response(error_code=ErrorCode.NON_EMPTY_GROUP, error_message="The group is not empty.")
     responses = []

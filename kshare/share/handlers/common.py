@@ -22,6 +22,14 @@ MAX_MEMBER_ID_LENGTH = 36
 ADMIN_LOAD_WAIT_S = 20.0
 
 
+NOT_COORDINATOR_MESSAGE = "This proxy is not the coordinator of the group."
+
+
+def coordinated_elsewhere(service: ShareGroupService, group_id: str) -> bool:
+    """In an instance group: the group belongs to another proxy (the client finds it again)."""
+    return not service.owns_group(group_id)
+
+
 async def admin_loaded(service: ShareGroupService) -> bool:
     """Wait (bounded) for the share state; whether it is loaded."""
     return await service.until_loaded(ADMIN_LOAD_WAIT_S)
@@ -57,6 +65,9 @@ async def apply_acknowledgements(
             continue
         if not renew_allowed and any(4 in b.acknowledge_types for b in batches):
             outcomes.append(AckOutcome(topic_id, partition, ErrorCode.INVALID_REQUEST))
+            continue
+        if not service.owns_partition(topic_id, partition):
+            outcomes.append(AckOutcome(topic_id, partition, ErrorCode.NOT_LEADER_OR_FOLLOWER))
             continue
         sp = service.partition_state(group_id, topic, partition)
         err, engine = await service.engine(sp)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ...protocol import messages
 from .. import admin
 from ..errors import ErrorCode
-from .common import admin_loaded
+from .common import admin_loaded, coordinated_elsewhere
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -23,7 +23,8 @@ def applies(service: ShareGroupService, header: Any, req: Any) -> bool:
     # While the share state loads nobody can tell a share group from another: wait for the load
     # (bounded), then answer a retriable COORDINATOR_LOAD_IN_PROGRESS rather than let the cluster
     # say a share group does not exist.
-    return not service.loaded or any(service.coordinator.group(g) is not None for g in req.groups_names)
+    return not service.loaded or any(service.share_group(g) is not None or coordinated_elsewhere(service, g)
+                                     for g in req.groups_names)
 
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
@@ -31,9 +32,12 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     if not await admin_loaded(service):
         return version, Response(results=[Response.DeletableGroupResult(
             group_id=g, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS) for g in req.groups_names])
-    ours = [g for g in req.groups_names if service.coordinator.group(g) is not None]
-    others = [g for g in req.groups_names if g not in ours]
-    results: dict[str, Any] = {}
+    ours = [g for g in req.groups_names if service.share_group(g) is not None]
+    # in an instance group a group belongs to one proxy, which clients find with FindCoordinator
+    elsewhere = [g for g in req.groups_names if coordinated_elsewhere(service, g)]
+    others = [g for g in req.groups_names if g not in ours and g not in elsewhere]
+    results: dict[str, Any] = {g: Response.DeletableGroupResult(group_id=g, error_code=ErrorCode.NOT_COORDINATOR)
+                               for g in elsewhere}
     if others:
         node = conn.node_id
         upstream = await (service.upstream.connection(node) if node is not None else service.upstream.any_connection())

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ...protocol import messages
 from .. import admin
 from ..errors import ErrorCode
-from .common import admin_loaded
+from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -26,6 +26,10 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         if not loaded:
             groups.append(Response.DescribeShareGroupOffsetsResponseGroup(
                 group_id=g.group_id, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
+            continue
+        if coordinated_elsewhere(service, g.group_id):
+            groups.append(Response.DescribeShareGroupOffsetsResponseGroup(
+                group_id=g.group_id, error_code=ErrorCode.NOT_COORDINATOR, error_message=NOT_COORDINATOR_MESSAGE))
             continue
         await service.upstream.refresh_metadata(max_age=5.0)
         if g.topics is None:  # every topic the group has state for

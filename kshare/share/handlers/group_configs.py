@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ...protocol import messages
 from ..config import CONFIG_DEFS, ConfigError, GroupConfig, validate
 from ..errors import ErrorCode
-from .common import admin_loaded
+from .common import admin_loaded, coordinated_elsewhere
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -37,7 +37,8 @@ def describe_applies(service: ShareGroupService, header: Any, req: Any) -> bool:
 
 
 def alter_applies(service: ShareGroupService, header: Any, req: Any) -> bool:
-    return any(r.resource_type == GROUP and (not service.loaded or service.coordinator.group(r.resource_name) is not None
+    return any(r.resource_type == GROUP and (not service.loaded or service.share_group(r.resource_name) is not None
+                                            or coordinated_elsewhere(service, r.resource_name)
                                             or any(_is_share_config(c.name) for c in r.configs))
                for r in req.resources)
 
@@ -45,6 +46,28 @@ def alter_applies(service: ShareGroupService, header: Any, req: Any) -> bool:
 async def _forward(service: ShareGroupService, api_key: int, version: int, body: Any) -> Any:
     conn = await service.upstream.any_connection()
     return await conn.request(api_key, version, body)
+
+
+async def _ask_coordinators(service: ShareGroupService, api_key: int, resources: list[Any], results: dict[int, Any],
+                            request: Any, answers: Any, failed: Any) -> None:
+    """In an instance group: the GROUP resources coordinated by other proxies are asked of them
+    (their configs live with the group's coordinator), one request per proxy."""
+    by_owner: dict[str, tuple[Any, list[Any]]] = {}
+    for r in resources:
+        owner = service.ownership.owner_of_group(r.resource_name)
+        if owner is None or service.peers is None:
+            results[id(r)] = failed(r, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        else:
+            by_owner.setdefault(owner.id, (owner, []))[1].append(r)
+    for owner, rs in by_owner.values():
+        try:
+            resp = await service.peers.request(owner, api_key, request(rs))
+        except Exception:  # noqa: BLE001 - the coordinator may be moving: the client retries
+            for r in rs:
+                results[id(r)] = failed(r, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            continue
+        for r, res in zip(rs, answers(resp), strict=False):
+            results[id(r)] = res
 
 
 class DescribeConfigs:
@@ -59,9 +82,18 @@ class DescribeConfigs:
     async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         version = header.api_version
         loading = not await admin_loaded(service)  # which groups are share groups is not known yet
-        ours = [r for r in req.resources if r.resource_type == GROUP and (loading or service.coordinator.group(r.resource_name))]
-        others = [r for r in req.resources if r not in ours]
+        remote = [] if loading else [r for r in req.resources
+                                     if r.resource_type == GROUP and coordinated_elsewhere(service, r.resource_name)]
+        ours = [r for r in req.resources
+                if r.resource_type == GROUP and r not in remote and (loading or service.share_group(r.resource_name))]
+        others = [r for r in req.resources if r not in ours and r not in remote]
         results: dict[int, Any] = {}
+        if remote:
+            await _ask_coordinators(service, 32, remote, results, lambda rs: type(req)(
+                resources=rs, include_synonyms=req.include_synonyms, include_documentation=req.include_documentation),
+                lambda resp: resp.results, lambda r, code: DescribeResponse.DescribeConfigsResult(
+                    error_code=code, error_message="The group's coordinator did not answer.", resource_type=GROUP,
+                    resource_name=r.resource_name, configs=[]))
         if loading:
             for r in ours:
                 results[id(r)] = DescribeResponse.DescribeConfigsResult(
@@ -85,7 +117,7 @@ class DescribeConfigs:
                                          if c.name not in have])
                 results[id(r)] = res
         for r in ours:
-            group = service.coordinator.group(r.resource_name)
+            group = service.share_group(r.resource_name)
             assert group is not None
             results[id(r)] = DescribeResponse.DescribeConfigsResult(
                 error_code=0, error_message=None, resource_type=GROUP, resource_name=r.resource_name,
@@ -121,11 +153,19 @@ class IncrementalAlterConfigs:
     async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         version = header.api_version
         loading = not await admin_loaded(service)  # which groups are share groups is not known yet
-        ours = [r for r in req.resources if r.resource_type == GROUP and (
-            loading or service.coordinator.group(r.resource_name) is not None
+        remote = [] if loading else [r for r in req.resources
+                                     if r.resource_type == GROUP and coordinated_elsewhere(service, r.resource_name)]
+        ours = [r for r in req.resources if r.resource_type == GROUP and r not in remote and (
+            loading or service.share_group(r.resource_name) is not None
             or any(_is_share_config(c.name) for c in r.configs))]
-        others = [r for r in req.resources if r not in ours]
+        others = [r for r in req.resources if r not in ours and r not in remote]
         results: dict[int, Any] = {}
+        if remote:
+            await _ask_coordinators(service, 44, remote, results, lambda rs: type(req)(
+                resources=rs, validate_only=req.validate_only), lambda resp: resp.responses,
+                lambda r, code: AlterResponse.AlterConfigsResourceResponse(
+                    error_code=code, error_message="The group's coordinator did not answer.", resource_type=GROUP,
+                    resource_name=r.resource_name))
         if loading:
             for r in ours:
                 results[id(r)] = AlterResponse.AlterConfigsResourceResponse(
@@ -147,7 +187,7 @@ async def _alter_group(service: ShareGroupService, r: Any, validate_only: bool) 
     group_id = r.resource_name
     if not group_id:
         return ErrorCode.INVALID_REQUEST, "The group id must not be empty."
-    if service.coordinator.group(group_id) is None and await service.classic_group_exists(group_id):
+    if service.share_group(group_id) is None and await service.classic_group_exists(group_id):
         return ErrorCode.INVALID_CONFIG, f"Group {group_id} is a consumer group, not a share group."
     changes: dict[str, str | None] = {}
     for c in r.configs:

@@ -23,7 +23,7 @@ Response = messages.message_class("JoinGroupResponse")
 
 
 def applies(service: ShareGroupService, header: Any, req: Any) -> bool:
-    return service.coordinator.group(req.group_id) is not None
+    return service.share_group(req.group_id) is not None
 
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:

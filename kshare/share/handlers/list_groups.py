@@ -1,7 +1,8 @@
 """ListGroups (API key 16): the cluster's groups, plus the share groups this proxy coordinates.
 
 Clients ask every broker and take the union, so share groups are listed by one listener only
-(the lowest broker id) to appear exactly once. The v4 state filter and the v5 type filter apply.
+(the lowest broker id) to appear exactly once. In an instance group each proxy lists the share
+groups it coordinates, and one proxy (the lowest slot) the cluster's groups. The v4 state filter and the v5 type filter apply.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     states = {s.lower() for s in req.states_filter} if version >= 4 else set()
     groups: list[Any] = []
     error = 0
-    if not types or types - {SHARE}:
+    view = service.proxy.view if service.proxy is not None else None
+    # in an instance group every proxy is asked: the cluster's own groups come from one of them
+    lists_cluster_groups = view is None or view.me == min(view.peers, default=view.me)
+    if lists_cluster_groups and (not types or types - {SHARE}):
         upstream_req = type(req)(states_filter=list(req.states_filter),
                                  types_filter=[t for t in req.types_filter if t.lower() != SHARE])
         node = conn.node_id
@@ -45,6 +49,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     lists_share_groups = conn.node_id is None or conn.node_id == min(service.upstream.brokers, default=conn.node_id)
     if lists_share_groups and (not types or SHARE in types):
         for group in service.coordinator.groups.values():
+            if not service.owns_group(group.group_id):
+                continue
             state = group.state.value
             if states and state.lower() not in states:
                 continue

@@ -96,7 +96,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
             states = await _acquire_all(service, group_id, member_id, session, max_records, max_bytes, mode,
                                         batch_size, out, writes)
             left_ms = int((deadline - time.monotonic()) * 1000)
-            if out.record_count or outcomes or left_ms <= 0:
+            if out.record_count or outcomes or out.errors or left_ms <= 0:
                 break
             await service.wait_for_records(states, left_ms)  # then one more pass, and stop at the deadline
         for topic_id, partition, fut in writes:
@@ -136,6 +136,11 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
             continue
         if not 0 <= partition < topic.partitions:
             out.partition(topic_id, partition).error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            continue
+        if not service.owns_partition(topic_id, partition):
+            # another proxy of the instance group leads it now: the client asks Metadata again
+            out.partition(topic_id, partition).error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            out.errors += 1
             continue
         sp = service.partition_state(group_id, topic, partition)
         err, engine = await service.engine(sp)
@@ -215,6 +220,7 @@ class _ResponseBuilder:
         self.topics: dict[bytes, dict[int, Any]] = {}
         self.record_count = 0
         self.record_bytes = 0
+        self.errors = 0  # partitions answered with an error that waiting does not cure
 
     def partition(self, topic_id: bytes, partition: int) -> Any:
         parts = self.topics.setdefault(topic_id, {})

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
 from ..errors import ErrorCode
-from .common import admin_loaded
+from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -32,9 +32,13 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     groups = []
     loaded = await admin_loaded(service)
     for group_id in req.group_ids:
-        group = service.coordinator.group(group_id) if loaded else None
+        group = service.share_group(group_id) if loaded else None
         if not loaded:
             groups.append(Response.DescribedGroup(group_id=group_id, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
+            continue
+        if coordinated_elsewhere(service, group_id):
+            groups.append(Response.DescribedGroup(group_id=group_id, error_code=ErrorCode.NOT_COORDINATOR,
+                                                  error_message=NOT_COORDINATOR_MESSAGE))
             continue
         if group is None:
             groups.append(Response.DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_ID_NOT_FOUND,

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
 from ..errors import ErrorCode
+from .common import NOT_COORDINATOR_MESSAGE, coordinated_elsewhere
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -23,6 +24,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         return version, Response(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                                  error_message="The share group state is still loading.")
     group_id = req.group_id
+    if group_id and coordinated_elsewhere(service, group_id):
+        return version, Response(error_code=ErrorCode.NOT_COORDINATOR, error_message=NOT_COORDINATOR_MESSAGE)
     if group_id and req.member_epoch == 0 and service.coordinator.group(group_id) is None:
         if await service.classic_group_exists(group_id):
             return version, Response(
