@@ -40,6 +40,10 @@ def setup_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # the clients kshare runs (state topic, instance group) report every join and coordinator
+    # lookup at INFO: an operator needs their warnings only, unless debugging
+    if level.upper() != "DEBUG":
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -91,6 +91,15 @@ class ShareCollector(Collector):
                                 value=service.record_cache_bytes)
         yield GaugeMetricFamily("kshare_record_cache_partitions", "Topic-partitions with a record cache in use",
                                 value=len(service.logs))
+        if service.instances is not None:
+            owned = getattr(service.ownership, "claimed", ())
+            yield GaugeMetricFamily("kshare_instance_state_partitions", "State-topic partitions this proxy of the "
+                                    "instance group owns (serves and writes)", value=len(owned))
+            yield GaugeMetricFamily("kshare_instance_proxies", "Proxies in the instance group, as of the last "
+                                    "ownership map", value=len(service.ownership.map.instances)
+                                    if service.ownership.map is not None else 0)
+            yield GaugeMetricFamily("kshare_instance_epoch", "Epoch of the instance group's last ownership map",
+                                    value=service.ownership.epoch)
         acks = CounterMetricFamily("kshare_share_acknowledgements", "Records acknowledged, by type",
                                    labels=["group", "topic", "type"])
         for labels, n in stats.acks.items():
@@ -165,7 +174,14 @@ class Readiness(Collector):
             if not self.service.loaded and reason is None:
                 why = self.service.load_error or "in progress"
                 reason = f"loading the share-group state: {why}"
-        return {"ready": reason is None, "reason": reason, "upstream": upstream, "share_state": share_state}
+        status: dict[str, object] = {"ready": reason is None, "reason": reason, "upstream": upstream,
+                                     "share_state": share_state}
+        if self.service is not None and self.service.instances is not None:
+            ownership = self.service.ownership
+            status["instance_group"] = self.service.instances.group_id
+            status["state_partitions"] = sorted(getattr(ownership, "claimed", ()))
+            status["ownership_epoch"] = ownership.epoch
+        return status
 
     def collect(self) -> Iterable[Metric]:
         yield GaugeMetricFamily("kshare_ready", "1 once the cluster is known and the share state is loaded",

@@ -112,6 +112,7 @@ class ShareGroupService:
         self.instances: InstanceGroup | None = None
         self.peers: PeerClient | None = None
         self._remote_configs: dict[str, float] = {}  # group id -> when its configs were last asked
+        self._asking_configs: dict[str, asyncio.Task] = {}  # group id -> the question in flight
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -269,18 +270,35 @@ class ShareGroupService:
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
-    async def group_configs_from_owner(self, group: ShareGroup, max_age: float = 5.0) -> None:
+    async def group_configs_from_owner(self, group: ShareGroup, max_age: float = 5.0) -> bool:
         """A share-partition leader that does not coordinate the group asks the group's coordinator
-        for its configs (at most every ``max_age`` seconds); they apply to the live engines."""
+        for its configs (at most every ``max_age`` seconds); they apply to the live engines.
+        Whether the group's configs are known (they may be older than ``max_age`` if asking failed)."""
         if self.owns_group(group.group_id) or self.peers is None:
-            return
+            return True
+        asking = self._asking_configs.get(group.group_id)
+        if asking is not None:  # asked already: everyone waits for that answer
+            await asyncio.shield(asking)
+            return group.group_id in self._remote_configs
+        if time.monotonic() - self._remote_configs.get(group.group_id, -1e9) < max_age:
+            return True
+        task = asyncio.get_running_loop().create_task(self._ask_group_configs(group))
+        self._asking_configs[group.group_id] = task
+        await asyncio.shield(task)
+        return group.group_id in self._remote_configs
+
+    async def _ask_group_configs(self, group: ShareGroup) -> None:
+        try:
+            await self._ask_group_configs_once(group)
+        finally:
+            self._asking_configs.pop(group.group_id, None)
+
+    async def _ask_group_configs_once(self, group: ShareGroup) -> None:
+        assert self.peers is not None
         now = time.monotonic()
-        if now - self._remote_configs.get(group.group_id, -1e9) < max_age:
-            return
-        owner = self.ownership.owner_of_group(group.group_id) if isinstance(self.ownership, GroupOwnership) else None
+        owner = self.ownership.owner_of_group(group.group_id)
         if owner is None:
             return
-        self._remote_configs[group.group_id] = now
         req = messages.message_class("DescribeConfigsRequest")
         body = req(resources=[req.DescribeConfigsResource(resource_type=32, resource_name=group.group_id,
                                                           configuration_keys=None)])
@@ -289,10 +307,10 @@ class ShareGroupService:
         except Exception as exc:  # noqa: BLE001 - keep the configs known; ask again later
             log.debug("asking %s:%d for the configs of group %s failed: %r", owner.host, owner.port,
                       group.group_id, exc)
-            self._remote_configs[group.group_id] = now - max_age + 1.0
             return
         for result in resp.results:
             if result.error_code == 0 and result.resource_name == group.group_id:
+                self._remote_configs[group.group_id] = now
                 overrides = {c.name: c.value for c in result.configs if c.config_source == 8 and c.value is not None}
                 if overrides != group.config.overrides:
                     group.config.overrides = overrides
@@ -433,7 +451,9 @@ class ShareGroupService:
     async def _initialise(self, sp: SharePartitionState) -> tuple[int, SharePartition | None]:
         key = sp.key
         group = self.coordinator.ensure_group(key.group_id)
-        await self.group_configs_from_owner(group, max_age=1.0)
+        if not await self.group_configs_from_owner(group, max_age=1.0):
+            # without the group's configs its reset policy and limits are not known: the client retries
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
         cfg = group.config
         durable = self.store.share_partitions().get(key)
         if durable is None or durable.start_offset < 0:
