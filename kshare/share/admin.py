@@ -2,16 +2,22 @@
 
 Used by the admin RPC handlers (ShareGroupDescribe, DescribeShareGroupOffsets,
 AlterShareGroupOffsets, DeleteShareGroupOffsets, DeleteGroups) and by the metrics endpoint.
+
+In an instance group the group's coordinator answers them, but the state of a share-partition
+lives with its leader, which may be another proxy: that state is read, reset and deleted there
+with ReadShareGroupState, WriteShareGroupState and DeleteShareGroupState (as Kafka's group
+coordinator asks its share coordinators), one request per proxy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..protocol import messages
 from .errors import ErrorCode
-from .states import RecordState, ShareSnapshot
+from .states import RecordState, ShareSnapshot, StateBatch
 from .store import SharePartitionKey
 from .upstream import LATEST, TopicInfo
 
@@ -29,7 +35,8 @@ class PartitionOffsets:
     error_code: int = 0
 
 
-def _durable(service: ShareGroupService, key: SharePartitionKey) -> ShareSnapshot | None:
+def durable_state(service: ShareGroupService, key: SharePartitionKey) -> ShareSnapshot | None:
+    """The share-partition's state: its engine's, else what the store holds (None: no state)."""
     sp = service.partitions.get(key)
     if sp is not None and sp.engine is not None:
         return sp.engine.snapshot()
@@ -48,15 +55,70 @@ def settled_above_start(snapshot: ShareSnapshot, end: int) -> int:
     return done
 
 
+_TOPIC_DATA = {84: "ReadStateData", 85: "WriteStateData", 86: "DeleteStateData"}
+
+
+def _by_owner(service: ShareGroupService, topic: TopicInfo, partitions: Iterable[int]) -> dict[str, tuple[Any, list[int]]]:
+    """The partitions another proxy leads, by that proxy (an instance group only)."""
+    out: dict[str, tuple[Any, list[int]]] = {}
+    for p in partitions:
+        if not service.owns_partition(topic.topic_id, p):
+            owner = service.ownership.owner_of_partition(topic.topic_id, p)
+            key = owner.id if owner is not None else ""
+            out.setdefault(key, (owner, []))[1].append(p)
+    return out
+
+
+async def _ask_leaders(service: ShareGroupService, api_key: int, group_id: str, topic: TopicInfo,
+                       partitions: Iterable[int], partition_data: Any) -> dict[int, Any]:
+    """Send the share-state request ``api_key`` for these partitions to the proxies leading them;
+    partition -> its PartitionResult (an error code for those nobody answered)."""
+    results: dict[int, Any] = {}
+    request = messages.message_class(messages.api(api_key).request.name)
+    response = messages.message_class(messages.api(api_key).response.name)
+    topic_cls = getattr(request, _TOPIC_DATA[api_key])
+    for owner, parts in _by_owner(service, topic, partitions).values():
+        if owner is None or service.peers is None:
+            for p in parts:
+                results[p] = response.PartitionResult(partition=p, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            continue
+        body = request(group_id=group_id, topics=[topic_cls(topic_id=topic.topic_id,
+                                                            partitions=[partition_data(p) for p in parts])])
+        try:
+            resp = await service.peers.request(owner, api_key, body)
+        except Exception:  # noqa: BLE001 - the leader may be moving: the admin client retries
+            for p in parts:
+                results[p] = response.PartitionResult(partition=p, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            continue
+        for r in resp.results:
+            for pr in r.partitions:
+                results[pr.partition] = pr
+        for p in parts:
+            results.setdefault(p, response.PartitionResult(partition=p, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE))
+    return results
+
+
 async def partition_offsets(service: ShareGroupService, group_id: str, topic: TopicInfo,
                             partitions: list[int] | None) -> list[PartitionOffsets]:
     """SPSO and lag of each partition: lag = high watermark - SPSO - settled records in between."""
     out = []
-    for p in range(topic.partitions) if partitions is None else partitions:
+    wanted = list(range(topic.partitions) if partitions is None else partitions)
+    read = messages.message_class("ReadShareGroupStateRequest")
+    remote = await _ask_leaders(service, 84, group_id, topic, [p for p in wanted if 0 <= p < topic.partitions],
+                                lambda p: read.PartitionData(partition=p, leader_epoch=-1))
+    for p in wanted:
         if not 0 <= p < topic.partitions:
             out.append(PartitionOffsets(p, -1, -1, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
             continue
-        snapshot = _durable(service, SharePartitionKey(group_id, topic.topic_id, p))
+        if p in remote:
+            r = remote[p]
+            if r.error_code:
+                out.append(PartitionOffsets(p, -1, -1, r.error_code))
+                continue
+            snapshot = ShareSnapshot(r.start_offset, tuple(StateBatch(b.first_offset, b.last_offset, b.delivery_state,
+                                                                      b.delivery_count) for b in r.state_batches))
+        else:
+            snapshot = durable_state(service, SharePartitionKey(group_id, topic.topic_id, p))
         if snapshot is None or snapshot.start_offset < 0:
             out.append(PartitionOffsets(p, -1, -1))
             continue
@@ -102,6 +164,22 @@ async def reset_offset(service: ShareGroupService, group_id: str, topic: TopicIn
     group = service.coordinator.ensure_group(group_id)
     group.topics.setdefault(topic.topic_id, topic.name)
     group.topic_partitions.setdefault(topic.topic_id, topic.partitions)
+    if service.owns_partition(topic.topic_id, partition):
+        code = await reset_partition(service, group_id, topic, partition, offset)
+    else:
+        write = messages.message_class("WriteShareGroupStateRequest")
+        result = await _ask_leaders(service, 85, group_id, topic, [partition], lambda p: write.PartitionData(
+            partition=p, state_epoch=0, leader_epoch=-1, start_offset=offset, state_batches=[]))
+        code = result[partition].error_code
+    if code:
+        return code
+    await service.persist_group_now(group)
+    return ErrorCode.NONE
+
+
+async def reset_partition(service: ShareGroupService, group_id: str, topic: TopicInfo, partition: int,
+                          offset: int) -> int:
+    """Move the SPSO of a share-partition this proxy leads (its in-flight state is discarded)."""
     sp = service.partition_state(group_id, topic, partition)
     if sp.engine is not None:
         result = sp.engine.reset_start_offset(offset)
@@ -110,7 +188,25 @@ async def reset_offset(service: ShareGroupService, group_id: str, topic: TopicIn
         await service.persist(sp, result.snapshot)
     else:
         await service.store.write([(sp.key, ShareSnapshot(offset, ()))])
-    await service.persist_group_now(group)
+    return ErrorCode.NONE
+
+
+async def delete_partitions(service: ShareGroupService, keys: list[SharePartitionKey]) -> None:
+    """Forget the state of share-partitions this proxy leads."""
+    await service.store.delete_share_partitions(keys)
+    for k in keys:
+        service.partitions.pop(k, None)
+
+
+async def _delete_elsewhere(service: ShareGroupService, group_id: str, topics: Iterable[TopicInfo]) -> int:
+    """Delete the group's state of these topics' partitions that other proxies lead."""
+    delete = messages.message_class("DeleteShareGroupStateRequest")
+    for topic in topics:
+        results = await _ask_leaders(service, 86, group_id, topic, range(topic.partitions),
+                                     lambda p: delete.PartitionData(partition=p))
+        failed = [r.error_code for r in results.values() if r.error_code]
+        if failed:
+            return failed[0]
     return ErrorCode.NONE
 
 
@@ -121,11 +217,12 @@ async def delete_topic_offsets(service: ShareGroupService, group_id: str, topic:
         return ErrorCode.GROUP_ID_NOT_FOUND
     if group.members:
         return ErrorCode.NON_EMPTY_GROUP
+    code = await _delete_elsewhere(service, group_id, [topic])
+    if code:
+        return code
     keys = [k for k in set(service.store.share_partitions()) | set(service.partitions)
             if k.group_id == group_id and k.topic_id == topic.topic_id]
-    await service.store.delete_share_partitions(keys)
-    for k in keys:
-        service.partitions.pop(k, None)
+    await delete_partitions(service, keys)
     group.topics.pop(topic.topic_id, None)
     group.topic_partitions.pop(topic.topic_id, None)
     await service.persist_group_now(group)
@@ -138,6 +235,9 @@ async def delete_group(service: ShareGroupService, group_id: str) -> int:
         return ErrorCode.GROUP_ID_NOT_FOUND
     if group.members:
         return ErrorCode.NON_EMPTY_GROUP
+    code = await _delete_elsewhere(service, group_id, group_topics(service, group_id).values())
+    if code:
+        return code
     keys = [k for k in set(service.store.share_partitions()) | set(service.partitions) if k.group_id == group_id]
     await service.store.delete_group(group_id, keys)
     for k in keys:

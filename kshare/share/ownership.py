@@ -44,6 +44,9 @@ class Ownership(Protocol):
     def owner_of_group(self, group_id: str) -> Instance | None:
         """The proxy coordinating the group (None: unknown, or this proxy alone)."""
 
+    def owner_of_partition(self, topic_id: bytes, partition: int) -> Instance | None:
+        """The proxy leading the topic-partition's share-partitions (None: unknown, or this proxy alone)."""
+
 
 class LocalOwnership:
     """This process owns every share-partition."""
@@ -61,6 +64,9 @@ class LocalOwnership:
         return True
 
     def owner_of_group(self, group_id: str) -> Instance | None:
+        return None
+
+    def owner_of_partition(self, topic_id: bytes, partition: int) -> Instance | None:
         return None
 
 

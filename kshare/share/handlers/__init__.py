@@ -13,6 +13,7 @@ from . import (
     share_group_heartbeat,
 )
 from .group_configs import DescribeConfigs, IncrementalAlterConfigs
+from .share_state import DeleteShareGroupState, ReadShareGroupState, WriteShareGroupState
 
 # Every API the share-group service answers, one handler per API key. Each has API_KEY, VERSIONS
 # and handle(service, conn, header, body); those with applies(service, header, body) answer only
@@ -30,4 +31,7 @@ HANDLERS = (
     join_group,
     DescribeConfigs,
     IncrementalAlterConfigs,
+    ReadShareGroupState,
+    WriteShareGroupState,
+    DeleteShareGroupState,
 )

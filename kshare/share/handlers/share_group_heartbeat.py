@@ -45,6 +45,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
             continue
         await service.member_gone(group_id, member_id)
     group = service.coordinator.group(group_id)
+    if group is not None and service.instances is not None and _learn_topics(service, group):
+        result.group_changed = True
     if result.group_changed and group is not None:
         service.persist_group(group)
     if result.error_code:
@@ -61,6 +63,19 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         heartbeat_interval_ms=result.heartbeat_interval_ms,
         assignment=assignment,
     )
+
+
+def _learn_topics(service: ShareGroupService, group: Any) -> bool:
+    """In an instance group the share-partitions are initialised by other proxies: the group's own
+    record must name the topics its members read (for admin answers once the group is empty)."""
+    changed = False
+    for name in group.subscribed_topics():
+        info = service.upstream.topics.get(name)
+        if info is not None and info.topic_id not in group.topics:
+            group.topics[info.topic_id] = name
+            group.topic_partitions.setdefault(info.topic_id, info.partitions)
+            changed = True
+    return changed
 
 
 def _has_session(service: ShareGroupService, group_id: str, member_id: str) -> bool:

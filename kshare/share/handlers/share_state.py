@@ -1,0 +1,119 @@
+"""ReadShareGroupState (84), WriteShareGroupState (85), DeleteShareGroupState (86).
+
+Kafka's group coordinator asks its share coordinators with these; in an instance group the proxy
+coordinating a share group asks the proxies leading its share-partitions (``kshare.share.admin``).
+Each proxy answers for the share-partitions it leads, NOT_COORDINATOR for the others.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...protocol import messages
+from .. import admin
+from ..errors import ErrorCode
+from ..states import ShareSnapshot
+from ..store import SharePartitionKey
+
+if TYPE_CHECKING:
+    from ...proxy.connection import ClientConnection
+    from ..service import ShareGroupService
+
+NOT_LEADER = "This proxy does not lead the share-partition."
+LOADING = "The share group state is still loading."
+
+
+def _refusal(service: ShareGroupService, topic_id: bytes, partition: int) -> tuple[int, str | None]:
+    if not service.loaded:
+        return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, LOADING
+    if not service.owns_partition(topic_id, partition):
+        return ErrorCode.NOT_COORDINATOR, NOT_LEADER
+    if topic_id not in service.upstream.by_id:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "Unknown topic id."
+    return ErrorCode.NONE, None
+
+
+class ReadShareGroupState:
+    API_KEY = 84
+    VERSIONS = (0, 0)
+    Response = messages.message_class("ReadShareGroupStateResponse")
+
+    @classmethod
+    async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+        R = cls.Response
+        results = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                code, message = _refusal(service, t.topic_id, p.partition)
+                if code:
+                    parts.append(R.PartitionResult(partition=p.partition, error_code=code, error_message=message,
+                                                   start_offset=-1))
+                    continue
+                key = SharePartitionKey(req.group_id, t.topic_id, p.partition)
+                snapshot = admin.durable_state(service, key) or ShareSnapshot(-1, ())
+                parts.append(R.PartitionResult(
+                    partition=p.partition, state_epoch=service.store.state_epoch(key) or 0,
+                    start_offset=snapshot.start_offset, state_batches=[
+                        R.StateBatch(first_offset=b.first_offset, last_offset=b.last_offset,
+                                     delivery_state=b.delivery_state, delivery_count=b.delivery_count)
+                        for b in snapshot.state_batches]))
+            results.append(R.ReadStateResult(topic_id=t.topic_id, partitions=parts))
+        return header.api_version, R(results=results)
+
+
+class WriteShareGroupState:
+    """Only what the group's coordinator writes elsewhere: an SPSO reset (no state batches)."""
+
+    API_KEY = 85
+    VERSIONS = (0, 0)
+    Response = messages.message_class("WriteShareGroupStateResponse")
+
+    @classmethod
+    async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+        R = cls.Response
+        results = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                code, message = _refusal(service, t.topic_id, p.partition)
+                if not code and (p.state_batches or p.start_offset < 0):
+                    code, message = ErrorCode.INVALID_REQUEST, "Only a start offset without state batches is written."
+                if not code:
+                    topic = service.upstream.by_id[t.topic_id]
+                    try:
+                        code = await admin.reset_partition(service, req.group_id, topic, p.partition, p.start_offset)
+                    except Exception:  # noqa: BLE001 - the write failed: the coordinator reports it
+                        code, message = ErrorCode.COORDINATOR_NOT_AVAILABLE, "The state write failed."
+                parts.append(R.PartitionResult(partition=p.partition, error_code=code, error_message=message))
+            results.append(R.WriteStateResult(topic_id=t.topic_id, partitions=parts))
+        return header.api_version, R(results=results)
+
+
+class DeleteShareGroupState:
+    API_KEY = 86
+    VERSIONS = (0, 0)
+    Response = messages.message_class("DeleteShareGroupStateResponse")
+
+    @classmethod
+    async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+        R = cls.Response
+        results = []
+        for t in req.topics:
+            parts, keys = [], []
+            for p in t.partitions:
+                code, message = _refusal(service, t.topic_id, p.partition)
+                if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                    code, message = ErrorCode.NONE, None  # a deleted topic: its state goes too
+                if not code:
+                    keys.append(SharePartitionKey(req.group_id, t.topic_id, p.partition))
+                parts.append(R.PartitionResult(partition=p.partition, error_code=code, error_message=message))
+            if keys:
+                try:
+                    await admin.delete_partitions(service, keys)
+                except Exception:  # noqa: BLE001
+                    for part in parts:
+                        if part.error_code == 0:
+                            part.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            results.append(R.DeleteStateResult(topic_id=t.topic_id, partitions=parts))
+        return header.api_version, R(results=results)
