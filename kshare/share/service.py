@@ -31,7 +31,7 @@ from .peers import PeerClient
 from .sessions import ShareSessionCache
 from .states import ShareSnapshot, ShareUpdate
 from .stats import ShareStats
-from .store import GroupRecord, SharePartitionKey, StateStore
+from .store import GroupRecord, NotOwned, SharePartitionKey, StateStore
 from .upstream import EARLIEST, LATEST, TopicInfo, UpstreamCluster
 
 if TYPE_CHECKING:
@@ -570,9 +570,15 @@ class ShareGroupService:
                 except Exception as exc:  # noqa: BLE001
                     what = "dead letters" if any(g.done() and not g.cancelled() and g.exception() for g in gates) \
                         else "durable write"
-                    log.log(logging.DEBUG if sp.write_failing else logging.ERROR,
-                            "%s for %s failed: %r; rebuilding it from the state topic (further failures of "
-                            "this share-partition are logged at DEBUG until a write succeeds)", what, sp.key, exc)
+                    name = f"share-partition {sp.key.group_id} {sp.topic.name}-{sp.key.partition}"
+                    if isinstance(exc, NotOwned):
+                        # an instance group moved it (the move is logged once per state partition)
+                        log.info("%s: its state write was refused (%s); what it carried (acknowledgements, "
+                                 "releases) was not answered as done, and the new leader serves it", name, exc)
+                    else:
+                        log.log(logging.DEBUG if sp.write_failing else logging.ERROR,
+                                "%s for %s failed: %r; rebuilding it from the state topic (further failures of "
+                                "this share-partition are logged at DEBUG until a write succeeds)", what, name, exc)
                     sp.write_failing = True
                     # The engine moved ahead of what is durable: rebuild before serving it again.
                     sp.broken = True

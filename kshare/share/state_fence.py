@@ -100,8 +100,9 @@ class PartitionWriter:
                         raise
             except ProducerFenced as exc:
                 self.fenced = True
-                log.warning("state partition %d: another proxy took it over (%s); this proxy no longer "
-                            "writes it", self.partition, exc)
+                # the store's owner says so to the operator, once per partition
+                log.debug("state partition %d: another proxy took it over (%s); this proxy no longer "
+                          "writes it", self.partition, exc)
                 raise Fenced(str(exc)) from exc
         return [r.offset for r in results]
 

@@ -72,7 +72,7 @@ from .states import (
     apply_update,
     normalize,
 )
-from .store import GroupRecord, SharePartitionKey, StateWrite
+from .store import GroupRecord, NotOwned, SharePartitionKey, StateWrite
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,10 @@ class StateStoreError(Exception):
 
 class StateWriteError(StateStoreError):
     """A write was not acknowledged by the cluster; it may or may not be on the topic."""
+
+
+class StateNotOwned(StateWriteError, NotOwned):
+    """An instance group's store does not (or no longer) own the state partition: nothing was written."""
 
 
 @dataclass(slots=True)
@@ -836,13 +840,13 @@ class TopicStateStore:
             writer = self._writers.get(p)
             if writer is None:
                 for rec in recs:
-                    rec.error = StateWriteError(f"state partition {p} is not owned by this proxy")
+                    rec.error = StateNotOwned(f"state partition {p} is not owned by this proxy")
                 return
             try:
                 offsets = await writer.write([(rec.key, rec.value) for rec in recs])
-            except Fenced as exc:
+            except Fenced:
                 for rec in recs:
-                    rec.error = StateWriteError(f"fenced: {exc}")
+                    rec.error = StateNotOwned(f"state partition {p} was taken over by another proxy")
                 if self.on_fenced is not None:
                     self.on_fenced(p)
                 return

@@ -42,6 +42,11 @@ class GroupRecord:
 StateWrite = tuple[SharePartitionKey, ShareUpdate | ShareSnapshot]
 
 
+class NotOwned(Exception):
+    """Raised by a store's write for state this proxy does not (or no longer) own: an instance
+    group moved it to another proxy (which fenced this one). Nothing was written."""
+
+
 class StateStore(Protocol):
     async def start(self) -> None:
         """Connect, create the state topic if missing, and replay it (the durable state is then loaded)."""
