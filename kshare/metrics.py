@@ -109,7 +109,8 @@ class ShareCollector(Collector):
         members = GaugeMetricFamily("kshare_share_group_members", "Members of each share group",
                                     labels=["group", "state"])
         for g in service.coordinator.groups.values():
-            members.add_metric([g.group_id, g.state.value], len(g.members))
+            if service.owns_group(g.group_id):  # in an instance group, the group's coordinator reports it
+                members.add_metric([g.group_id, g.state.value], len(g.members))
         yield members
 
         labels = ["group", "topic", "partition"]
