@@ -441,12 +441,16 @@ class ShareGroupService:
         """The loaded engine of a share-partition, initialising it on first use (error code, engine)."""
         if sp.engine is not None and not sp.broken:
             return ErrorCode.NONE, sp.engine
+        if not self.ownership.owns(sp.key):  # moved to another proxy of the instance group meanwhile
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, None
         if sp.init_task is None or sp.init_task.done():
             sp.init_task = asyncio.get_running_loop().create_task(self._initialise(sp))
         try:
             return await asyncio.shield(sp.init_task)
         except WriteFailed:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+        except NotOwned:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, None
 
     async def _initialise(self, sp: SharePartitionState) -> tuple[int, SharePartition | None]:
         key = sp.key
