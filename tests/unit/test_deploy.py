@@ -4,7 +4,8 @@ Every `--flag` given to a kshare command and every KSHARE_* variable in deploy/ 
 docs/deploy.md must be a parameter (option or environment variable) of that click command. The
 Kubernetes manifests must be YAML documents of the expected kinds whose cross-references hold
 (selectors, the headless Service, the ConfigMap, probes on the metrics port, broker ports), and
-must run one proxy: one replica, no instance-group setting (several proxies are not possible yet).
+must run three proxies as one instance group: three replicas, KSHARE_INSTANCE_GROUP for all of
+them, a PodDisruptionBudget allowing one proxy down, and a grace period covering the hand-over.
 """
 
 from __future__ import annotations
@@ -481,7 +482,7 @@ def test_manifests_fit_together():
     def selects(selector: dict) -> bool:
         return bool(selector) and all(pod_labels.get(key) == v for key, v in selector.items())
 
-    assert spec["replicas"] == 1  # one proxy per state topic: test_one_proxy_per_state_topic
+    assert spec["replicas"] == 3  # one instance group: test_three_proxies_form_one_instance_group
     assert selects(spec["selector"]["matchLabels"])
     assert selects(pdb["spec"]["selector"]["matchLabels"]) and pdb["spec"]["maxUnavailable"] == 1
     headless = [s for s in k["Service"] if s["spec"].get("clusterIP") == "None"]
@@ -490,6 +491,11 @@ def test_manifests_fit_together():
     assert spec["serviceName"] == headless[0]["metadata"]["name"]
     for svc in k["Service"]:
         assert selects(svc["spec"]["selector"])
+    # peers and clients must resolve a proxy that is restarting or joining the group
+    assert headless[0]["spec"]["publishNotReadyAddresses"] is True
+    # bootstrap connections spread over the ready proxies, none pinned to one
+    assert regular[0]["spec"].get("sessionAffinity", "None") == "None"
+    assert not regular[0]["spec"].get("publishNotReadyAddresses", False)
     assert [p["port"] for p in regular[0]["spec"]["ports"]] == [int(data["KSHARE_PORT"])]
 
     pod = spec["template"]["spec"]
@@ -516,21 +522,52 @@ def test_manifests_fit_together():
         assert service_ports[name] == (port, name)
 
 
-# Drop this test (and set the replicas above to 3) when `kshare proxy --instance-group` lands
-# (issue 12, docs/scale-out.md). Until then only one proxy may use a state topic: several would
-# each write every share-partition's state, and click ignores an unknown KSHARE_* variable, so an
-# instance-group setting in deploy/ would silently do exactly that.
-INSTANCE_GROUP_RE = re.compile(r"instance[-_]group", re.IGNORECASE)
+# A clean stop: queued state writes get at most 5 s, then the proxy leaves the instance group (the
+# hand-over), then closing the state store is bounded by its 30 s write timeout (docs/deploy.md,
+# Stopping). The grace period must cover all of it, so that SIGKILL never turns a rolling restart
+# into a crash (a take-over only after the session timeout).
+CLEAN_STOP_S = 5 + 30
 
 
-def test_one_proxy_per_state_topic():
-    (sts,) = by_kind()["StatefulSet"]
-    assert sts["spec"]["replicas"] == 1
-    assert "--instance-group" not in command_params("proxy")[0], "it landed: update deploy/ and this test"
-    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-             for path in sorted(p for p in DEPLOY.rglob("*") if p.is_file())
-             for n, line in enumerate(path.read_text().splitlines(), 1) if INSTANCE_GROUP_RE.search(line)]
-    assert not found, "an instance-group setting in deploy/:\n" + "\n".join(found)
+def test_three_proxies_form_one_instance_group():
+    k = by_kind()
+    (sts,), (cm,), (pdb,) = k["StatefulSet"], k["ConfigMap"], k["PodDisruptionBudget"]
+    spec, data = sts["spec"], cm["data"]
+    assert spec["replicas"] == 3
+    _, proxy_envvars = command_params("proxy")
+    assert {"KSHARE_INSTANCE_GROUP", "KSHARE_INSTANCE_SESSION_TIMEOUT_MS"} <= proxy_envvars
+    # the same group for every pod: from the shared ConfigMap, not overridden per container
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", data.get("KSHARE_INSTANCE_GROUP", "")), data
+    (c,) = spec["template"]["spec"]["containers"]
+    assert not {"KSHARE_INSTANCE_GROUP", "KSHARE_STATE_TOPIC", "KSHARE_UPSTREAM"} & {e["name"] for e in c["env"]}
+    assert not any(str(a).startswith(("--instance-group", "--state-topic", "--upstream")) for a in c.get("args") or [])
+    session_ms = int(data.get("KSHARE_INSTANCE_SESSION_TIMEOUT_MS", "10000"))
+    assert 6000 <= session_ms <= 1_800_000  # the brokers' default group.{min,max}.session.timeout.ms
+
+    # voluntary disruptions: at most one proxy down, and never a budget that blocks every drain
+    pdb_spec = pdb["spec"]
+    assert pdb_spec.get("maxUnavailable") == 1 and "minAvailable" not in pdb_spec
+    # rolling updates: one pod at a time, the next only after the replacement stayed ready
+    strategy = spec["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert (strategy.get("rollingUpdate") or {}).get("maxUnavailable", 1) == 1
+    assert spec.get("minReadySeconds", 0) >= 5
+
+    # SIGTERM hands over at once, after the in-flight state writes; SIGKILL must not come first
+    grace = spec["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > CLEAN_STOP_S
+    assert grace >= 30
+
+
+def test_systemd_env_shows_an_instance_group():
+    """kshare.env ships one host, with the group settings to uncomment for several."""
+    text = (DEPLOY / "systemd" / "kshare.env").read_text()
+    commented = re.findall(r"^#\s*(KSHARE_INSTANCE_[A-Z_]+)=(\S+)$", text, re.MULTILINE)
+    assert {k for k, _ in commented} == {"KSHARE_INSTANCE_GROUP", "KSHARE_INSTANCE_SESSION_TIMEOUT_MS"}
+    assert {k for k, _ in commented} <= command_params("proxy")[1]
+    (cm,) = by_kind()["ConfigMap"]
+    assert dict(commented)["KSHARE_INSTANCE_SESSION_TIMEOUT_MS"] == cm["data"]["KSHARE_INSTANCE_SESSION_TIMEOUT_MS"]
+    assert (DEPLOY / "systemd" / "kshare.service").read_text().count("KSHARE_INSTANCE_GROUP") >= 1
 
 
 def test_probes_point_at_the_metrics_port():
