@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from .proxy.config import ProxyConfig
@@ -89,4 +90,7 @@ class KShare:
             await self.metrics_server.stop()
         await self.proxy.stop()
         if self.service is not None:
+            # the closed connections' connection_lost callbacks run on the next loop turn: their
+            # share sessions end and release what their members held, before the service stops
+            await asyncio.sleep(0)
             await self.service.stop()

@@ -344,6 +344,9 @@ class ShareGroupService:
             task.cancel()
         for plog in self.logs.values():
             plog.close()
+        # the closed client connections' releases queue their writes first (bounded)
+        if self._releases:
+            await asyncio.wait(list(self._releases), timeout=5)
         # let queued durable writes finish so nothing answered is lost
         pending = [s.pending_done for s in self.partitions.values() if s.pending_done is not None]
         if pending:
