@@ -29,6 +29,7 @@ from .partition import SharePartition
 from .partition_log import PartitionLog
 from .peers import PeerClient
 from .sessions import ShareSessionCache
+from .state_fence import expect_fencing
 from .states import ShareSnapshot, ShareUpdate
 from .stats import ShareStats
 from .store import GroupRecord, NotOwned, SharePartitionKey, StateStore
@@ -113,6 +114,7 @@ class ShareGroupService:
         self.peers: PeerClient | None = None
         self._remote_configs: dict[str, float] = {}  # group id -> when its configs were last asked
         self._asking_configs: dict[str, asyncio.Task] = {}  # group id -> the question in flight
+        self._ownership_lock = asyncio.Lock()  # ownership changes one at a time (maps, fencings)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -142,6 +144,7 @@ class ShareGroupService:
                 delay = min(delay * 2, 10)
         self.load_error = None
         if self.instances is not None:
+            expect_fencing(asyncio.get_running_loop())
             await self._join_instances()
         for record in self.store.groups().values():
             self._adopt_group(record)
@@ -212,15 +215,26 @@ class ShareGroupService:
         """A new ownership map: give up what moved away, then claim (fence and replay) what moved
         here. Clients are routed by the new map at once; this proxy serves a state partition only
         while its store has it claimed."""
+        async with self._ownership_lock:
+            await self._apply_ownership(decision)
+
+    async def _apply_ownership(self, decision: OwnershipMap) -> None:
         ownership = self.ownership
         assert isinstance(ownership, GroupOwnership)
         ownership.map = decision
         ownership.partitions = len(decision.owners)
+        # Against what this proxy has claimed, not against the previous map: a partition fenced
+        # away meanwhile (``fenced``) and now given back must be claimed again.
+        mine = set(decision.partitions_of(ownership.me))
+        gained = sorted(mine - ownership.claimed)
+        lost = sorted(ownership.claimed - mine)
         self.store.leader_epoch = decision.epoch  # the ownership epoch is written with the state
         if lost:
             await self._give_up(lost)
         if gained:
             started = time.monotonic()
+            # a fenced writer of a partition given back is replaced (the new one fences nobody but it)
+            await self.store.release([p for p in gained if p in self.store.claimed()])
             await self.store.claim(gained)
             ownership.claimed = frozenset(self.store.claimed())
             adopted = 0
@@ -266,9 +280,19 @@ class ShareGroupService:
             return
         log.warning("instance group: state partition %d was taken over by another proxy (this one was fenced); "
                     "no longer serving it", partition)
-        task = asyncio.get_running_loop().create_task(self._give_up([partition]))
+        ownership.claimed = ownership.claimed - {partition}  # served no more from now on
+        if self.instances is not None:  # not ours at the next join either
+            self.instances.owned = [p for p in self.instances.owned if p != partition]
+        task = asyncio.get_running_loop().create_task(self._drop_fenced(partition))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
+
+    async def _drop_fenced(self, partition: int) -> None:
+        async with self._ownership_lock:
+            ownership = self.ownership
+            assert isinstance(ownership, GroupOwnership)
+            if partition not in ownership.claimed:  # not claimed again meanwhile
+                await self._give_up([partition])
 
     async def group_configs_from_owner(self, group: ShareGroup, max_age: float = 5.0) -> bool:
         """A share-partition leader that does not coordinate the group asks the group's coordinator

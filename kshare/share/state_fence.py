@@ -27,6 +27,31 @@ class Fenced(Exception):
     """Another proxy owns this state partition now; nothing of the write was committed."""
 
 
+def expect_fencing(loop: asyncio.AbstractEventLoop) -> None:
+    """Keep an expected fencing out of the error log.
+
+    When another proxy fences this one, aiokafka's sender fails its pending transaction requests
+    with ProducerFenced in tasks of its own that nobody awaits any more; asyncio then reports each
+    as "Future exception was never retrieved" at ERROR with a traceback. The fencing itself is
+    handled and logged once per partition (``PartitionWriter.write``, the service): those reports
+    go to DEBUG, everything else to the loop's previous handler.
+    """
+    from aiokafka.errors import ProducerFenced
+
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), ProducerFenced):
+            log.debug("after a fencing: %s (%r)", context.get("message"), context.get("exception"))
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
 class PartitionWriter:
     def __init__(self, bootstrap: list[str], topic: str, partition: int, transactional_id: str, *,
                  write_timeout_s: float = 30.0, transaction_timeout_ms: int = 60_000,
