@@ -45,7 +45,7 @@ BROKER_NOT_AVAILABLE = 8
 class Slot:
     """A response owed to the client, in request order."""
 
-    __slots__ = ("api_key", "version", "corr", "data", "streaming", "started", "request")
+    __slots__ = ("api_key", "version", "corr", "data", "streaming", "started", "request", "probe")
 
     def __init__(self, api_key: int, version: int, corr: int) -> None:
         self.api_key = api_key
@@ -55,6 +55,7 @@ class Slot:
         self.streaming = False
         self.started = perf_counter()
         self.request: Any = None  # the decoded request, for the few rewrites that need it
+        self.probe: asyncio.Future | None = None  # the proxy's own request: its decoded response goes here
 
 
 def produce_acks(frame: memoryview, version: int) -> int | None:
@@ -101,6 +102,9 @@ class ClientConnection(asyncio.Protocol):
         self.ending = False  # a request was rejected: read no more, close once the answers owed are out
         self.unreachable = False  # the broker could not be reached: answer the client's ApiVersions, close
         self._tasks: set[asyncio.Task] = set()
+        # the proxy's own requests on this client's upstream connection, waiting for a frame boundary
+        self._probes: list[tuple[Slot, bytes]] = []
+        self._probe_ids = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -226,6 +230,35 @@ class ClientConnection(asyncio.Protocol):
             return
         asyncio.get_running_loop().call_later(_REJECT_ANSWER_TIMEOUT, self.close)
 
+    # -- the proxy's own requests, as the client ---------------------------------------------------
+    def probe(self, api_key: int, version: int, body: Any) -> asyncio.Future:
+        """Send a request of the proxy's own on this client's upstream connection, so that the
+        cluster answers it as it answers the client (same authenticated principal, same ACLs); the
+        future gets the decoded response. Correlation ids are negative (clients count up from 0),
+        and the request is written between the client's requests, never inside one."""
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        if self.closed or self.upstream is None or self.upstream.closed:
+            fut.set_exception(ConnectionError("the client's connection is closed"))
+            return fut
+        self._probe_ids = (self._probe_ids + 1) % 0x7FFFFFFF
+        corr = -1 - self._probe_ids
+        slot = Slot(api_key, version, corr)
+        slot.probe = fut
+        frame = bytes(messages.encode_request(api_key, version, corr, "kshare-authorization", body))
+        self._probes.append((slot, frame))
+        if not self._forward_left:
+            self._send_probes()
+        return fut
+
+    def _send_probes(self) -> None:
+        """Write the waiting probes (at a frame boundary of the client's requests)."""
+        if self.upstream is None or self.upstream.transport is None:
+            return
+        for slot, frame in self._probes:
+            self.awaiting_upstream.append(slot)
+            self.upstream.transport.write(frame)
+        self._probes.clear()
+
     # -- flow control: a slow reader on one side pauses the other ------------------------------
     def pause_writing(self) -> None:
         if self.upstream is not None and self.upstream.transport is not None:
@@ -252,6 +285,8 @@ class ClientConnection(asyncio.Protocol):
                 self.upstream.transport.write(view[i : i + take] if take < n else data)  # type: ignore[union-attr]
                 self._forward_left -= take
                 i += take
+                if not self._forward_left and self._probes:
+                    self._send_probes()
                 continue
             if self._local_left:
                 take = min(self._local_left, n - i)
@@ -422,6 +457,12 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         client = self.client
+        gone = ConnectionError("the upstream connection closed")
+        for slot in [*client.awaiting_upstream, *(s for s, _ in client._probes)]:
+            if slot.probe is not None and not slot.probe.done():
+                slot.probe.set_exception(gone)
+                slot.probe.exception()  # retrieved: its caller may be gone
+        client._probes.clear()
         if not client.closed:
             # The client sees what a broker failure looks like: its connection drops. The broker
             # also closes a connection on a request it cannot parse: name the first unanswered one
@@ -517,6 +558,15 @@ class UpstreamConnection(asyncio.Protocol):
         slot = self._slot
         assert slot is not None
         self._slot = None
+        if slot.probe is not None:
+            frame = b"".join(self._chunks or ())
+            self._chunks = None
+            if not slot.probe.done():
+                try:
+                    slot.probe.set_result(messages.decode_response(slot.api_key, slot.version, memoryview(frame)[4:]))
+                except DecodeError as exc:
+                    slot.probe.set_exception(exc)
+            return
         if self._chunks is None:  # streamed
             done = client.order.popleft()
             client.proxy.stats.answered(done.api_key, perf_counter() - done.started)

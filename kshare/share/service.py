@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..protocol import messages
 from . import dead_letter
+from .authorization import ShareAuthorizer
 from .config import BrokerLimits, parse_duration_ms
 from .coordinator import GroupCoordinator, ShareGroup
 from .errors import ErrorCode
@@ -115,6 +116,8 @@ class ShareGroupService:
         self._remote_configs: dict[str, float] = {}  # group id -> when its configs were last asked
         self._asking_configs: dict[str, asyncio.Task] = {}  # group id -> the question in flight
         self._ownership_lock = asyncio.Lock()  # ownership changes one at a time (maps, fencings)
+        # whether a client may do what it asks, as the cluster decides (asked as the client)
+        self.authz = ShareAuthorizer()
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -429,6 +432,7 @@ class ShareGroupService:
         """A client connection closed: its share sessions end, and what their members acquired on
         those partitions becomes available again at once, as on Kafka 4.4 (membership itself still
         follows the heartbeat session timeout)."""
+        self.authz.forget(conn)
         for session in self.sessions.close_owner(conn):
             group_id, member_id, _ = session.key
             task = asyncio.get_running_loop().create_task(

@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
 from .. import admin
+from ..authorization import Operation
 from ..errors import ErrorCode
-from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere
+from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere, group_refusal, topic_refusal
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -25,6 +26,9 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         return version, Response(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
     if coordinated_elsewhere(service, req.group_id):
         return version, Response(error_code=ErrorCode.NOT_COORDINATOR, error_message=NOT_COORDINATOR_MESSAGE)
+    refusal = await group_refusal(service, conn, Operation.READ, req.group_id)
+    if refusal:
+        return version, Response(error_code=refusal)
     group = service.share_group(req.group_id)
     if group is not None and group.members:
         return version, Response(error_code=ErrorCode.NON_EMPTY_GROUP, error_message="The group is not empty.")
@@ -35,6 +39,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         for p in t.partitions:
             if info is None:
                 code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif refusal := await topic_refusal(service, conn, Operation.READ, info.name):
+                code = refusal
             else:
                 code = await admin.reset_offset(service, req.group_id, info, p.partition_index, p.start_offset)
             parts.append(Response.AlterShareGroupOffsetsResponsePartition(partition_index=p.partition_index,

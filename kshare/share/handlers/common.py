@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..authorization import AuthorizationUnknown, Operation
 from ..errors import ErrorCode
 from ..partition import AcquiredRange
 from ..stats import ACK_TYPE_NAMES
@@ -23,6 +24,41 @@ ADMIN_LOAD_WAIT_S = 20.0
 
 
 NOT_COORDINATOR_MESSAGE = "This proxy is not the coordinator of the group."
+
+
+async def group_refusal(service: ShareGroupService, conn: ClientConnection, op: Operation, group_id: str) -> int:
+    """GROUP_AUTHORIZATION_FAILED if the cluster would refuse the client ``op`` on the group, a
+    retriable error if it could not be asked, else NONE (kshare.share.authorization)."""
+    try:
+        allowed = await service.authz.group(conn, op, group_id)
+    except AuthorizationUnknown:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    return ErrorCode.NONE if allowed else ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+async def topic_refusal(service: ShareGroupService, conn: ClientConnection, op: Operation, topic: str) -> int:
+    """TOPIC_AUTHORIZATION_FAILED if the cluster would refuse the client ``op`` on the topic (a
+    cached answer costs no await), a retriable error if it could not be asked, else NONE."""
+    allowed = service.authz.cached(conn, op, "topic", topic)
+    if allowed is None:
+        try:
+            allowed = await service.authz.topic(conn, op, topic)
+        except AuthorizationUnknown:
+            return ErrorCode.REQUEST_TIMED_OUT
+    return ErrorCode.NONE if allowed else ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+async def topic_refusals(service: ShareGroupService, conn: ClientConnection, op: Operation,
+                         topic_ids: Iterable[bytes]) -> dict[bytes, int]:
+    """Topic id -> refusal code, for the topics (known by id) the client may not ``op``."""
+    out = {}
+    for topic_id in set(topic_ids):
+        info = service.upstream.by_id.get(topic_id)
+        if info is not None:
+            code = await topic_refusal(service, conn, op, info.name)
+            if code:
+                out[topic_id] = code
+    return out
 
 
 def coordinated_elsewhere(service: ShareGroupService, group_id: str) -> bool:
@@ -55,10 +91,15 @@ async def apply_acknowledgements(
     acks: Iterable[tuple[bytes, int, Sequence[Any]]],
     *,
     renew_allowed: bool,
+    refused: dict[bytes, int] | None = None,
 ) -> list[AckOutcome]:
-    """Apply each partition's acknowledgement batches atomically; durable writes are queued, not awaited."""
+    """Apply each partition's acknowledgement batches atomically; durable writes are queued, not awaited.
+    ``refused``: topic id -> the error of topics the client may not read (nothing is applied there)."""
     outcomes = []
     for topic_id, partition, batches in acks:
+        if refused and topic_id in refused:
+            outcomes.append(AckOutcome(topic_id, partition, refused[topic_id]))
+            continue
         topic = service.upstream.by_id.get(topic_id)
         if topic is None:
             outcomes.append(AckOutcome(topic_id, partition, ErrorCode.UNKNOWN_TOPIC_ID))

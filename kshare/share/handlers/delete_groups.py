@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
 from .. import admin
+from ..authorization import Operation
 from ..errors import ErrorCode
-from .common import admin_loaded, coordinated_elsewhere
+from .common import admin_loaded, coordinated_elsewhere, group_refusal
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -44,6 +45,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         resp = await upstream.request(API_KEY, version, type(req)(groups_names=others))
         results.update({r.group_id: r for r in resp.results})
     for group_id in ours:
-        code = await admin.delete_group(service, group_id)
+        code = await group_refusal(service, conn, Operation.DELETE, group_id)
+        if not code:
+            code = await admin.delete_group(service, group_id)
         results[group_id] = Response.DeletableGroupResult(group_id=group_id, error_code=code)
     return version, Response(results=[results[g] for g in req.groups_names if g in results])

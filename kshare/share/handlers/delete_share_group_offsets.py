@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
 from .. import admin
+from ..authorization import Operation
 from ..errors import ErrorCode
-from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere
+from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere, group_refusal, topic_refusal
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -25,6 +26,9 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         return version, Response(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
     if coordinated_elsewhere(service, req.group_id):
         return version, Response(error_code=ErrorCode.NOT_COORDINATOR, error_message=NOT_COORDINATOR_MESSAGE)
+    refusal = await group_refusal(service, conn, Operation.DELETE, req.group_id)
+    if refusal:
+        return version, Response(error_code=refusal)
     group = service.share_group(req.group_id)
     if group is None:
         return version, Response(error_code=ErrorCode.GROUP_ID_NOT_FOUND,
@@ -38,7 +42,9 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
             responses.append(Response.DeleteShareGroupOffsetsResponseTopic(
                 topic_name=t.topic_name, topic_id=bytes(16), error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
             continue
-        code = await admin.delete_topic_offsets(service, req.group_id, info)
+        code = await topic_refusal(service, conn, Operation.READ, info.name)
+        if not code:
+            code = await admin.delete_topic_offsets(service, req.group_id, info)
         responses.append(Response.DeleteShareGroupOffsetsResponseTopic(
             topic_name=t.topic_name, topic_id=info.topic_id, error_code=code))
     return version, Response(responses=responses)

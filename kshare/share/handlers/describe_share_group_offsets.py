@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
 from .. import admin
+from ..authorization import Operation
 from ..errors import ErrorCode
-from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere
+from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere, group_refusal, topic_refusal
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -31,6 +32,10 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
             groups.append(Response.DescribeShareGroupOffsetsResponseGroup(
                 group_id=g.group_id, error_code=ErrorCode.NOT_COORDINATOR, error_message=NOT_COORDINATOR_MESSAGE))
             continue
+        refusal = await group_refusal(service, conn, Operation.DESCRIBE, g.group_id)
+        if refusal:
+            groups.append(Response.DescribeShareGroupOffsetsResponseGroup(group_id=g.group_id, error_code=refusal))
+            continue
         await service.upstream.refresh_metadata(max_age=5.0)
         if g.topics is None:  # every topic the group has state for
             wanted = [(t, None) for t in admin.group_topics(service, g.group_id).values()]
@@ -42,6 +47,15 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
                 (wanted.append((info, list(t.partitions))) if info else missing.append(t))
         topics = []
         for info, partitions in wanted:
+            refusal = await topic_refusal(service, conn, Operation.DESCRIBE, info.name)
+            if refusal:
+                if g.topics is not None:  # asked by name: answered with the refusal; else left out
+                    topics.append(Response.DescribeShareGroupOffsetsResponseTopic(
+                        topic_name=info.name, topic_id=info.topic_id, partitions=[
+                            Response.DescribeShareGroupOffsetsResponsePartition(
+                                partition_index=p, start_offset=-1, leader_epoch=0, lag=-1, error_code=refusal)
+                            for p in (partitions or range(info.partitions))]))
+                continue
             offsets = await admin.partition_offsets(service, g.group_id, info, partitions)
             topics.append(Response.DescribeShareGroupOffsetsResponseTopic(
                 topic_name=info.name, topic_id=info.topic_id, partitions=[

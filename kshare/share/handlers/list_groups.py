@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
-from .common import admin_loaded
+from ..authorization import Operation
+from .common import admin_loaded, group_refusal
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -51,6 +52,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         for group in service.coordinator.groups.values():
             if not service.owns_group(group.group_id):
                 continue
+            if await group_refusal(service, conn, Operation.DESCRIBE, group.group_id):
+                continue  # as Kafka: a group the client may not describe is not listed
             state = group.state.value
             if states and state.lower() not in states:
                 continue

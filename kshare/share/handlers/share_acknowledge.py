@@ -5,9 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ..authorization import Operation
 from ..errors import ErrorCode
 from ..sessions import FINAL_EPOCH
-from .common import MAX_MEMBER_ID_LENGTH, apply_acknowledgements, await_writes, session_key
+from .common import (
+    MAX_MEMBER_ID_LENGTH,
+    apply_acknowledgements,
+    await_writes,
+    group_refusal,
+    session_key,
+    topic_refusals,
+)
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -27,6 +35,9 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     if not group_id or not member_id or len(member_id) > MAX_MEMBER_ID_LENGTH:
         return version, Response(error_code=ErrorCode.INVALID_REQUEST,
                                  error_message="GroupId and MemberId (at most 36 characters) must be set.")
+    refusal = await group_refusal(service, conn, Operation.READ, group_id)
+    if refusal:
+        return version, Response(error_code=refusal)
     group = service.coordinator.ensure_group(group_id)
     lock_ms = group.config.record_lock_duration_ms
     opened = service.sessions.open(session_key(group_id, member_id, conn), req.share_session_epoch, (), (),
@@ -35,7 +46,9 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         return version, Response(error_code=opened.error_code, acquisition_lock_timeout_ms=lock_ms)
     acks = [(t.topic_id, p.partition_index, p.acknowledgement_batches) for t in req.topics for p in t.partitions]
     renew = version >= 2 and req.is_renew_ack
-    outcomes = await apply_acknowledgements(service, group_id, member_id, acks, renew_allowed=renew)
+    refused = await topic_refusals(service, conn, Operation.READ, [t.topic_id for t in req.topics])
+    outcomes = await apply_acknowledgements(service, group_id, member_id, acks, renew_allowed=renew,
+                                            refused=refused)
     if req.share_session_epoch == FINAL_EPOCH and opened.session is not None:
         await service.release_member(group_id, member_id, list(opened.session.partitions))
     by_topic: dict[bytes, list[Any]] = {}

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ..authorization import Operation
 from ..errors import ErrorCode
 from ..partition import FetchedBatch
 from ..sessions import FINAL_EPOCH
@@ -24,8 +25,10 @@ from .common import (
     AckOutcome,
     apply_acknowledgements,
     await_writes,
+    group_refusal,
     session_key,
     split_ranges,
+    topic_refusals,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +58,9 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     renew_only = version >= 2 and req.is_renew_ack
     if renew_only and (req.max_bytes or req.min_bytes or req.max_records or req.max_wait_ms):
         return _error(version, ErrorCode.INVALID_REQUEST, "A renew-only ShareFetch must not ask for records.")
+    refusal = await group_refusal(service, conn, Operation.READ, group_id)
+    if refusal:
+        return _error(version, refusal, "Not authorized to read the group." if refusal == 30 else None)
     group = service.coordinator.ensure_group(group_id)
     cfg = group.config
     lock_ms = cfg.record_lock_duration_ms
@@ -73,9 +79,13 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
             sp.fair.leave(member_id)
 
     out = _ResponseBuilder()
+    # topics the client may not read: no records, no acknowledgements (asked of the cluster, cached)
+    out.refused = await topic_refusals(service, conn, Operation.READ,
+                                       [t.topic_id for t in req.topics] + [t for t, _ in session.partitions])
     acks = [(t.topic_id, p.partition_index, p.acknowledgement_batches)
             for t in req.topics for p in t.partitions if p.acknowledgement_batches]
-    outcomes = await apply_acknowledgements(service, group_id, member_id, acks, renew_allowed=renew_only)
+    outcomes = await apply_acknowledgements(service, group_id, member_id, acks, renew_allowed=renew_only,
+                                            refused=out.refused)
     for o in outcomes:
         out.partition(o.topic_id, o.partition).acknowledge_error_code = o.error_code
 
@@ -136,6 +146,10 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
             continue
         if not 0 <= partition < topic.partitions:
             out.partition(topic_id, partition).error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            continue
+        if topic_id in out.refused:
+            out.partition(topic_id, partition).error_code = out.refused[topic_id]
+            out.errors += 1
             continue
         if not service.owns_partition(topic_id, partition):
             # another proxy of the instance group leads it now: the client asks Metadata again
@@ -221,6 +235,7 @@ class _ResponseBuilder:
         self.record_count = 0
         self.record_bytes = 0
         self.errors = 0  # partitions answered with an error that waiting does not cure
+        self.refused: dict[bytes, int] = {}  # topic id -> authorization error, for this request
 
     def partition(self, topic_id: bytes, partition: int) -> Any:
         parts = self.topics.setdefault(topic_id, {})

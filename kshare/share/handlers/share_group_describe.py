@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ..authorization import Operation
 from ..errors import ErrorCode
-from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere
+from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere, group_refusal
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -39,6 +40,10 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         if coordinated_elsewhere(service, group_id):
             groups.append(Response.DescribedGroup(group_id=group_id, error_code=ErrorCode.NOT_COORDINATOR,
                                                   error_message=NOT_COORDINATOR_MESSAGE))
+            continue
+        refusal = await group_refusal(service, conn, Operation.DESCRIBE, group_id)
+        if refusal:
+            groups.append(Response.DescribedGroup(group_id=group_id, error_code=refusal))
             continue
         if group is None:
             groups.append(Response.DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_ID_NOT_FOUND,

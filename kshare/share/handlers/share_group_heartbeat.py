@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ..authorization import Operation
 from ..errors import ErrorCode
-from .common import NOT_COORDINATOR_MESSAGE, coordinated_elsewhere
+from .common import NOT_COORDINATOR_MESSAGE, coordinated_elsewhere, group_refusal, topic_refusal
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -16,6 +17,8 @@ API_KEY = 76
 VERSIONS = (1, 1)
 
 Response = messages.message_class("ShareGroupHeartbeatResponse")
+_REFUSALS = {ErrorCode.GROUP_AUTHORIZATION_FAILED: "Not authorized to read the group.",
+             ErrorCode.TOPIC_AUTHORIZATION_FAILED: "Not authorized to describe a subscribed topic."}
 
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
@@ -26,6 +29,14 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     group_id = req.group_id
     if group_id and coordinated_elsewhere(service, group_id):
         return version, Response(error_code=ErrorCode.NOT_COORDINATOR, error_message=NOT_COORDINATOR_MESSAGE)
+    if group_id:
+        refusal = await group_refusal(service, conn, Operation.READ, group_id)
+        if refusal:
+            return version, Response(error_code=refusal, error_message=_REFUSALS.get(refusal))
+        for name in req.subscribed_topic_names or ():
+            refusal = await topic_refusal(service, conn, Operation.DESCRIBE, name)
+            if refusal:
+                return version, Response(error_code=refusal, error_message=_REFUSALS.get(refusal))
     if group_id and req.member_epoch == 0 and service.coordinator.group(group_id) is None:
         if await service.classic_group_exists(group_id):
             return version, Response(
