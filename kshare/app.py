@@ -11,6 +11,22 @@ from .proxy.server import Proxy
 log = logging.getLogger("kshare")
 
 
+def peer_security(config: ProxyConfig):
+    """How one proxy of an instance group reaches another: through its client listener (TLS if the
+    listeners have it, trusting ``--tls-client-ca`` or the system CAs, presenting this proxy's own
+    certificate where client certificates are required) and, through it, authenticated to the
+    cluster with kshare's own SASL credentials."""
+    import dataclasses
+
+    from .proxy.tls import upstream_context
+
+    up = config.upstream_security
+    tls = None
+    if config.tls is not None:
+        tls = upstream_context(config.tls.client_ca, config.tls.cert, config.tls.key)
+    return dataclasses.replace(up, ssl=tls)
+
+
 class KShare:
     """The proxy and (unless disabled) the share-group service, started and stopped together.
 
@@ -41,6 +57,7 @@ class KShare:
                     # an instance group's proxy writes only the state partitions it owns, each
                     # through a transactional producer that fences the previous owner
                     transactional_prefix=f"kshare-state.{name}.{config.state_topic}." if name else None,
+                    security=config.upstream_security,
                 )
             ownership = None
             if name:
@@ -50,7 +67,8 @@ class KShare:
 
                 me = Instance(str(uuid.uuid4()), config.advertised, config.bootstrap_port)
                 ownership = GroupOwnership(me.id, config.state_topic_partitions)
-            self.service = ShareGroupService(self.proxy, store, UpstreamCluster(list(config.upstream)),
+            upstream = UpstreamCluster(list(config.upstream), security=config.upstream_security)
+            self.service = ShareGroupService(self.proxy, store, upstream,
                                              limits=config.group_limits, ownership=ownership,
                                              record_cache_bytes=config.record_cache_bytes)
             if name:
@@ -60,8 +78,9 @@ class KShare:
                 self.service.instances = InstanceGroup(
                     bootstrap, name, config.state_topic, me, self.service.apply_ownership,
                     session_timeout_ms=config.instance_session_timeout_ms,
-                    heartbeat_interval_ms=max(100, config.instance_session_timeout_ms // 5))
-                self.service.peers = PeerClient()
+                    heartbeat_interval_ms=max(100, config.instance_session_timeout_ms // 5),
+                    client_config=config.upstream_security.aiokafka_kwargs())
+                self.service.peers = PeerClient(security=peer_security(config))
                 store.on_fenced = self.service.fenced
             self.service.register(self.proxy)
         self.metrics = Metrics(self.proxy, self.service)
@@ -84,6 +103,9 @@ class KShare:
         await self.proxy.wait_ready(timeout)
         if self.service is not None:
             await self.service.wait_loaded(timeout)
+
+    def reload_tls(self) -> None:
+        self.proxy.reload_tls()
 
     async def stop(self) -> None:
         if self.metrics_server is not None:

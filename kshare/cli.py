@@ -94,6 +94,29 @@ def _option(*decls: str, env: str, **kwargs: object):
 @_option("--instance-session-timeout-ms", env="INSTANCE_SESSION_TIMEOUT_MS", default=10_000, show_default=True,
          type=click.IntRange(1000), help="How long the others wait for a proxy of the instance group that stopped "
                                         "answering before they take its share-partitions over.")
+@_option("--tls-cert", env="TLS_CERT", default=None, metavar="PEM",
+         help="Serve TLS on every client listener with this certificate (chain); reloaded on SIGHUP and when the "
+              "file changes.")
+@_option("--tls-key", env="TLS_KEY", default=None, metavar="PEM", help="The private key of --tls-cert.")
+@_option("--tls-client-ca", env="TLS_CLIENT_CA", default=None, metavar="PEM",
+         help="Require client certificates signed by this CA (mutual TLS).")
+@_option("--upstream-security-protocol", env="UPSTREAM_SECURITY_PROTOCOL", default="PLAINTEXT", show_default=True,
+         type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"], case_sensitive=False),
+         help="How the proxy connects to the cluster (TLS for every connection; SASL for kshare's own: state topic, "
+              "fetches, admin; clients authenticate themselves through the proxy).")
+@_option("--upstream-sasl-mechanism", env="UPSTREAM_SASL_MECHANISM", default=None,
+         type=click.Choice(["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"], case_sensitive=False),
+         help="kshare's own SASL mechanism (with SASL_PLAINTEXT or SASL_SSL).")
+@_option("--upstream-sasl-username", env="UPSTREAM_SASL_USERNAME", default=None, help="kshare's own SASL user.")
+@_option("--upstream-sasl-password-file", env="UPSTREAM_SASL_PASSWORD_FILE", default=None, metavar="FILE",
+         help="File holding kshare's SASL password (or set KSHARE_UPSTREAM_SASL_PASSWORD).")
+@_option("--upstream-oauth-token-file", env="UPSTREAM_OAUTH_TOKEN_FILE", default=None, metavar="FILE",
+         help="OAUTHBEARER: file holding the token, read at every authentication (rotate it in place).")
+@_option("--upstream-tls-ca", env="UPSTREAM_TLS_CA", default=None, metavar="PEM",
+         help="CA to verify the brokers with (default: the system's).")
+@_option("--upstream-tls-cert", env="UPSTREAM_TLS_CERT", default=None, metavar="PEM",
+         help="kshare's own client certificate, for brokers that require one.")
+@_option("--upstream-tls-key", env="UPSTREAM_TLS_KEY", default=None, metavar="PEM", help="The key of --upstream-tls-cert.")
 @_option("--no-share-groups", env="NO_SHARE_GROUPS", is_flag=True, help="Be a plain pass-through proxy.")
 @_option("--metrics-port", env="METRICS_PORT", type=click.IntRange(0, 65535), default=None,
          help="Serve /metrics (Prometheus), /ready and /live over HTTP on this port (default: off).")
@@ -106,7 +129,11 @@ def _option(*decls: str, env: str, **kwargs: object):
 def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_port_base: int | None,
           advertised_host: str | None, max_frame_bytes: int, state_topic: str, state_topic_partitions: int,
           state_topic_replication_factor: int | None, group_limits: tuple[str, ...], record_cache_mb: int,
-          instance_group: str | None, instance_session_timeout_ms: int, no_share_groups: bool,
+          instance_group: str | None, instance_session_timeout_ms: int, tls_cert: str | None, tls_key: str | None,
+          tls_client_ca: str | None, upstream_security_protocol: str, upstream_sasl_mechanism: str | None,
+          upstream_sasl_username: str | None, upstream_sasl_password_file: str | None,
+          upstream_oauth_token_file: str | None, upstream_tls_ca: str | None, upstream_tls_cert: str | None,
+          upstream_tls_key: str | None, no_share_groups: bool,
           metrics_port: int | None, metrics_host: str | None, log_level: str, log_format: str) -> None:
     """Run the proxy in front of a Kafka cluster, serving share groups.
 
@@ -123,6 +150,9 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
             raise ConfigError("--group-limit takes NAME=VALUE")
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--group-limit") from None
+    tls, security = _security_options(tls_cert, tls_key, tls_client_ca, upstream_security_protocol,
+                                      upstream_sasl_mechanism, upstream_sasl_username, upstream_sasl_password_file,
+                                      upstream_oauth_token_file, upstream_tls_ca, upstream_tls_cert, upstream_tls_key)
     if instance_group and not upstream:
         raise click.BadParameter("an instance group needs a cluster the proxies share: give --upstream",
                                  param_hint="--instance-group")
@@ -150,7 +180,8 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
                          state_topic_partitions=state_topic_partitions,
                          state_topic_replication_factor=state_topic_replication_factor, group_limits=limits,
                          record_cache_bytes=record_cache_mb << 20, instance_group=instance_group or None,
-                         instance_session_timeout_ms=instance_session_timeout_ms)
+                         instance_session_timeout_ms=instance_session_timeout_ms, tls=tls,
+                         upstream_security=security)
     try:
         run_proxy(config, share_groups=not no_share_groups, metrics_port=metrics_port,
                   metrics_host=metrics_host or listen_host)
@@ -159,6 +190,59 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def _security_options(tls_cert, tls_key, tls_client_ca, protocol, mechanism, username, password_file,
+                      token_file, up_ca, up_cert, up_key):
+    """The TLS and SASL options, checked together: a clear error for every inconsistent set."""
+    import os
+    import ssl
+
+    from .proxy.tls import ListenerTLS, TLSFiles, upstream_context
+    from .security import ClientSecurity
+
+    tls = None
+    if tls_cert or tls_key or tls_client_ca:
+        if not (tls_cert and tls_key):
+            raise click.BadParameter("TLS on the listeners needs both --tls-cert and --tls-key", param_hint="--tls-cert")
+        tls = TLSFiles(tls_cert, tls_key, tls_client_ca)
+        try:
+            ListenerTLS(tls)  # load once now: a wrong file is reported before anything starts
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise click.BadParameter(f"cannot load the certificate: {exc}", param_hint="--tls-cert") from None
+    protocol = protocol.upper()
+    sasl = protocol.startswith("SASL_")
+    if sasl and not mechanism:
+        raise click.BadParameter(f"{protocol} needs --upstream-sasl-mechanism", param_hint="--upstream-security-protocol")
+    if mechanism and not sasl:
+        raise click.BadParameter(f"a SASL mechanism needs --upstream-security-protocol SASL_PLAINTEXT or SASL_SSL "
+                                 f"(not {protocol})", param_hint="--upstream-sasl-mechanism")
+    password = os.environ.get("KSHARE_UPSTREAM_SASL_PASSWORD")
+    if password_file:
+        try:
+            with open(password_file) as f:
+                password = f.read().rstrip("\n")
+        except OSError as exc:
+            raise click.BadParameter(str(exc), param_hint="--upstream-sasl-password-file") from None
+    mechanism = mechanism.upper() if mechanism else None
+    if mechanism == "OAUTHBEARER":
+        if not token_file:
+            raise click.BadParameter("OAUTHBEARER needs --upstream-oauth-token-file", param_hint="--upstream-sasl-mechanism")
+    elif mechanism and (not username or password is None):
+        raise click.BadParameter(f"{mechanism} needs --upstream-sasl-username and a password "
+                                 "(--upstream-sasl-password-file or KSHARE_UPSTREAM_SASL_PASSWORD)",
+                                 param_hint="--upstream-sasl-mechanism")
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        try:
+            context = upstream_context(up_ca, up_cert, up_key)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise click.BadParameter(f"cannot load the upstream TLS files: {exc}", param_hint="--upstream-tls-ca") from None
+    elif up_ca or up_cert:
+        raise click.BadParameter(f"--upstream-tls-* need --upstream-security-protocol SSL or SASL_SSL (not {protocol})",
+                                 param_hint="--upstream-tls-ca")
+    return tls, ClientSecurity(ssl=context, sasl_mechanism=mechanism, username=username, password=password,
+                               oauth_token_file=token_file)
 
 
 def run_proxy(config: ProxyConfig, *, share_groups: bool = True, metrics_port: int | None = None,
@@ -174,6 +258,7 @@ def run_proxy(config: ProxyConfig, *, share_groups: bool = True, metrics_port: i
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, app.reload_tls)  # new certificates for new connections
         await app.start()
         # What start-up built (modules, the codec's generated classes, clients) lives as long as the
         # process: out of the collector's sight, so that its full collections, which stop the

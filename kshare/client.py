@@ -15,6 +15,7 @@ from typing import Any
 
 from .protocol import messages
 from .protocol.codegen import DecodeError
+from .security import ClientSecurity
 
 log = logging.getLogger("kshare.client")
 
@@ -49,9 +50,13 @@ class KafkaConnection:
         self.closed = False
 
     @classmethod
-    async def open(cls, host: str, port: int, client_id: str = "kshare", timeout: float = 10.0) -> KafkaConnection:
+    async def open(cls, host: str, port: int, client_id: str = "kshare", timeout: float = 10.0,
+                   security: ClientSecurity | None = None) -> KafkaConnection:
+        """Connect, exchange ApiVersions, and authenticate (TLS, SASL) as ``security`` says."""
         conn = cls(host, port, client_id)
-        conn._reader, conn._writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        tls = security.ssl if security is not None else None
+        conn._reader, conn._writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None), timeout)
         conn._read_task = asyncio.get_running_loop().create_task(conn._read_loop())
         try:
             resp = await conn.request(18, 3, messages.message_class("ApiVersionsRequest")(
@@ -67,6 +72,12 @@ class KafkaConnection:
                 raise ProxyUpstreamUnavailable(f"{host}:{port} cannot reach its upstream Kafka cluster")
             raise ConnectionError(f"{host}:{port} answered ApiVersions with error code {resp.error_code}")
         conn.versions = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
+        if security is not None and security.sasl_mechanism:
+            try:
+                await asyncio.wait_for(security.authenticate(conn), timeout)
+            except BaseException:
+                await conn.close()
+                raise
         return conn
 
     def best_version(self, api_key: int, lo: int | None = None, hi: int | None = None) -> int:

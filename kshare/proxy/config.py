@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..security import ClientSecurity
 from ..share.config import BrokerLimits
+from .tls import TLSFiles
 
 
 def parse_hostports(text: str) -> list[tuple[str, int]]:
@@ -48,6 +50,10 @@ class ProxyConfig:
     # topic) split the share-partitions through a consumer group (docs/scale-out.md).
     instance_group: str | None = None
     instance_session_timeout_ms: int = 10_000
+    # TLS on the client listeners (None: plaintext), and how kshare's own connections (and the
+    # relay's, for TLS) reach the cluster (docs/security.md)
+    tls: TLSFiles | None = None
+    upstream_security: ClientSecurity = field(default_factory=ClientSecurity)
 
     @property
     def advertised(self) -> str:

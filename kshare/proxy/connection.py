@@ -119,10 +119,12 @@ class ClientConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         candidates = self.proxy.brokers.upstream_candidates(self.node_id)
         last: Exception | None = None
+        tls = self.proxy.config.upstream_security.ssl  # the client's SASL frames pass through inside it
         for host, port in candidates:
             try:
                 _, upstream = await asyncio.wait_for(
-                    loop.create_connection(lambda: UpstreamConnection(self), host, port),
+                    loop.create_connection(lambda: UpstreamConnection(self), host, port, ssl=tls,
+                                           server_hostname=host if tls else None),
                     self.proxy.config.upstream_connect_timeout,
                 )
             except (TimeoutError, OSError) as exc:

@@ -14,6 +14,7 @@ from ..protocol import messages
 from . import filters
 from .config import ProxyConfig
 from .connection import ClientConnection
+from .tls import ListenerTLS
 from .virtual import ClusterView
 
 log = logging.getLogger("kshare.proxy")
@@ -98,7 +99,8 @@ class BrokerMap:
         loop = asyncio.get_running_loop()
         cfg = self.proxy.config
         server = await loop.create_server(
-            lambda: ClientConnection(self.proxy, node_id), cfg.listen_host, cfg.broker_port(node_id), reuse_address=True
+            lambda: ClientConnection(self.proxy, node_id), cfg.listen_host, cfg.broker_port(node_id), reuse_address=True,
+            ssl=self.proxy.tls.context if self.proxy.tls else None,
         )
         self.listeners[node_id] = server
         self.ports[node_id] = server.sockets[0].getsockname()[1]
@@ -153,6 +155,8 @@ class Proxy:
         # In an instance group: the virtual cluster clients are shown (set by the share layer on
         # every ownership change; None for a proxy on its own). See virtual.py.
         self.view: ClusterView | None = None
+        # TLS on every client listener (reloaded on SIGHUP and when its files change)
+        self.tls = ListenerTLS(config.tls) if config.tls is not None else None
 
     # -- served APIs -----------------------------------------------------------------------------
     def serve(self, api_key: int, min_version: int, max_version: int, handler: Handler,
@@ -212,16 +216,21 @@ class Proxy:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
+        if self.tls is not None:
+            self.tls.watch()
         self.bootstrap_server = await loop.create_server(
-            lambda: ClientConnection(self, None), cfg.listen_host, cfg.bootstrap_port, reuse_address=True
+            lambda: ClientConnection(self, None), cfg.listen_host, cfg.bootstrap_port, reuse_address=True,
+            ssl=self.tls.context if self.tls else None,
         )
         self.bootstrap_port = self.bootstrap_server.sockets[0].getsockname()[1]
         log.info(
-            "bootstrap listener on %s:%d (advertised as %s) for upstream %s",
+            "bootstrap listener on %s:%d (%s, advertised as %s) for upstream %s (%s)",
             cfg.listen_host,
             self.bootstrap_port,
+            "TLS" + (", client certificates required" if cfg.tls and cfg.tls.client_ca else "") if self.tls else "plaintext",
             cfg.advertised,
             ",".join(f"{h}:{p}" for h, p in cfg.upstream),
+            cfg.upstream_security.protocol,
         )
         self._probe_task = loop.create_task(self._probe_upstream())
 
@@ -295,7 +304,8 @@ class Proxy:
 
     async def _ask(self, host: str, port: int) -> None:
         """Connect (ApiVersions) and ask for Metadata of no topic; raises if the broker does not answer."""
-        conn = await KafkaConnection.open(host, port, timeout=self.config.upstream_connect_timeout)
+        conn = await KafkaConnection.open(host, port, timeout=self.config.upstream_connect_timeout,
+                                          security=self.config.upstream_security)
         try:
             req = messages.message_class("MetadataRequest")(topics=[])
             meta = await conn.request(filters.METADATA, conn.best_version(filters.METADATA), req)
@@ -318,7 +328,8 @@ class Proxy:
             for host, port in self.config.upstream:
                 conn = None
                 try:
-                    conn = await KafkaConnection.open(host, port, timeout=self.config.upstream_connect_timeout)
+                    conn = await KafkaConnection.open(host, port, timeout=self.config.upstream_connect_timeout,
+                                                      security=self.config.upstream_security)
                     self.upstream_versions = dict(conn.versions)
                     version = conn.best_version(filters.METADATA)
                     # no topics: only the brokers are wanted (v0 reads an empty list as "all")
@@ -348,7 +359,14 @@ class Proxy:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    def reload_tls(self) -> None:
+        """SIGHUP: load the listeners' certificate and key again (new connections use them)."""
+        if self.tls is not None:
+            self.tls.reload()
+
     async def stop(self) -> None:
+        if self.tls is not None:
+            self.tls.stop()
         for task in (self._probe_task, self._reprobe_task):
             if task is not None:
                 task.cancel()

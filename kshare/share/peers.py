@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from ..client import KafkaConnection
+from ..security import ClientSecurity
 from .ownership import Instance
 
 log = logging.getLogger("kshare.share")
@@ -24,8 +25,11 @@ PEER_TIMEOUT_S = 10.0
 class PeerClient:
     """One pipelined connection per peer proxy, opened on first use and reopened after a failure."""
 
-    def __init__(self, client_id: str = "kshare-peer") -> None:
+    def __init__(self, client_id: str = "kshare-peer", security: ClientSecurity | None = None) -> None:
+        """``security``: how to reach the other proxies' listeners (their TLS) and authenticate
+        through them to the cluster (kshare's own SASL credentials pass through as a client's do)."""
         self.client_id = client_id
+        self.security = security
         self._conns: dict[tuple[str, int], KafkaConnection] = {}
         self._opening: dict[tuple[str, int], asyncio.Lock] = {}
 
@@ -38,7 +42,8 @@ class PeerClient:
         async with lock:
             conn = self._conns.get(addr)
             if conn is None or conn.closed:
-                conn = await KafkaConnection.open(peer.host, peer.port, self.client_id, timeout=PEER_TIMEOUT_S)
+                conn = await KafkaConnection.open(peer.host, peer.port, self.client_id, timeout=PEER_TIMEOUT_S,
+                                                  security=self.security)
                 self._conns[addr] = conn
             return conn
 

@@ -709,7 +709,7 @@ class ShareGroupService:
 
             producer = AIOKafkaProducer(
                 bootstrap_servers=[f"{h}:{p}" for h, p in self.upstream.bootstrap],
-                acks="all", enable_idempotence=True, client_id="kshare-dlq")
+                acks="all", enable_idempotence=True, client_id="kshare-dlq", **self.upstream.security.aiokafka_kwargs())
             await producer.start()
             self._producer = producer
         return self._producer

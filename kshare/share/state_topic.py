@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..security import ClientSecurity
 from .state_codec import (
     RECORD_SNAPSHOT,
     GroupTombstone,
@@ -382,6 +383,7 @@ class TopicStateStore:
         admin_config: dict[str, Any] | None = None,
         consumer_config: dict[str, Any] | None = None,
         transactional_prefix: str | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         """``transactional_prefix``: an instance group's store (see :meth:`claim`): it loads and
         writes only the partitions it claimed, each through a fenced transactional producer."""
@@ -403,9 +405,12 @@ class TopicStateStore:
         self.prune_min_interval_s = prune_min_interval_s
         self.refresh_after_records = refresh_after_records
         self.client_id = client_id
-        self._producer_config = dict(producer_config or {})
-        self._admin_config = dict(admin_config or {})
-        self._consumer_config = dict(consumer_config or {})
+        # TLS and SASL to the cluster, for every client the store runs
+        self.security = security or ClientSecurity()
+        auth = self.security.aiokafka_kwargs()
+        self._producer_config = {**auth, **(producer_config or {})}
+        self._admin_config = {**auth, **(admin_config or {})}
+        self._consumer_config = {**auth, **(consumer_config or {})}
 
         self.load_stats = LoadStats()
         self.stats = WriteStats()
@@ -475,7 +480,7 @@ class TopicStateStore:
                 return
             await self._load(empty=created)
             # expected on Tansu (the embedded broker): one line each at start-up, nothing to act on
-            refusal, no_pruning = await _cluster_refusals(self.bootstrap_servers, self.topic)
+            refusal, no_pruning = await _cluster_refusals(self.bootstrap_servers, self.topic, self.security)
             if refusal is not None:
                 log.info("the cluster %s; state writes use acks=all without idempotence (a retried write may "
                          "repeat on the state topic; replaying a repeated record gives the same state)", refusal)
@@ -1423,7 +1428,8 @@ __all__ = [
 UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION = -1, 35
 
 
-async def _cluster_refusals(bootstrap_servers: str | Sequence[str], topic: str) -> tuple[str | None, str | None]:
+async def _cluster_refusals(bootstrap_servers: str | Sequence[str], topic: str,
+                            security: ClientSecurity | None = None) -> tuple[str | None, str | None]:
     """What the cluster will not do for the state store: (idempotent producer ids, DeleteRecords).
 
     Each is None when the cluster does it (or cannot be asked), else why not, so that the store
@@ -1441,7 +1447,7 @@ async def _cluster_refusals(bootstrap_servers: str | Sequence[str], topic: str) 
     servers = bootstrap_servers if isinstance(bootstrap_servers, str) else ",".join(bootstrap_servers)
     for host, port in parse_hostports(servers):
         try:
-            conn = await KafkaConnection.open(host, port, "kshare-state-probe")
+            conn = await KafkaConnection.open(host, port, "kshare-state-probe", security=security)
         except (OSError, ConnectionError, TimeoutError):
             continue
         producer_ids = delete_records = None

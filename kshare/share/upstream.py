@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..client import ConnectionClosed, KafkaConnection
 from ..protocol import messages
 from ..proxy.rewrite import ZERO_UUID, synthetic_topic_id
+from ..security import ClientSecurity
 from .errors import ErrorCode
 
 log = logging.getLogger("kshare.share")
@@ -53,9 +54,11 @@ class FetchResult:
 class UpstreamCluster:
     """Metadata and per-broker connections to the real cluster."""
 
-    def __init__(self, bootstrap: list[tuple[str, int]], client_id: str = "kshare-share") -> None:
+    def __init__(self, bootstrap: list[tuple[str, int]], client_id: str = "kshare-share",
+                 security: ClientSecurity | None = None) -> None:
         self.bootstrap = bootstrap
         self.client_id = client_id
+        self.security = security or ClientSecurity()
         self.brokers: dict[int, tuple[str, int]] = {}
         self.topics: dict[str, TopicInfo] = {}
         self.by_id: dict[bytes, TopicInfo] = {}
@@ -80,7 +83,8 @@ class UpstreamCluster:
             if node_id not in self.brokers:
                 raise ConnectionClosed(f"broker {node_id} is not in the cluster metadata")
             host, port = self.brokers[node_id]
-            task = asyncio.get_running_loop().create_task(KafkaConnection.open(host, port, self.client_id))
+            task = asyncio.get_running_loop().create_task(KafkaConnection.open(host, port, self.client_id,
+                                                                                  security=self.security))
             self._connecting[key] = task
         try:
             conn = await asyncio.shield(task)
@@ -101,7 +105,7 @@ class UpstreamCluster:
             return self._bootstrap_conn
         for host, port in self.bootstrap:
             try:
-                self._bootstrap_conn = await KafkaConnection.open(host, port, self.client_id)
+                self._bootstrap_conn = await KafkaConnection.open(host, port, self.client_id, security=self.security)
                 return self._bootstrap_conn
             except (OSError, ConnectionError, TimeoutError) as exc:
                 last = exc

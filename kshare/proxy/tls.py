@@ -1,0 +1,96 @@
+"""TLS on the proxy's client listeners, and to the upstream cluster.
+
+Client side: one server context for every listener (bootstrap and per-broker), from
+``--tls-cert``/``--tls-key`` (PEM), requiring client certificates signed by ``--tls-client-ca``
+when given (mutual TLS). :meth:`ListenerTLS.reload` loads the files again into the same context,
+so new connections get the new certificate while open ones keep theirs; the proxy calls it on
+SIGHUP and when the files change (checked every ``WATCH_INTERVAL_S``). A certificate that fails
+to load is logged and the previous one stays.
+
+Upstream side: a client context for the proxy's connections to the brokers (``--upstream-tls``,
+``--upstream-tls-ca``, and a certificate of kshare's own for brokers that require one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+from dataclasses import dataclass
+
+log = logging.getLogger("kshare.proxy")
+
+WATCH_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    cert: str
+    key: str
+    client_ca: str | None = None  # require client certificates signed by this CA (mutual TLS)
+
+
+class ListenerTLS:
+    def __init__(self, files: TLSFiles) -> None:
+        self.files = files
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._load()  # a bad file at start-up is an error the caller reports
+        self._stamp = self._mtimes()
+        self._watch: asyncio.Task | None = None
+
+    def _load(self) -> None:
+        self.context.load_cert_chain(self.files.cert, self.files.key)
+        if self.files.client_ca:
+            self.context.load_verify_locations(self.files.client_ca)
+            self.context.verify_mode = ssl.CERT_REQUIRED
+
+    def _mtimes(self) -> tuple[float, ...]:
+        out = []
+        for path in (self.files.cert, self.files.key, self.files.client_ca):
+            try:
+                out.append(os.stat(path).st_mtime if path else 0.0)
+            except OSError:
+                out.append(-1.0)
+        return tuple(out)
+
+    def reload(self, why: str = "SIGHUP") -> bool:
+        """Load the certificate, key and client CA again; whether they loaded."""
+        try:
+            self._load()
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            log.error("TLS: reloading %s (%s) failed: %s; the previous certificate stays in use",
+                      self.files.cert, why, exc)
+            return False
+        self._stamp = self._mtimes()
+        log.info("TLS: certificate %s reloaded (%s); new connections use it", self.files.cert, why)
+        return True
+
+    def watch(self) -> None:
+        """Reload when the files change (e.g. a Kubernetes secret or cert-manager renewal)."""
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_loop())
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            stamp = self._mtimes()
+            if stamp != self._stamp:
+                if not self.reload("files changed"):
+                    self._stamp = stamp  # tried this version: wait for the next change
+
+    def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+
+def upstream_context(ca: str | None = None, cert: str | None = None, key: str | None = None,
+                     check_hostname: bool = True) -> ssl.SSLContext:
+    """A client context for connections to the brokers (system CAs unless ``ca`` is given)."""
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.check_hostname = check_hostname
+    if cert:
+        ctx.load_cert_chain(cert, key)
+    return ctx
