@@ -14,6 +14,8 @@ READ on a group     Heartbeat of member "" at generation -1 (GROUP_AUTHORIZATION
 DESCRIBE a group    DescribeGroups of the group
 DELETE a group      DeleteGroups of the group (share groups never exist upstream as consumer
                     groups: kshare refuses a share group whose id a consumer group uses)
+DESCRIBE_CONFIGS    DescribeConfigs of the GROUP resource, no keys
+ALTER_CONFIGS       IncrementalAlterConfigs of the GROUP resource, nothing to change, validate only
 READ on a topic     a sessionless Fetch of partition 0 at the largest offset (TOPIC_AUTHORIZATION_
                     FAILED, or out of range / not the leader: no record is read)
 DESCRIBE a topic    Metadata of the topic, without auto-creation
@@ -42,6 +44,7 @@ PROBE_TIMEOUT_S = 10.0
 DEFAULT_TTL_S = 30.0
 
 _FETCH, _METADATA, _HEARTBEAT, _DESCRIBE_GROUPS, _DELETE_GROUPS = 1, 3, 12, 15, 42
+_DESCRIBE_CONFIGS, _ALTER_CONFIGS, _GROUP_RESOURCE = 32, 44, 32
 _LAST_OFFSET = (1 << 63) - 1
 
 
@@ -49,6 +52,8 @@ class Operation(Enum):
     READ = "read"
     DESCRIBE = "describe"
     DELETE = "delete"
+    DESCRIBE_CONFIGS = "describe-configs"
+    ALTER_CONFIGS = "alter-configs"
 
 
 class AuthorizationUnknown(Exception):
@@ -132,6 +137,14 @@ def _question(op: Operation, kind: str, name: str) -> tuple[int, Any]:
             return _HEARTBEAT, messages.message_class("HeartbeatRequest")(group_id=name, generation_id=-1, member_id="")
         if op is Operation.DESCRIBE:
             return _DESCRIBE_GROUPS, messages.message_class("DescribeGroupsRequest")(groups=[name])
+        if op is Operation.DESCRIBE_CONFIGS:
+            describe = messages.message_class("DescribeConfigsRequest")
+            return _DESCRIBE_CONFIGS, describe(resources=[describe.DescribeConfigsResource(
+                resource_type=_GROUP_RESOURCE, resource_name=name, configuration_keys=[])])
+        if op is Operation.ALTER_CONFIGS:
+            alter = messages.message_class("IncrementalAlterConfigsRequest")
+            return _ALTER_CONFIGS, alter(validate_only=True, resources=[alter.AlterConfigsResource(
+                resource_type=_GROUP_RESOURCE, resource_name=name, configs=[])])
         return _DELETE_GROUPS, messages.message_class("DeleteGroupsRequest")(groups_names=[name])
     if op is Operation.READ:
         fetch = messages.message_class("FetchRequest")
@@ -151,6 +164,10 @@ def _error_code(api_key: int, resp: Any) -> int:
         return resp.groups[0].error_code if resp.groups else 0
     if api_key == _DELETE_GROUPS:
         return resp.results[0].error_code if resp.results else 0
+    if api_key == _DESCRIBE_CONFIGS:
+        return resp.results[0].error_code if resp.results else 0
+    if api_key == _ALTER_CONFIGS:
+        return resp.responses[0].error_code if resp.responses else 0
     if api_key == _FETCH:
         if getattr(resp, "error_code", 0) in (TOPIC_AUTHORIZATION_FAILED,):
             return resp.error_code

@@ -40,9 +40,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     results: dict[str, Any] = {g: Response.DeletableGroupResult(group_id=g, error_code=ErrorCode.NOT_COORDINATOR)
                                for g in elsewhere}
     if others:
-        node = conn.node_id
-        upstream = await (service.upstream.connection(node) if node is not None else service.upstream.any_connection())
-        resp = await upstream.request(API_KEY, version, type(req)(groups_names=others))
+        # the cluster's groups: asked on the client's own connection, so its ACLs decide
+        resp = await conn.probe(API_KEY, version, type(req)(groups_names=others))
         results.update({r.group_id: r for r in resp.results})
     for group_id in ours:
         code = await group_refusal(service, conn, Operation.DELETE, group_id)

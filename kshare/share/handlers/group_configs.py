@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ..authorization import Operation
 from ..config import CONFIG_DEFS, ConfigError, GroupConfig, validate
 from ..errors import ErrorCode
-from .common import admin_loaded, coordinated_elsewhere
+from .common import admin_loaded, coordinated_elsewhere, group_refusal
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -43,9 +44,9 @@ def alter_applies(service: ShareGroupService, header: Any, req: Any) -> bool:
                for r in req.resources)
 
 
-async def _forward(service: ShareGroupService, api_key: int, version: int, body: Any) -> Any:
-    conn = await service.upstream.any_connection()
-    return await conn.request(api_key, version, body)
+async def _forward(conn: ClientConnection, api_key: int, version: int, body: Any) -> Any:
+    """Ask the cluster on the client's own connection: its ACLs decide, as without kshare."""
+    return await conn.probe(api_key, version, body)
 
 
 async def _ask_coordinators(service: ShareGroupService, api_key: int, resources: list[Any], results: dict[int, Any],
@@ -102,10 +103,10 @@ class DescribeConfigs:
             ours = []
         if others:
             cls = type(req)
-            upstream = await _forward(service, 32, version, cls(resources=others, include_synonyms=req.include_synonyms,
+            upstream = await _forward(conn, 32, version, cls(resources=others, include_synonyms=req.include_synonyms,
                                                                 include_documentation=req.include_documentation))
             for r, res in zip(others, upstream.results, strict=False):
-                if r.resource_type == GROUP:
+                if r.resource_type == GROUP and res.error_code != ErrorCode.GROUP_AUTHORIZATION_FAILED:
                     # A group that is no share group (yet): as on Kafka 4.4, every group has the
                     # share group configs, at their defaults. The cluster adds what it knows of
                     # the group (consumer group configs), or knows nothing of GROUP resources.
@@ -119,9 +120,10 @@ class DescribeConfigs:
         for r in ours:
             group = service.share_group(r.resource_name)
             assert group is not None
+            refusal = await group_refusal(service, conn, Operation.DESCRIBE_CONFIGS, r.resource_name)
             results[id(r)] = DescribeResponse.DescribeConfigsResult(
-                error_code=0, error_message=None, resource_type=GROUP, resource_name=r.resource_name,
-                configs=_group_configs(group.config, r, req))
+                error_code=refusal, error_message=None, resource_type=GROUP, resource_name=r.resource_name,
+                configs=[] if refusal else _group_configs(group.config, r, req))
         return version, DescribeResponse(results=[results[id(r)] for r in req.resources])
 
 
@@ -173,11 +175,13 @@ class IncrementalAlterConfigs:
                     resource_name=r.resource_name)
             ours = []
         if others:
-            upstream = await _forward(service, 44, version, type(req)(resources=others, validate_only=req.validate_only))
+            upstream = await _forward(conn, 44, version, type(req)(resources=others, validate_only=req.validate_only))
             for r, res in zip(others, upstream.responses, strict=False):
                 results[id(r)] = res
         for r in ours:
-            code, message = await _alter_group(service, r, req.validate_only)
+            code, message = await group_refusal(service, conn, Operation.ALTER_CONFIGS, r.resource_name), None
+            if not code:
+                code, message = await _alter_group(service, r, req.validate_only)
             results[id(r)] = AlterResponse.AlterConfigsResourceResponse(
                 error_code=code, error_message=message, resource_type=GROUP, resource_name=r.resource_name)
         return version, AlterResponse(responses=[results[id(r)] for r in req.resources])

@@ -43,9 +43,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     if lists_cluster_groups and (not types or types - {SHARE}):
         upstream_req = type(req)(states_filter=list(req.states_filter),
                                  types_filter=[t for t in req.types_filter if t.lower() != SHARE])
-        node = conn.node_id
-        upstream = await (service.upstream.connection(node) if node is not None else service.upstream.any_connection())
-        resp = await upstream.request(API_KEY, version, upstream_req)
+        # on the client's own connection: the cluster lists what the client may describe
+        resp = await conn.probe(API_KEY, version, upstream_req)
         error, groups = resp.error_code, list(resp.groups)
     lists_share_groups = conn.node_id is None or conn.node_id == min(service.upstream.brokers, default=conn.node_id)
     if lists_share_groups and (not types or SHARE in types):
