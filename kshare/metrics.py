@@ -100,6 +100,10 @@ class ShareCollector(Collector):
                                     if service.ownership.map is not None else 0)
             yield GaugeMetricFamily("kshare_instance_epoch", "Epoch of the instance group's last ownership map",
                                     value=service.ownership.epoch)
+        yield CounterMetricFamily("kshare_authorization_checks", "Questions asked of the cluster, as a client, "
+                                  "whether it may do what it asked of the share-group service", value=service.authz.probes)
+        yield CounterMetricFamily("kshare_authorization_denials", "Of those, the ones the cluster refused",
+                                  value=service.authz.denials)
         acks = CounterMetricFamily("kshare_share_acknowledgements", "Records acknowledged, by type",
                                    labels=["group", "topic", "type"])
         for labels, n in stats.acks.items():
