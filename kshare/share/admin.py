@@ -78,7 +78,7 @@ async def _ask_leaders(service: ShareGroupService, api_key: int, group_id: str, 
     response = messages.message_class(messages.api(api_key).response.name)
     topic_cls = getattr(request, _TOPIC_DATA[api_key])
     for owner, parts in _by_owner(service, topic, partitions).values():
-        if owner is None or service.peers is None:
+        if owner is None or service.peers is None or service.is_me(owner):  # nobody, or moving here
             for p in parts:
                 results[p] = response.PartitionResult(partition=p, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
             continue

@@ -187,6 +187,9 @@ class ShareGroupService:
         group = self.coordinator.group(group_id)
         return group if group is not None and self.owns_group(group_id) else None
 
+    def is_me(self, instance: Instance) -> bool:
+        return self.instances is not None and instance.id == self.instances.me.id
+
     def me(self) -> Instance:
         """This proxy as the others of its instance group reach it."""
         assert self.proxy is not None and self.instances is not None
@@ -324,7 +327,7 @@ class ShareGroupService:
         assert self.peers is not None
         now = time.monotonic()
         owner = self.ownership.owner_of_group(group.group_id)
-        if owner is None:
+        if owner is None or self.is_me(owner):  # this proxy, still claiming it: not known yet
             return
         req = messages.message_class("DescribeConfigsRequest")
         body = req(resources=[req.DescribeConfigsResource(resource_type=32, resource_name=group.group_id,

@@ -58,6 +58,8 @@ async def _ask_coordinators(service: ShareGroupService, api_key: int, resources:
         owner = service.ownership.owner_of_group(r.resource_name)
         if owner is None or service.peers is None:
             results[id(r)] = failed(r, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        elif service.is_me(owner):  # moving here: its state is being replayed
+            results[id(r)] = failed(r, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         else:
             by_owner.setdefault(owner.id, (owner, []))[1].append(r)
     for owner, rs in by_owner.values():
