@@ -39,6 +39,8 @@ def expect_fencing(loop: asyncio.AbstractEventLoop) -> None:
     from aiokafka.errors import ProducerFenced
 
     previous = loop.get_exception_handler()
+    if getattr(previous, "expects_fencing", False):
+        return
 
     def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if isinstance(context.get("exception"), ProducerFenced):
@@ -49,6 +51,7 @@ def expect_fencing(loop: asyncio.AbstractEventLoop) -> None:
         else:
             loop.default_exception_handler(context)
 
+    handler.expects_fencing = True  # type: ignore[attr-defined]
     loop.set_exception_handler(handler)
 
 
@@ -125,6 +128,7 @@ class PartitionWriter:
                         raise
             except ProducerFenced as exc:
                 self.fenced = True
+                expect_fencing(asyncio.get_running_loop())  # aiokafka's leftovers of this fencing
                 # the store's owner says so to the operator, once per partition
                 log.debug("state partition %d: another proxy took it over (%s); this proxy no longer "
                           "writes it", self.partition, exc)
