@@ -16,6 +16,7 @@ from typing import Any
 
 from ..client import KafkaConnection, ProxyUpstreamUnavailable
 from ..protocol import messages
+from ..security import ClientSecurity
 
 LIST_OFFSETS, METADATA, FIND_COORDINATOR, LIST_GROUPS, DELETE_GROUPS = 2, 3, 10, 16, 42
 SHARE_GROUP_DESCRIBE, DESCRIBE_OFFSETS, ALTER_OFFSETS, DELETE_OFFSETS = 77, 90, 91, 92
@@ -87,7 +88,10 @@ class Unreachable(AdminError):
 
 
 SUPPORTED_PROPERTIES = ("client.id", "security.protocol", "request.timeout.ms", "default.api.timeout.ms",
-                        "bootstrap.servers")
+                        "sasl.mechanism", "sasl.username", "sasl.password", "sasl.jaas.config",
+                        "ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
+                        "ssl.endpoint.identification.algorithm", "bootstrap.servers")
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
 
 @dataclass(slots=True)
@@ -95,6 +99,7 @@ class ClientSettings:
     client_id: str = "kshare-groups"
     request_timeout_ms: int | None = None
     default_api_timeout_ms: int | None = None
+    security: ClientSecurity | None = None
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -132,12 +137,8 @@ def load_command_config(path: str | Path) -> ClientSettings:
     unknown = sorted(k for k in props if k not in SUPPORTED_PROPERTIES)
     if unknown:
         raise AdminError(f"--command-config {path}: unsupported propert{'ies' if len(unknown) > 1 else 'y'} "
-                         f"{', '.join(unknown)} (supported: {', '.join(SUPPORTED_PROPERTIES[:-1])}; "
-                         f"security.protocol=PLAINTEXT only)")
-    protocol = props.get("security.protocol", "PLAINTEXT").strip()
-    if protocol.upper() != "PLAINTEXT":
-        raise AdminError(f"--command-config {path}: security.protocol={protocol} is not supported "
-                         f"(only PLAINTEXT)")
+                         f"{', '.join(unknown)} (supported: {', '.join(SUPPORTED_PROPERTIES[:-1])})")
+    settings.security = _security(path, props)
     if "client.id" in props:
         settings.client_id = props["client.id"]
     for key, attr in (("request.timeout.ms", "request_timeout_ms"),
@@ -148,6 +149,44 @@ def load_command_config(path: str | Path) -> ClientSettings:
             except ValueError:
                 raise AdminError(f"--command-config {path}: {key} must be an integer") from None
     return settings
+
+
+def _security(path: str | Path, props: dict[str, str]) -> ClientSecurity | None:
+    """TLS and SASL from librdkafka-style properties (``sasl.username``/``sasl.password``,
+    ``ssl.ca.location``) or Java's ``sasl.jaas.config``."""
+    import re
+    import ssl
+
+    protocol = props.get("security.protocol", "PLAINTEXT").strip().upper()
+    if protocol not in PROTOCOLS:
+        raise AdminError(f"--command-config {path}: security.protocol={protocol} is not one of {', '.join(PROTOCOLS)}")
+    if protocol == "PLAINTEXT":
+        return None
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        try:
+            context = ssl.create_default_context(cafile=props.get("ssl.ca.location") or None)
+            if props.get("ssl.endpoint.identification.algorithm", "https").strip().lower() in ("", "none"):
+                context.check_hostname = False
+            if props.get("ssl.certificate.location"):
+                context.load_cert_chain(props["ssl.certificate.location"], props.get("ssl.key.location") or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise AdminError(f"--command-config {path}: cannot load the TLS files: {exc}") from None
+    mechanism = None
+    username = props.get("sasl.username")
+    password = props.get("sasl.password")
+    if protocol.startswith("SASL_"):
+        mechanism = props.get("sasl.mechanism", "PLAIN").strip().upper()
+        if mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+            raise AdminError(f"--command-config {path}: sasl.mechanism={mechanism} is not supported "
+                             f"(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+        jaas = props.get("sasl.jaas.config", "")
+        username = username or next(iter(re.findall(r'username="([^"]*)"', jaas)), None)
+        password = password or next(iter(re.findall(r'password="([^"]*)"', jaas)), None)
+        if not username or password is None:
+            raise AdminError(f"--command-config {path}: {mechanism} needs sasl.username and sasl.password "
+                             f"(or sasl.jaas.config)")
+    return ClientSecurity(ssl=context, sasl_mechanism=mechanism, username=username, password=password)
 
 
 def parse_bootstrap(value: str) -> list[tuple[str, int]]:
@@ -238,9 +277,10 @@ class ShareGroupAdmin:
     """Admin calls for share groups.  ``timeout_ms`` bounds each call (including its retries)."""
 
     def __init__(self, bootstrap: list[tuple[str, int]], *, client_id: str = "kshare-groups",
-                 timeout_ms: int = 30000) -> None:
+                 timeout_ms: int = 30000, security: ClientSecurity | None = None) -> None:
         self.bootstrap = bootstrap
         self.client_id = client_id
+        self.security = security
         self.timeout = timeout_ms / 1000.0
         self.brokers: dict[int, Node] = {}
         self.topics: dict[str, TopicMeta] = {}
@@ -265,7 +305,8 @@ class ShareGroupAdmin:
                 remaining = deadline - time.monotonic()
                 try:
                     self._bootstrap_conn = await asyncio.wait_for(
-                        KafkaConnection.open(host, port, self.client_id, timeout=max(0.1, remaining)),
+                        KafkaConnection.open(host, port, self.client_id, timeout=max(0.1, remaining),
+                                             security=self.security),
                         max(0.1, remaining))
                     await self.refresh_metadata()
                     return
@@ -300,7 +341,7 @@ class ShareGroupAdmin:
         if conn is not None and not conn.closed:
             return conn
         conn = await asyncio.wait_for(KafkaConnection.open(node.host, node.port, self.client_id,
-                                                           timeout=self.timeout), self.timeout)
+                                                           timeout=self.timeout, security=self.security), self.timeout)
         self._conns[key] = conn
         return conn
 

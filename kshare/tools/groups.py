@@ -167,7 +167,9 @@ ACTION_FLAGS = "--list, --describe, --delete, --reset-offsets, --delete-offsets"
 @click.option("--bootstrap-server", required=True, metavar="HOST:PORT[,HOST:PORT]",
               help="REQUIRED: the server(s) to connect to (kshare or a Kafka 4.x cluster).")
 @click.option("--command-config", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Client properties file (client.id, security.protocol=PLAINTEXT, request.timeout.ms).")
+              help="Client properties file: client.id, request.timeout.ms, security.protocol (PLAINTEXT, SSL, "
+                   "SASL_PLAINTEXT, SASL_SSL), sasl.mechanism (PLAIN, SCRAM-SHA-256/512), sasl.username, "
+                   "sasl.password or sasl.jaas.config, ssl.ca.location, ssl.certificate.location, ssl.key.location.")
 @click.option("--list", "list_", is_flag=True, help="List all share groups.")
 @click.option("--describe", is_flag=True,
               help="Describe share groups: offsets and lag (default), --members or --state.")
@@ -283,7 +285,8 @@ def groups(bootstrap_server: str, command_config: str | None, list_: bool, descr
     client_id = settings.client_id if settings else "kshare-groups"
 
     async def run() -> int:
-        async with ShareGroupAdmin(servers, client_id=client_id, timeout_ms=timeout_ms) as admin:
+        async with ShareGroupAdmin(servers, client_id=client_id, timeout_ms=timeout_ms,
+                                   security=settings.security if settings else None) as admin:
             if action == "list":
                 return await do_list(admin, states, show_state=state is not None, json_out=json_out)
             names = list(dict.fromkeys(groups_))

@@ -382,16 +382,20 @@ def test_errors(kafka39, kshare, topic_name):
     ]:
         assert text in groups_err(ks, *args, code=2), args
 
-    # --command-config: client.id and PLAINTEXT are fine, anything else is refused plainly
+    # --command-config: client.id and PLAINTEXT are fine, unknown or incomplete settings are refused plainly
     cfg = Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"kshare-cli-{uuid.uuid4().hex[:6]}.properties"
     try:
         cfg.write_text("# admin settings\nclient.id = cli-admin\nsecurity.protocol=PLAINTEXT\n")
         groups_ok(ks, "--list", "--command-config", str(cfg))
-        cfg.write_text("client.id=x\nsasl.mechanism=PLAIN\n")
+        cfg.write_text("client.id=x\nssl.truststore.location=/x.jks\n")
         err = groups_err(ks, "--list", "--command-config", str(cfg))
-        assert err.startswith("Error: --command-config") and "unsupported property sasl.mechanism" in err
+        assert err.startswith("Error: --command-config") and "unsupported property ssl.truststore.location" in err
         cfg.write_text("security.protocol=SASL_SSL\n")
-        assert "security.protocol=SASL_SSL is not supported" in groups_err(ks, "--list", "--command-config", str(cfg))
+        assert "PLAIN needs sasl.username and sasl.password" in groups_err(ks, "--list", "--command-config", str(cfg))
+        cfg.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\n")
+        assert "sasl.mechanism=GSSAPI is not supported" in groups_err(ks, "--list", "--command-config", str(cfg))
+        cfg.write_text("security.protocol=TLS\n")
+        assert "security.protocol=TLS is not one of" in groups_err(ks, "--list", "--command-config", str(cfg))
     finally:
         cfg.unlink(missing_ok=True)
 
