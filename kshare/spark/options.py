@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..tools.admin_client import AdminError, parse_bootstrap
+from ..tools.admin_client import AdminError, client_security, parse_bootstrap
 
 REQUIRED = ("kafka.bootstrap.servers", "kafka.share.group.id", "subscribe")
 # kafka.* options the share member itself honours; the rest go to the commit channel's client
@@ -84,9 +84,9 @@ def _client(lower: Mapping[str, str]) -> dict:
             from None
     kafka = tuple(sorted((k[len("kafka."):], v) for k, v in lower.items()
                          if k.startswith("kafka.") and k not in REQUIRED))
-    protocol = dict(kafka).get("security.protocol", "plaintext").lower()
-    if protocol != "plaintext":
-        raise OptionError(f"kshare source: kafka.security.protocol={protocol} is not supported "
-                          "(the share member speaks PLAINTEXT only)")
+    try:  # checked here, on the driver: the executors build the same from the same strings
+        client_security(dict(kafka), "kshare source: kafka.* options")
+    except AdminError as exc:
+        raise OptionError(str(exc)) from None
     return {"bootstrap": lower["kafka.bootstrap.servers"].strip(), "group": lower["kafka.share.group.id"].strip(),
             "kafka": kafka}

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tools.admin_client import parse_bootstrap
+from ..tools.admin_client import client_security, parse_bootstrap
 from ..tools.share_member import ACCEPT, RELEASE, RENEW, Acquired, Record, ShareMember
 from .commits import CommitChannel, Marker, RetryNotices
 from .ledger import Entry, Ledger, LedgerFormatError, within
@@ -61,7 +61,8 @@ class MemberHost:
         timeout = int(opts.kafka_option("request.timeout.ms", "30000") or 30000)
         self.member = ShareMember(parse_bootstrap(opts.bootstrap), opts.group, list(opts.topics),
                                   client_id=opts.kafka_option("client.id", "kshare-spark") or "kshare-spark",
-                                  rack=opts.kafka_option("client.rack"), timeout_ms=timeout)
+                                  rack=opts.kafka_option("client.rack"), timeout_ms=timeout,
+                                  security=client_security(dict(opts.kafka)))
         self.holdings: list[Holding] = []
         self._channels: dict[str, CommitChannel] = {}
         self._notices: dict[str, RetryNotices] = {}

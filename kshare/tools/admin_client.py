@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +138,7 @@ def load_command_config(path: str | Path) -> ClientSettings:
     if unknown:
         raise AdminError(f"--command-config {path}: unsupported propert{'ies' if len(unknown) > 1 else 'y'} "
                          f"{', '.join(unknown)} (supported: {', '.join(SUPPORTED_PROPERTIES[:-1])})")
-    settings.security = _security(path, props)
+    settings.security = _security(f"--command-config {path}", props)
     if "client.id" in props:
         settings.client_id = props["client.id"]
     for key, attr in (("request.timeout.ms", "request_timeout_ms"),
@@ -151,15 +151,20 @@ def load_command_config(path: str | Path) -> ClientSettings:
     return settings
 
 
-def _security(path: str | Path, props: dict[str, str]) -> ClientSecurity | None:
+def client_security(props: Mapping[str, str], where: str = "client properties") -> ClientSecurity | None:
     """TLS and SASL from librdkafka-style properties (``sasl.username``/``sasl.password``,
-    ``ssl.ca.location``) or Java's ``sasl.jaas.config``."""
+    ``ssl.ca.location``) or Java's ``sasl.jaas.config``; None for PLAINTEXT. Raises AdminError
+    saying what is wrong."""
+    return _security(where, props)
+
+
+def _security(where: str, props: Mapping[str, str]) -> ClientSecurity | None:
     import re
     import ssl
 
     protocol = props.get("security.protocol", "PLAINTEXT").strip().upper()
     if protocol not in PROTOCOLS:
-        raise AdminError(f"--command-config {path}: security.protocol={protocol} is not one of {', '.join(PROTOCOLS)}")
+        raise AdminError(f"{where}: security.protocol={protocol} is not one of {', '.join(PROTOCOLS)}")
     if protocol == "PLAINTEXT":
         return None
     context = None
@@ -171,20 +176,20 @@ def _security(path: str | Path, props: dict[str, str]) -> ClientSecurity | None:
             if props.get("ssl.certificate.location"):
                 context.load_cert_chain(props["ssl.certificate.location"], props.get("ssl.key.location") or None)
         except (OSError, ssl.SSLError) as exc:
-            raise AdminError(f"--command-config {path}: cannot load the TLS files: {exc}") from None
+            raise AdminError(f"{where}: cannot load the TLS files: {exc}") from None
     mechanism = None
     username = props.get("sasl.username")
     password = props.get("sasl.password")
     if protocol.startswith("SASL_"):
         mechanism = props.get("sasl.mechanism", "PLAIN").strip().upper()
         if mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
-            raise AdminError(f"--command-config {path}: sasl.mechanism={mechanism} is not supported "
+            raise AdminError(f"{where}: sasl.mechanism={mechanism} is not supported "
                              f"(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
         jaas = props.get("sasl.jaas.config", "")
         username = username or next(iter(re.findall(r'username="([^"]*)"', jaas)), None)
         password = password or next(iter(re.findall(r'password="([^"]*)"', jaas)), None)
         if not username or password is None:
-            raise AdminError(f"--command-config {path}: {mechanism} needs sasl.username and sasl.password "
+            raise AdminError(f"{where}: {mechanism} needs sasl.username and sasl.password "
                              f"(or sasl.jaas.config)")
     return ClientSecurity(ssl=context, sasl_mechanism=mechanism, username=username, password=password)
 

@@ -8,7 +8,7 @@ renews (ShareAcknowledge v2 RENEW) whenever it likes, on the share session that 
 
 It speaks only the wire protocol (ShareGroupHeartbeat v1 to the group coordinator, ShareFetch and
 ShareAcknowledge to each partition's leader), so it works against kshare and against a native
-Apache Kafka 4.x cluster with share groups. PLAINTEXT only.
+Apache Kafka 4.x cluster with share groups. TLS and SASL (PLAIN, SCRAM) through ``security``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from aiokafka.record.memory_records import MemoryRecords
 
 from ..protocol import messages
+from ..security import ClientSecurity
 from .admin_client import AdminError, Node, ShareGroupAdmin, error_name
 
 log = logging.getLogger("kshare.share_member")
@@ -104,11 +105,12 @@ class ShareMember:
     ``acknowledge`` / ``renew`` / ``close`` from one event loop."""
 
     def __init__(self, bootstrap: list[tuple[str, int]], group: str, topics: list[str], *,
-                 client_id: str = "kshare-member", rack: str | None = None, timeout_ms: int = 30000) -> None:
+                 client_id: str = "kshare-member", rack: str | None = None, timeout_ms: int = 30000,
+                 security: ClientSecurity | None = None) -> None:
         self.group = group
         self.topics = topics
         self.rack = rack
-        self.cluster = ShareGroupAdmin(bootstrap, client_id=client_id, timeout_ms=timeout_ms)
+        self.cluster = ShareGroupAdmin(bootstrap, client_id=client_id, timeout_ms=timeout_ms, security=security)
         self.member_id = str(uuid.uuid4())
         self.epoch = 0
         self.assignment: set[tuple[bytes, int]] = set()

@@ -28,7 +28,8 @@ def test_missing_required_option(name):
     ({"parallelism": "x"}, "parallelism must be an integer"),
     ({"parallelism": "0"}, "parallelism must be at least 1"),
     ({"kafka.bootstrap.servers": "nohost"}, "not HOST:PORT"),
-    ({"kafka.security.protocol": "SSL"}, "PLAINTEXT only"),
+    ({"kafka.security.protocol": "SASL_SSL"}, "PLAIN needs sasl.username and sasl.password"),
+    ({"kafka.security.protocol": "TLS"}, "security.protocol=TLS is not one of"),
 ])
 def test_bad_options(opts, message):
     with pytest.raises(OptionError, match=message) as err:
