@@ -14,7 +14,7 @@ from ..protocol import messages
 from . import filters
 from .config import ProxyConfig
 from .connection import ClientConnection
-from .tls import ListenerTLS
+from .tls import ListenerTLS, quiet_hang_ups
 from .virtual import ClusterView
 
 log = logging.getLogger("kshare.proxy")
@@ -216,6 +216,8 @@ class Proxy:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
+        if self.tls is not None or cfg.upstream_security.ssl is not None:
+            quiet_hang_ups(loop)
         if self.tls is not None:
             self.tls.watch()
         self.bootstrap_server = await loop.create_server(

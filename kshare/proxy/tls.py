@@ -86,6 +86,31 @@ class ListenerTLS:
             self._watch = None
 
 
+def quiet_hang_ups(loop: asyncio.AbstractEventLoop) -> None:
+    """A TLS peer that hangs up while a handshake is still in flight (a load balancer's health
+    check, a port scan, a client closing at once, and with it the proxy's TLS connection to the
+    broker) makes uvloop report "Fatal error on SSL protocol" with a traceback at ERROR (its SSL
+    protocol writes to the transport it is closing). Nothing was lost and nobody is to blame:
+    those reports go to DEBUG, everything else to the loop's previous handler."""
+    previous = loop.get_exception_handler()
+    if getattr(previous, "quiets_hang_ups", False):
+        return
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        exc = context.get("exception")
+        if str(context.get("message", "")).startswith("Fatal error on SSL") and isinstance(
+                exc, (RuntimeError, ConnectionError, ssl.SSLError, OSError)):
+            log.debug("%s: %r (a TLS peer hung up)", context.get("message"), exc)
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    handler.quiets_hang_ups = True  # type: ignore[attr-defined]
+    loop.set_exception_handler(handler)
+
+
 def upstream_context(ca: str | None = None, cert: str | None = None, key: str | None = None,
                      check_hostname: bool = True) -> ssl.SSLContext:
     """A client context for connections to the brokers (system CAs unless ``ca`` is given)."""

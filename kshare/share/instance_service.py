@@ -81,7 +81,8 @@ class InstanceGroupMember:
             # a fenced writer of a partition given back is replaced (the new one fences nobody but it)
             await self.store.release([p for p in gained if p in self.store.claimed()])
             await self.store.claim(gained)
-            ownership.claimed = frozenset(self.store.claimed())
+            # what was claimed now, with what stays: never what the store still holds fenced
+            ownership.claimed = ownership.claimed | frozenset(gained)
             adopted = 0
             for record in self.store.groups().values():
                 if record.group_id not in self.coordinator.groups or not self.coordinator.groups[record.group_id].members:
@@ -136,7 +137,8 @@ class InstanceGroupMember:
         async with self._ownership_lock:
             ownership = self.ownership
             assert isinstance(ownership, GroupOwnership)
-            if partition not in ownership.claimed:  # not claimed again meanwhile
+            # unless claimed again meanwhile (a new writer, which nobody fenced)
+            if partition not in ownership.claimed and partition in self.store.fenced_partitions():
                 await self._give_up([partition])
 
     async def group_configs_from_owner(self: ShareGroupService, group: ShareGroup, max_age: float = 5.0) -> bool:

@@ -452,6 +452,10 @@ class TopicStateStore:
     def claimed(self) -> list[int]:
         return sorted(self._writers)
 
+    def fenced_partitions(self) -> set[int]:
+        """Claimed partitions whose writer another proxy fenced (not released yet)."""
+        return {p for p, w in self._writers.items() if w.fenced}
+
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -852,7 +856,7 @@ class TopicStateStore:
             except Fenced:
                 for rec in recs:
                     rec.error = StateNotOwned(f"state partition {p} was taken over by another proxy")
-                if self.on_fenced is not None:
+                if self.on_fenced is not None and self._writers.get(p) is writer:  # not a replaced writer
                     self.on_fenced(p)
                 return
             except Exception as exc:  # noqa: BLE001 - reported to the callers

@@ -9,6 +9,7 @@ nothing could be acquired, and answer only once every state change it made is du
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,8 @@ API_KEY = 78
 VERSIONS = (1, 2)
 
 Response = messages.message_class("ShareFetchResponse")
+log = logging.getLogger("kshare.share")
+_REFUSED_TO_KSHARE: set[str] = set()  # topics kshare's own principal may not read (warned once each)
 DEFAULT_MAX_RECORDS = 500
 
 
@@ -192,6 +195,12 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
             service.skip_to_log_start(sp, read.log_start_offset)
             continue
         if read.error_code:
+            if read.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED and topic.name not in _REFUSED_TO_KSHARE:
+                # the client may read it (asked above): kshare's own principal may not
+                _REFUSED_TO_KSHARE.add(topic.name)
+                log.warning("the cluster refuses kshare's own principal READ on topic %s, which share group %s "
+                            "reads: grant it READ (docs/security.md); its consumers get TOPIC_AUTHORIZATION_FAILED",
+                            topic.name, group_id)
             out.partition(topic_id, partition).error_code = read.error_code
             continue
         if not read.batches or sp.engine is not engine:
