@@ -3,6 +3,12 @@
 Kafka's group coordinator asks its share coordinators with these; in an instance group the proxy
 coordinating a share group asks the proxies leading its share-partitions (``kshare.share.admin``).
 Each proxy answers for the share-partitions it leads, NOT_COORDINATOR for the others.
+
+Kafka reserves these to brokers (CLUSTER_ACTION). Here any client can send them, so each is
+authorized as the admin RPC it serves, asked of the cluster as the caller (normally kshare's own
+principal on a peer proxy): reading state needs DESCRIBE on the group and the topic (as
+DescribeShareGroupOffsets), writing it READ on both (as AlterShareGroupOffsets), deleting it
+DELETE on the group and READ on the topic (as DeleteShareGroupOffsets).
 """
 
 from __future__ import annotations
@@ -11,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
 from .. import admin
+from ..authorization import Operation
 from ..errors import ErrorCode
 from ..states import ShareSnapshot
 from ..store import SharePartitionKey
+from .common import group_refusal, topic_refusals
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -21,6 +29,15 @@ if TYPE_CHECKING:
 
 NOT_LEADER = "This proxy does not lead the share-partition."
 LOADING = "The share group state is still loading."
+
+
+async def _authorize(service: ShareGroupService, conn: ClientConnection, req: Any, group_op: Operation,
+                     topic_op: Operation) -> tuple[int, dict[bytes, int]]:
+    """(the group's refusal, topic id -> refusal) for the caller, asked of the cluster."""
+    code = await group_refusal(service, conn, group_op, req.group_id)
+    if code:
+        return code, {}
+    return 0, await topic_refusals(service, conn, topic_op, [t.topic_id for t in req.topics])
 
 
 def _refusal(service: ShareGroupService, topic_id: bytes, partition: int) -> tuple[int, str | None]:
@@ -41,11 +58,13 @@ class ReadShareGroupState:
     @classmethod
     async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         R = cls.Response
+        group_refused, topics_refused = await _authorize(service, conn, req, Operation.DESCRIBE, Operation.DESCRIBE)
         results = []
         for t in req.topics:
             parts = []
             for p in t.partitions:
                 code, message = _refusal(service, t.topic_id, p.partition)
+                code = group_refused or topics_refused.get(t.topic_id) or code
                 if code:
                     parts.append(R.PartitionResult(partition=p.partition, error_code=code, error_message=message,
                                                    start_offset=-1))
@@ -72,11 +91,13 @@ class WriteShareGroupState:
     @classmethod
     async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         R = cls.Response
+        group_refused, topics_refused = await _authorize(service, conn, req, Operation.READ, Operation.READ)
         results = []
         for t in req.topics:
             parts = []
             for p in t.partitions:
                 code, message = _refusal(service, t.topic_id, p.partition)
+                code = group_refused or topics_refused.get(t.topic_id) or code
                 if not code and (p.state_batches or p.start_offset < 0):
                     code, message = ErrorCode.INVALID_REQUEST, "Only a start offset without state batches is written."
                 if not code:
@@ -98,6 +119,7 @@ class DeleteShareGroupState:
     @classmethod
     async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         R = cls.Response
+        group_refused, topics_refused = await _authorize(service, conn, req, Operation.DELETE, Operation.READ)
         results = []
         for t in req.topics:
             parts, keys = [], []
@@ -105,6 +127,7 @@ class DeleteShareGroupState:
                 code, message = _refusal(service, t.topic_id, p.partition)
                 if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                     code, message = ErrorCode.NONE, None  # a deleted topic: its state goes too
+                code = group_refused or topics_refused.get(t.topic_id) or code
                 if not code:
                     keys.append(SharePartitionKey(req.group_id, t.topic_id, p.partition))
                 parts.append(R.PartitionResult(partition=p.partition, error_code=code, error_message=message))
