@@ -49,17 +49,22 @@ async def rewrite_metadata(proxy: Proxy, body: Any, version: int) -> None:
         _virtualize_metadata(proxy, view, body, version)
 
 
+def _every_listener(view: ClusterView, brokers: Any, broker_ids: Any) -> list[tuple[Any, int, str, int]]:
+    """(broker entry, node id, host, port) of every proxy's listener for every upstream broker."""
+    out = []
+    for b, broker_id in zip(brokers, broker_ids, strict=True):
+        for slot in sorted(view.peers):
+            endpoint = view.endpoint(slot, broker_id)
+            if endpoint is not None:
+                out.append((b, *endpoint))
+    return out
+
+
 def _virtualize_metadata(proxy: Proxy, view: ClusterView, body: Any, version: int) -> None:
     """One virtual cluster: every proxy's listener for every broker is a node, and a partition's
     leader (with its replicas) is named through the listeners of the proxy that owns it."""
-    brokers = []
-    for b in body.brokers:
-        for slot in sorted(view.peers):
-            endpoint = view.endpoint(slot, b.node_id)
-            if endpoint is not None:
-                node, host, port = endpoint
-                brokers.append(type(b)(node_id=node, host=host, port=port, rack=b.rack))
-    body.brokers = brokers
+    body.brokers = [type(b)(node_id=node, host=host, port=port, rack=b.rack)
+                    for b, node, host, port in _every_listener(view, body.brokers, [x.node_id for x in body.brokers])]
     if version >= 1 and body.controller_id >= 0:
         body.controller_id = virtual_node(view.me, body.controller_id)
     for topic in body.topics:
@@ -111,14 +116,8 @@ async def rewrite_describe_cluster(proxy: Proxy, body: Any, version: int) -> Non
     view = proxy.view
     if view is None:
         return
-    brokers = []
-    for b in body.brokers:
-        for slot in sorted(view.peers):
-            endpoint = view.endpoint(slot, b.broker_id)
-            if endpoint is not None:
-                node, host, port = endpoint
-                brokers.append(type(b)(broker_id=node, host=host, port=port, rack=b.rack))
-    body.brokers = brokers
+    body.brokers = [type(b)(broker_id=node, host=host, port=port, rack=b.rack)
+                    for b, node, host, port in _every_listener(view, body.brokers, [x.broker_id for x in body.brokers])]
     if body.controller_id >= 0:
         body.controller_id = virtual_node(view.me, body.controller_id)
 

@@ -13,6 +13,7 @@ DELETE on the group and READ on the topic (as DeleteShareGroupOffsets).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
@@ -31,23 +32,30 @@ NOT_LEADER = "This proxy does not lead the share-partition."
 LOADING = "The share group state is still loading."
 
 
-async def _authorize(service: ShareGroupService, conn: ClientConnection, req: Any, group_op: Operation,
-                     topic_op: Operation) -> tuple[int, dict[bytes, int]]:
-    """(the group's refusal, topic id -> refusal) for the caller, asked of the cluster."""
-    code = await group_refusal(service, conn, group_op, req.group_id)
-    if code:
-        return code, {}
-    return 0, await topic_refusals(service, conn, topic_op, [t.topic_id for t in req.topics])
+Refusal = Callable[[bytes, int], tuple[int, str | None]]
 
 
-def _refusal(service: ShareGroupService, topic_id: bytes, partition: int) -> tuple[int, str | None]:
-    if not service.loaded:
-        return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, LOADING
-    if not service.owns_partition(topic_id, partition):
-        return ErrorCode.NOT_COORDINATOR, NOT_LEADER
-    if topic_id not in service.upstream.by_id:
-        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "Unknown topic id."
-    return ErrorCode.NONE, None
+async def _refusals(service: ShareGroupService, conn: ClientConnection, req: Any, group_op: Operation,
+                    topic_op: Operation, *, gone_topics: bool = False) -> Refusal:
+    """Why a partition of the request is not answered (0: it is): the caller may not (asked of the
+    cluster), the state is loading, this proxy does not lead it, or the topic is unknown (unless
+    ``gone_topics``: the state of a deleted topic may still be deleted)."""
+    group_refused = await group_refusal(service, conn, group_op, req.group_id)
+    topics_refused = {} if group_refused else await topic_refusals(service, conn, topic_op,
+                                                                    [t.topic_id for t in req.topics])
+
+    def refusal(topic_id: bytes, partition: int) -> tuple[int, str | None]:
+        if group_refused or topic_id in topics_refused:
+            return group_refused or topics_refused[topic_id], None
+        if not service.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, LOADING
+        if not service.owns_partition(topic_id, partition):
+            return ErrorCode.NOT_COORDINATOR, NOT_LEADER
+        if topic_id not in service.upstream.by_id and not gone_topics:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "Unknown topic id."
+        return ErrorCode.NONE, None
+
+    return refusal
 
 
 class ReadShareGroupState:
@@ -58,13 +66,12 @@ class ReadShareGroupState:
     @classmethod
     async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         R = cls.Response
-        group_refused, topics_refused = await _authorize(service, conn, req, Operation.DESCRIBE, Operation.DESCRIBE)
+        refusal = await _refusals(service, conn, req, Operation.DESCRIBE, Operation.DESCRIBE)
         results = []
         for t in req.topics:
             parts = []
             for p in t.partitions:
-                code, message = _refusal(service, t.topic_id, p.partition)
-                code = group_refused or topics_refused.get(t.topic_id) or code
+                code, message = refusal(t.topic_id, p.partition)
                 if code:
                     parts.append(R.PartitionResult(partition=p.partition, error_code=code, error_message=message,
                                                    start_offset=-1))
@@ -91,13 +98,12 @@ class WriteShareGroupState:
     @classmethod
     async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         R = cls.Response
-        group_refused, topics_refused = await _authorize(service, conn, req, Operation.READ, Operation.READ)
+        refusal = await _refusals(service, conn, req, Operation.READ, Operation.READ)
         results = []
         for t in req.topics:
             parts = []
             for p in t.partitions:
-                code, message = _refusal(service, t.topic_id, p.partition)
-                code = group_refused or topics_refused.get(t.topic_id) or code
+                code, message = refusal(t.topic_id, p.partition)
                 if not code and (p.state_batches or p.start_offset < 0):
                     code, message = ErrorCode.INVALID_REQUEST, "Only a start offset without state batches is written."
                 if not code:
@@ -119,15 +125,12 @@ class DeleteShareGroupState:
     @classmethod
     async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         R = cls.Response
-        group_refused, topics_refused = await _authorize(service, conn, req, Operation.DELETE, Operation.READ)
+        refusal = await _refusals(service, conn, req, Operation.DELETE, Operation.READ, gone_topics=True)
         results = []
         for t in req.topics:
             parts, keys = [], []
             for p in t.partitions:
-                code, message = _refusal(service, t.topic_id, p.partition)
-                if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                    code, message = ErrorCode.NONE, None  # a deleted topic: its state goes too
-                code = group_refused or topics_refused.get(t.topic_id) or code
+                code, message = refusal(t.topic_id, p.partition)
                 if not code:
                     keys.append(SharePartitionKey(req.group_id, t.topic_id, p.partition))
                 parts.append(R.PartitionResult(partition=p.partition, error_code=code, error_message=message))
