@@ -54,6 +54,8 @@ SLOW_FINDER_PAUSE = 1.0
 # Brokers that hold a long poll although data arrived (see PartitionLog._learn)
 QUICK_WAIT_MS = 2
 QUICK_MAX_WAIT_MS = 64
+# Read ahead while the cached data after a read holds fewer than this many reads of its size.
+READ_AHEAD_READS = 2
 # The smallest Fetch a log with a small share of the record cache still asks for.
 MIN_FETCH_BYTES = 64 << 10
 # Evicted batches are dropped from a run's lists in bulk, once this many have accumulated.
@@ -199,9 +201,17 @@ class PartitionLog:
         with ``until``, none starting at or past it (but always at least one)."""
         cached = self._cached(offset, max_bytes, until)
         if cached is not None and cached.batches:
+            self._read_ahead(offset, cached.batches[-1][0].last_offset + 1)
             return cached
         if 0 <= self.high_watermark <= offset and self._poll is not None and not self._poll.done():
             return ReadResult(ErrorCode.NONE, fetch_offset=offset)  # nothing new yet; the poll will tell
+        res, _ = await asyncio.shield(self._fetch_at(offset))
+        if res.error_code:
+            return ReadResult(res.error_code, fetch_offset=offset, log_start_offset=res.log_start_offset)
+        return self._cached(offset, max_bytes, until) or ReadResult(ErrorCode.NONE, fetch_offset=offset)
+
+    def _fetch_at(self, offset: int) -> asyncio.Task:
+        """The Fetch at ``offset``: the one running already, or a new one."""
         task = self._fetching.get(offset)
         if task is None:
             # no wait: the cluster answers at once with what it has (a broker that does not find
@@ -210,10 +220,23 @@ class PartitionLog:
             task = asyncio.get_running_loop().create_task(self._fetch(offset, wait, ""))
             self._fetching[offset] = task
             task.add_done_callback(lambda _t, o=offset: self._fetching.pop(o, None))
-        res, _ = await asyncio.shield(task)
-        if res.error_code:
-            return ReadResult(res.error_code, fetch_offset=offset, log_start_offset=res.log_start_offset)
-        return self._cached(offset, max_bytes, until) or ReadResult(ErrorCode.NONE, fetch_offset=offset)
+        return task
+
+    def _read_ahead(self, offset: int, served_end: int) -> None:
+        """A read served [offset, served_end) from the cache: if the cached stretch after it holds
+        less than READ_AHEAD_READS more such reads and the cluster has more, fetch the next data
+        now, in the background, so that the next share fetches find it cached instead of waiting
+        for a Fetch round trip (a consumer reading as fast as it can would otherwise wait for one
+        every few share fetches)."""
+        end = self._end_after(served_end - 1)
+        if end >= self._readable_end() or end - served_end >= READ_AHEAD_READS * (served_end - offset):
+            return
+        if end in self._fetching or self._slow_finder:
+            return
+        if self._poll is not None and not self._poll.done() and self._poll_offset == end:
+            return
+        task = self._fetch_at(end)
+        task.add_done_callback(_retrieve)
 
     def _readable_end(self) -> int:
         """Where the data a Fetch may return ends, as last heard (-1 unknown)."""
@@ -468,6 +491,13 @@ class PartitionLog:
     def close(self) -> None:
         if self._poll is not None:
             self._poll.cancel()
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """A read-ahead nobody awaits (yet): its failure is retrieved so nothing warns; a reader that
+    needs the data asks again."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _add_aborted(out: list[tuple[int, int]], pieces: list[tuple[int, int, list[tuple[int, int]]]], lo: int,

@@ -256,6 +256,46 @@ def test_eviction_drops_the_oldest_never_what_was_just_fetched() -> None:
     asyncio.run(main())
 
 
+def test_sequential_reads_find_the_next_data_fetched_ahead() -> None:
+    """A consumer reading as fast as it can must not wait for a Fetch round trip every few share
+    fetches: when the cached data after a read runs low and the cluster has more, the next Fetch
+    starts in the background. Only the first read waits; the cache stays within its budget."""
+    class SlowUpstream(FakeUpstream):
+        async def _fetch(self, offset, max_bytes, max_wait_ms):
+            await asyncio.sleep(0.02)
+            return await super()._fetch(offset, max_bytes, max_wait_ms)
+
+    async def main() -> None:
+        up = SlowUpstream()
+        for _ in range(120):
+            up.append(count=10, payload=8000)  # 8 batches per 64 KiB Fetch
+        budget = 256 << 10
+        plog = make_log(up, fetch_bytes=64 << 10, budget_bytes=budget)
+        size = len(up.batches[0][2])
+        offset, waited = 0, 0
+        loop = asyncio.get_running_loop()
+        while offset < up.end:
+            t0 = loop.time()
+            read = await plog.read(offset, 2 * size)
+            if loop.time() - t0 >= 0.015:
+                waited += 1
+            assert read.batches and read.batches[0][0].base_offset == offset
+            offset = read.batches[-1][0].last_offset + 1
+            assert plog.cached_bytes <= budget + 64 << 10
+            await asyncio.sleep(0.015)  # the consumer's work between share fetches
+        assert waited == 1, f"{waited} reads waited for a Fetch"
+        fetched = [o for o, _, _ in up.fetches]
+        assert fetched == sorted(set(fetched))  # each offset fetched once, in order
+
+        # a log the cluster has no more data for starts nothing
+        done = len(up.fetches)
+        await plog.read(up.end - 10, 1 << 20)
+        await asyncio.sleep(0.05)
+        assert len(up.fetches) == done
+
+    asyncio.run(main())
+
+
 def test_a_read_in_a_gap_is_served_from_the_cache_next_time() -> None:
     async def main() -> None:
         up = FakeUpstream()
