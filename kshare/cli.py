@@ -310,6 +310,56 @@ def ready(metrics_address: str, timeout: float) -> None:
         time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
 
+_BENCH_SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory")
+
+
+@main.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Results folder (default: bench-results/<timestamp>).")
+@click.option("--only", multiple=True, type=click.Choice(_BENCH_SCENARIOS),
+              help="Run only this scenario (repeatable; default: all).")
+@click.option("--quick", is_flag=True, help="Small sizes and one repeat: a smoke run of a few minutes.")
+@click.option("--repeats", type=click.IntRange(1), default=None,
+              help="Alternated repeats per configuration (default 3, 1 with --quick).")
+@click.option("--upstream", default=None, metavar="HOST:PORT",
+              help="Front this existing cluster instead of starting Apache Kafka 3.9 (no bare relay then).")
+@click.option("--proxy-arg", "proxy_args", multiple=True, metavar="ARG",
+              help="One more argument for the `kshare proxy` under test (repeatable), "
+                   "e.g. --proxy-arg=--record-cache-mb --proxy-arg=128.")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots (no matplotlib needed).")
+@click.option("-v", "--verbose", is_flag=True, help="Log what the bench does (broker starts, failures) to stderr.")
+def bench(out_dir: str | None, only: tuple[str, ...], quick: bool, repeats: int | None, upstream: str | None,
+          proxy_args: tuple[str, ...], no_plots: bool, verbose: bool) -> None:
+    """Measure kshare against a bare relay, direct clients and native Kafka 4.4 share groups.
+
+    Starts Apache Kafka 3.9 (fronted), Apache Kafka 4.4 with share groups (the reference), `kshare proxy`
+    as its own process and a bare relay; runs the scenarios with a warm-up and alternated repeats and
+    writes results.json, results.md (with the target ratios, met or not) and PNG plots into the results
+    folder. A full run takes about half an hour; needs Java 17+ (and Maven the first time, to fetch
+    Kafka) and `pip install 'kshare[bench]'`. Reference: docs/cli.md.
+    """
+    from pathlib import Path
+
+    from .bench.runner import BenchError, Options, run
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    if verbose:
+        logging.getLogger("kshare.bench.clients").setLevel(logging.WARNING)
+    out = Path(out_dir) if out_dir else Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
+    options = Options(out=out, only=list(only), quick=quick, repeats=repeats, upstream=upstream,
+                      proxy_args=list(proxy_args), plots=not no_plots)
+    try:
+        results = run(options)
+    except BenchError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        raise click.ClickException(f"interrupted; what ran so far is in {out}") from None
+    if results.get("errors"):
+        raise click.ClickException(f"{len(results['errors'])} scenario(s) failed: {', '.join(results['errors'])} "
+                                   f"(see {out / 'results.md'})")
+
+
 __import__("kshare.tools", fromlist=["register_commands"]).register_commands(main)  # groups, consume, produce
 
 

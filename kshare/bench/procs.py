@@ -1,0 +1,272 @@
+"""Child processes of a benchmark and what is measured of them: CPU time and RSS (/proc), metrics,
+py-spy profiles, the machine's description.
+
+(Moved here from ``benchmarks/bench_proxy.py``, which imports them back.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from .brokers import free_port
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+# broker-level bounds low enough for a 500 ms share heartbeat, on kshare and on Kafka 4.4
+HEARTBEAT_MS = 500
+KSHARE_LIMITS = ("group.share.min.heartbeat.interval.ms=100", "group.share.min.session.timeout.ms=1000")
+KAFKA4_CONFIG = {"group.share.min.heartbeat.interval.ms": 100, "group.share.min.session.timeout.ms": 1000}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` in bytes (Linux /proc)."""
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+class Child:
+    """A subprocess that prints a ready line; its output is kept (drained by a thread)."""
+
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        ready: str,
+        env: dict[str, str] | None = None,
+        cwd: Path | str | None = None,
+    ) -> None:
+        self.name = name
+        self.cmd = cmd
+        self.ready = re.compile(ready)
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
+        self.proc: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 60.0) -> Child:
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,  # Ctrl-C of the bench does not reach it: stopped in order
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                self.proc.wait(10)
+                raise RuntimeError(f"{self.name} exited at start:\n" + "".join(self.output[-40:]))
+            self.output.append(line)
+            if self.ready.search(line):
+                threading.Thread(target=self._drain, daemon=True).start()
+                return self
+        self.stop()
+        raise RuntimeError(f"{self.name} not ready in {timeout:.0f} s:\n" + "".join(self.output[-40:]))
+
+    def _drain(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            if len(self.output) > 5000:
+                del self.output[:1000]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def notes(self, last: int = 20) -> list[str]:
+        """Log lines worth a look (warnings, errors, tracebacks)."""
+        pattern = re.compile(r" WARNING | ERROR |Traceback|never awaited")
+        return [line.rstrip() for line in self.output if pattern.search(line)][-last:]
+
+
+def kshare_env() -> dict[str, str]:
+    """The environment of a child ``python -m kshare``: the very kshare this process imported."""
+    import kshare
+
+    src = str(Path(kshare.__file__).resolve().parent.parent)
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": src + (os.pathsep + path if path else "")}
+
+
+class ProxyProcess(Child):
+    """``python -m kshare proxy --upstream UPSTREAM`` on free ports, a state topic of its own and a
+    metrics port; ``extra`` are more ``kshare proxy`` arguments (``kshare bench --proxy-arg``)."""
+
+    def __init__(
+        self, upstream: str, extra: list[str] | tuple[str, ...] = (), *, name: str = "kshare"
+    ) -> None:
+        self.port = free_port()
+        self.metrics_port = free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "kshare",
+            "proxy",
+            "--upstream",
+            upstream,
+            "--port",
+            str(self.port),
+            "--broker-port-base",
+            "0",
+            "--state-topic",
+            f"__kshare_bench_{uuid.uuid4().hex[:8]}",
+            "--state-topic-partitions",
+            "1",
+            "--metrics-port",
+            str(self.metrics_port),
+        ]
+        for limit in KSHARE_LIMITS:
+            cmd += ["--group-limit", limit]
+        cmd += list(extra)
+        ready = r"upstream cluster has \d+ broker" if "--no-share-groups" in extra else r"share state loaded"
+        super().__init__(name, cmd, ready, env=kshare_env())
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def metrics(self) -> dict[str, float]:
+        """The proxy's Prometheus metrics, unlabelled series summed by name."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name = re.split(r"[{ ]", line, maxsplit=1)[0]
+            with contextlib.suppress(ValueError):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
+
+def start_relay(listen: str, upstream: str) -> Child:
+    cmd = [sys.executable, "-m", "kshare.bench.relay", "--listen", listen, "--upstream", upstream]
+    return Child("relay", cmd, r"relay listening", env=kshare_env()).start()
+
+
+# --------------------------------------------------------------------------------------------
+# profiling
+
+
+def py_spy() -> str | None:
+    venv_bin = Path(sys.executable).parent / "py-spy"
+    return str(venv_bin) if venv_bin.exists() else shutil.which("py-spy")
+
+
+def collapse_report(text: str, top: int) -> str:
+    """Self and inclusive sample shares per function from py-spy's raw (collapsed stacks) output."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        # "func (path/file.py:123)" -> "func (file.py)": per function, not per line
+        names = [re.sub(r"^(.*) \((?:.*/)?([^/:]+)(?::\d+)?\)$", r"\1 (\2)", f) for f in stack.split(";")]
+        own[names[-1]] += n
+        for name in set(names):
+            incl[name] += n
+    if not total:
+        return "(no samples)"
+    rows = [
+        f"{total} samples; self = on top of the stack, incl = anywhere in it",
+        "",
+        "self%  incl%  function",
+    ]
+    for name, n in own.most_common(top):
+        rows.append(f"{100 * n / total:5.1f}  {100 * incl[name] / total:5.1f}  {name}")
+    rows += ["", "by inclusive share:", "incl%  function"]
+    for name, n in incl.most_common(top):
+        rows.append(f"{100 * n / total:5.1f}  {name}")
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def machine_info(repo: Path | None = None) -> dict[str, object]:
+    """CPU, Python, client library versions, the kshare commit (of ``repo``, default: kshare's checkout)."""
+    import kshare
+
+    info: dict[str, object] = {
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "kshare": kshare.__version__,
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(Exception):
+        import confluent_kafka
+        import uvloop
+
+        info["confluent_kafka"] = importlib.metadata.version("confluent-kafka")
+        info["librdkafka"] = confluent_kafka.libversion()[0]
+        info["uvloop"] = uvloop.__version__
+    repo = repo or Path(kshare.__file__).resolve().parent.parent
+    with contextlib.suppress(Exception):
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=repo
+        )
+        if head.returncode == 0:
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--", "kshare"], capture_output=True, text=True, cwd=repo
+            ).stdout.strip()
+            info["kshare_commit"] = head.stdout.strip() + (" (kshare/ has local changes)" if dirty else "")
+    with contextlib.suppress(Exception):
+        java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
+        info["java"] = java
+    return info

@@ -1,0 +1,569 @@
+"""``results.md`` and the PNG plots of a ``kshare bench`` run, from its results dict (``results.json``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+TITLES = {
+    "passthrough": "Pass-through produce and consume: direct, bare relay, kshare",
+    "share": "One share consumer: kshare (Kafka 3.9) vs native Kafka 4.4 vs a classic consumer direct",
+    "scaling": "Scaling past partitions: 5 ms of work per record",
+    "latency": "End-to-end latency at a fixed rate",
+    "ack": "ShareAcknowledge round trip with concurrent members",
+    "cpu": "Proxy CPU per MB/s delivered",
+    "memory": "Proxy memory with many share-partitions and connections",
+}
+COLORS = {
+    "direct": "tab:gray",
+    "classic": "tab:gray",
+    "relay": "tab:orange",
+    "kshare": "tab:blue",
+    "native": "tab:green",
+}
+
+
+def _num(x: Any, digits: int = 0) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def _ratio(x: Any) -> str:
+    return _num(x, 2)
+
+
+def _size(b: int) -> str:
+    return "1 KiB" if b == 1024 else f"{b} B"
+
+
+def _table(columns: list[str], rows: list[list[str]], align: str | None = None) -> list[str]:
+    align = align or "l" + "r" * (len(columns) - 1)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    return ["| " + " | ".join(columns) + " |", "| " + " | ".join(sep) + " |"] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
+
+
+def _mark(t: dict[str, Any]) -> str:
+    return "**met**" if t.get("met") else "**not met**"
+
+
+def _fmt_target(t: dict[str, Any]) -> str:
+    value = t.get("value")
+    unit = (
+        f" {t['unit']}"
+        if t.get("unit") and t["unit"] not in ("MB",)
+        else (" MB" if t.get("unit") == "MB" else "")
+    )
+    digits = 0 if t.get("unit") == "MB" else 2
+    return f"{_num(value, digits)}{unit}", f"{t['op']} {_num(t['threshold'], digits)}{unit}"
+
+
+# --------------------------------------------------------------------------------------------
+# markdown
+
+
+def markdown(results: dict[str, Any]) -> str:
+    meta = results.get("meta", {})
+    machine = meta.get("machine", {})
+    out = ["# kshare bench", ""]
+    out.append(
+        f"`{meta.get('command', 'kshare bench')}` -- started {meta.get('started', '?')}, "
+        f"{_num(meta.get('elapsed_s'))} s, {meta.get('repeats', '?')} repeat(s)"
+        + (" (--quick)" if meta.get("quick") else "")
+        + f"; load average {meta.get('load_before', '?')} -> {meta.get('load_after', '?')}."
+    )
+    out.append("")
+    out.append(
+        f"Machine: {machine.get('nproc', '?')} CPUs ({machine.get('cpu', '?')}), Python {machine.get('python', '?')}, "
+        f"confluent-kafka {machine.get('confluent_kafka', '?')} (librdkafka {machine.get('librdkafka', '?')}), "
+        f"kshare {machine.get('kshare_commit', machine.get('kshare', '?'))}. Fronted cluster: {meta.get('upstream', '?')}; "
+        f"reference: {meta.get('reference', '?')}."
+        + (f" Proxy arguments: `{' '.join(meta['proxy_args'])}`." if meta.get("proxy_args") else "")
+    )
+    out.append("")
+    out.append(
+        "Every figure is a median over alternated repeats measured in this run; ratios compare "
+        "configurations measured side by side, so they hold better than the absolute rates on a "
+        "loaded machine."
+    )
+    out.append("")
+    targets = [
+        (name, t) for name, res in results.get("scenarios", {}).items() for t in res.get("targets", [])
+    ]
+    if targets:
+        out += ["## Targets", ""]
+        rows = []
+        for _name, t in targets:
+            value, threshold = _fmt_target(t)
+            rows.append([t["name"], value, threshold, _mark(t)])
+        out += _table(["target", "measured", "target", ""], rows, "lrrl")
+        met = sum(1 for _, t in targets if t.get("met"))
+        out += ["", f"{met} of {len(targets)} met.", ""]
+    for name, err in results.get("errors", {}).items():
+        out += [f"**{name} failed**: `{err}`", ""]
+    for name, res in results.get("scenarios", {}).items():
+        out += [f"## {TITLES.get(name, name)} (`{name}`)", ""]
+        out += SECTIONS.get(name, _generic)(res)
+        plots = [p for p in results.get("plots", []) if Path(p).stem.startswith(name)]
+        for p in plots:
+            out += [f"![{name}]({Path(p).name})", ""]
+        out += [f"({_num(res.get('seconds'))} s)", ""]
+    notes = meta.get("proxy_log_notes")
+    if notes:
+        out += ["## Proxy log lines worth a look", "", "```", *notes, "```", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _generic(res: dict[str, Any]) -> list[str]:
+    rows = res.get("rows", [])
+    if not rows:
+        return ["(no rows)", ""]
+    cols = [k for k in rows[0] if not isinstance(rows[0][k], list | dict)]
+    return _table(
+        cols,
+        [[_num(r.get(c), 2) if isinstance(r.get(c), float) else str(r.get(c)) for c in cols] for r in rows],
+    ) + [""]
+
+
+def _passthrough(res: dict[str, Any]) -> list[str]:
+    cfg = res.get("config", {})
+    configs = cfg.get("configs", ["direct", "relay", "kshare"])
+    head = ["workload", "value"] + [f"{c} rec/s (MB/s)" for c in configs]
+    if "relay" in configs:
+        head.append("kshare / relay")
+    head += ["kshare / direct", "proxy CPU s", "proxy mcores per MB/s"]
+    rows = []
+    for r in res.get("rows", []):
+        row = [r["workload"], _size(r["value_size"])]
+        row += [f"{_num(r.get(f'{c}_rps'))} ({_num(r.get(f'{c}_mbps'), 1)})" for c in configs]
+        if "relay" in configs:
+            row.append(_ratio(r.get("kshare_relay")))
+        row += [
+            _ratio(r.get("kshare_direct")),
+            _num(r.get("kshare_cpu_s"), 2),
+            _num(r.get("kshare_mcores_per_mbps"), 1),
+        ]
+        rows.append(row)
+    text = [
+        f"{_records(cfg.get('records'))} per run over {cfg.get('partitions', '?')} partitions, producer "
+        "acks=all with 1 MB batches, consumer assigned from the beginning; clocks from the first record "
+        "produced to `flush()`, from `assign()` to the last record.",
+        "",
+    ]
+    return text + _table(head, rows, "ll" + "r" * (len(head) - 2)) + [""]
+
+
+def _records(records: Any) -> str:
+    if isinstance(records, dict):
+        return ", ".join(f"{int(v):,} x {_size(int(k))}" for k, v in records.items())
+    return str(records)
+
+
+def _share(res: dict[str, Any]) -> list[str]:
+    cfg = res.get("config", {})
+    configs = cfg.get("configs", ["classic", "kshare", "native"])
+    names = {"classic": "classic direct (3.9)", "kshare": "kshare (3.9)", "native": "native 4.4"}
+    head = ["value", "partitions"] + [f"{names.get(c, c)} rec/s" for c in configs]
+    if "native" in configs:
+        head.append("kshare / native")
+    if "classic" in configs:
+        head.append("kshare / classic")
+    head += [f"first record s: {c}" for c in configs] + ["kshare CPU s"]
+    rows = []
+    for r in res.get("rows", []):
+        row = [_size(r["value_size"]), str(r["partitions"])] + [_num(r.get(f"{c}_rps")) for c in configs]
+        if "native" in configs:
+            row.append(_ratio(r.get("kshare_native")))
+        if "classic" in configs:
+            row.append(_ratio(r.get("kshare_classic")))
+        row += [_num(r.get(f"{c}_first_s"), 2) for c in configs] + [_num(r.get("kshare_cpu_s"), 2)]
+        rows.append(row)
+    text = [
+        f"One confluent-kafka `ShareConsumer` (implicit acknowledgement; a classic `Consumer` for the "
+        f"direct baseline), a fresh group per run, {_records(cfg.get('records'))}. Rates are steady "
+        "(first record to last); *first record* is the time from the first `poll()` to the first record "
+        "(the group join included).",
+        "",
+    ]
+    return text + _table(head, rows) + [""]
+
+
+def _scaling(res: dict[str, Any]) -> list[str]:
+    cfg = res.get("config", {})
+    head = [
+        "consumers on partitions",
+        "ideal rec/s",
+        "kshare rec/s",
+        "kshare of ideal",
+        "native 4.4 rec/s",
+        "native of ideal",
+        "busy consumers kshare / native",
+    ]
+    rows = [
+        [
+            f"{r['consumers']} on {r['partitions']}",
+            _num(r["ideal_rps"]),
+            _num(r.get("kshare_rps")),
+            _pct(r.get("kshare_of_ideal")),
+            _num(r.get("native_rps")),
+            _pct(r.get("native_of_ideal")),
+            f"{r.get('kshare_busy', '-')} / {r.get('native_busy', '-')}",
+        ]
+        for r in res.get("rows", [])
+    ]
+    text = [
+        f"N `ShareConsumer`s (threads, max.poll.records {cfg.get('max_poll_records', '?')}), "
+        f"{cfg.get('work_ms', 5):g} ms of work per record (a sleep), N x {1000 / cfg.get('work_ms', 5):.0f} "
+        f"x {cfg.get('seconds', '?')} s of records in one-record producer batches; the rate is measured "
+        "while every consumer is busy (from the last consumer's first record to the first one's last).",
+        "",
+    ]
+    return text + _table(head, rows) + [""]
+
+
+def _pct(x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{100 * x:.0f}%"
+
+
+def _latency(res: dict[str, Any]) -> list[str]:
+    cfg = res.get("config", {})
+    names = {
+        "direct": "classic consumer direct (3.9)",
+        "kshare": "kshare share consumer (3.9)",
+        "native": "native share consumer (4.4)",
+    }
+    rows = [
+        [
+            names.get(r["system"], r["system"]),
+            _num(r["p50_ms"], 2),
+            _num(r["p99_ms"], 2),
+            _num(r["p999_ms"], 2),
+            _num(r["max_ms"], 1),
+            f"{_num(r['received'])} / {_num(r['sent'])}",
+            str(r.get("duplicates", 0)),
+        ]
+        for r in res.get("rows", [])
+    ]
+    text = [
+        f"One producer at {_num(cfg.get('rate'))} records/s ({cfg.get('value_size', 100)} B, linger.ms 0, "
+        f"acks=all) and one consumer, each its own process, {cfg.get('seconds', '?')} s per run; latency = "
+        "time `poll()` returned the record - time it was handed to `produce()` (one clock). The producer and "
+        "consumer of kshare bootstrap from kshare.",
+        "",
+    ]
+    return (
+        text
+        + _table(
+            ["consumer", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "received / sent", "duplicates"], rows
+        )
+        + [""]
+    )
+
+
+def _ack(res: dict[str, Any]) -> list[str]:
+    cfg = res.get("config", {})
+    rows = [
+        [
+            str(r["members"]),
+            _num(r["acks"]),
+            _num(r["p50_ms"], 2),
+            _num(r["p99_ms"], 2),
+            _num(r["mean_ms"], 2),
+            _ratio(r.get("vs_one")),
+        ]
+        for r in res.get("rows", [])
+    ]
+    text = [
+        f"N members (each on its own connection and partition, `kshare.client.KafkaConnection`) fetch "
+        f"{cfg.get('records_per_ack', '?')} records and acknowledge them (ACCEPT) in one ShareAcknowledge, all at "
+        "once; the round trip includes kshare's durable state write.",
+        "",
+    ]
+    return text + _table(["members", "acks", "p50 ms", "p99 ms", "mean ms", "p50 / p50 of one"], rows) + [""]
+
+
+def _cpu(res: dict[str, Any]) -> list[str]:
+    rows = [
+        [
+            r["workload"],
+            _size(r["value_size"]),
+            _num(r["mbps"], 1),
+            _num(r["cpu_s"], 2),
+            _num(r["mcores_per_mbps"], 1),
+        ]
+        for r in res.get("rows", [])
+    ]
+    text = [
+        "CPU time of the proxy process (utime + stime from /proc) per MB of record values delivered, i.e. "
+        "millicores per MB/s (" + res.get("config", {}).get("source", "") + ").",
+        "",
+    ]
+    return (
+        text
+        + _table(["workload", "value", "MB/s", "proxy CPU s", "millicores per MB/s"], rows, "llrrr")
+        + [""]
+    )
+
+
+def _memory(res: dict[str, Any]) -> list[str]:
+    out = []
+    for r in res.get("rows", []):
+        out += [
+            f"{r['groups']} share groups x {r['members_per_group']} members (one connection each) on a "
+            f"{r['partitions']:,}-partition topic ({r['data_mb']:.0f} MB of records), each member fetching its "
+            f"partitions and acknowledging what it got; a fresh proxy with `--record-cache-mb "
+            f"{r['cache_budget_mb']}`.",
+            "",
+        ]
+        out += _table(
+            ["figure", "value"],
+            [
+                ["share-partitions touched", _num(r["share_partitions_touched"])],
+                ["client connections (metric)", _num(r["client_connections_metric"])],
+                ["records acquired", _num(r["records_acquired"])],
+                ["RSS idle (before)", f"{_num(r['rss_idle_mb'])} MB"],
+                ["RSS peak", f"{_num(r['rss_peak_mb'])} MB"],
+                ["RSS loaded (after, connections open)", f"{_num(r['rss_loaded_mb'])} MB"],
+                ["RSS after the members left", f"{_num(r['rss_after_close_mb'])} MB"],
+                ["kshare_record_cache_bytes (loaded)", f"{_num(r['record_cache_mb'], 1)} MB"],
+                ["record cache budget", f"{r['cache_budget_mb']} MB"],
+                ["partitions with a record cache", _num(r["record_cache_partitions"])],
+                ["limit: idle + budget + fixed overhead", f"{_num(r['rss_limit_mb'])} MB"],
+                ["proxy CPU during the load", f"{_num(r['cpu_s'], 1)} s"],
+            ],
+            "lr",
+        )
+        out.append("")
+    return out
+
+
+SECTIONS = {
+    "passthrough": _passthrough,
+    "share": _share,
+    "scaling": _scaling,
+    "latency": _latency,
+    "ack": _ack,
+    "cpu": _cpu,
+    "memory": _memory,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# plots
+
+
+def plots(results: dict[str, Any], outdir: Path) -> list[str]:
+    """PNG files (names) of the scenarios in ``results``, written into ``outdir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, res in results.get("scenarios", {}).items():
+        fn = PLOTS.get(name)
+        if fn is None or not res.get("rows"):
+            continue
+        fig = fn(plt, res)
+        if fig is None:
+            continue
+        path = outdir / f"{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path.name)
+    return written
+
+
+def _bars(ax: Any, groups: list[str], series: dict[str, list[float]], ylabel: str) -> None:
+    n = len(series)
+    width = 0.8 / max(n, 1)
+    for i, (label, values) in enumerate(series.items()):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(
+            xs,
+            [0 if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in values],
+            width,
+            label=label,
+            color=COLORS.get(label),
+        )
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _plot_passthrough(plt: Any, res: dict[str, Any]) -> Any:
+    configs = res["config"].get("configs", ["direct", "relay", "kshare"])
+    rows = res["rows"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    groups = [f"{r['workload']} {_size(r['value_size'])}" for r in rows]
+    _bars(ax, groups, {c: [r.get(f"{c}_rps") for r in rows] for c in configs}, "records/s")
+    ax.set_title("pass-through: records/s (medians)", fontsize=10)
+    return fig
+
+
+def _plot_share(plt: Any, res: dict[str, Any]) -> Any:
+    configs = res["config"].get("configs", ["classic", "kshare", "native"])
+    rows = res["rows"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    groups = [f"{_size(r['value_size'])} x{r['partitions']}" for r in rows]
+    _bars(
+        ax1,
+        groups,
+        {c: [r.get(f"{c}_rps") for r in rows] for c in configs},
+        "records/s (first -> last record)",
+    )
+    ax1.set_title("one consumer: steady rate", fontsize=10)
+    _bars(ax2, groups, {c: [r.get(f"{c}_first_s") for r in rows] for c in configs}, "seconds")
+    ax2.set_title("time to the first record (join included)", fontsize=10)
+    return fig
+
+
+def _plot_scaling(plt: Any, res: dict[str, Any]) -> Any:
+    rows = res["rows"]
+    parts = sorted({r["partitions"] for r in rows})
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    styles = {1: "-", 4: "--", 2: ":"}
+    for p in parts:
+        rs = sorted((r for r in rows if r["partitions"] == p), key=lambda r: r["consumers"])
+        if len(rs) < 2:
+            for r in rs:
+                for name in ("kshare", "native"):
+                    ax.plot([r["consumers"]], [r.get(f"{name}_rps")], "o", color=COLORS[name], mfc="none")
+                ax.annotate(
+                    f"{r['consumers']} on {p}", (r["consumers"], r.get("kshare_rps") or 0), fontsize=7
+                )
+            continue
+        xs = [r["consumers"] for r in rs]
+        for name in ("kshare", "native"):
+            ax.plot(
+                xs,
+                [r.get(f"{name}_rps") for r in rs],
+                styles.get(p, "-."),
+                marker="o",
+                color=COLORS[name],
+                label=f"{name}, {p} partition(s)",
+            )
+    all_x = sorted({r["consumers"] for r in rows})
+    ax.plot(
+        all_x,
+        [x * 1000 / res["config"].get("work_ms", 5.0) for x in all_x],
+        color="black",
+        lw=0.8,
+        alpha=0.6,
+        label="ideal (N x 200 rec/s)",
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("consumers")
+    ax.set_ylabel("records/s while all are busy")
+    ax.set_title("scaling with 5 ms of work per record", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_latency(plt: Any, res: dict[str, Any]) -> Any:
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in res["rows"]:
+        q = r.get("quantiles_ms") or []
+        if q:
+            ax1.plot(
+                q, [(i + 1) / len(q) for i in range(len(q))], color=COLORS.get(r["system"]), label=r["system"]
+            )
+        tail = r.get("tail_ms") or []
+        if tail:
+            ax2.plot(
+                [10 ** -(k / 4) for k in range(8, 8 + len(tail))],
+                tail,
+                marker="o",
+                color=COLORS.get(r["system"]),
+                label=r["system"],
+            )
+    ax1.set_xscale("log")
+    ax1.set_xlabel("end-to-end latency (ms)")
+    ax1.set_ylabel("fraction of records")
+    ax1.set_title(f"CDF at {res['config'].get('rate', 0):,.0f} records/s", fontsize=10)
+    ax1.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=8)
+    ax2.set_xscale("log")
+    ax2.invert_xaxis()
+    ax2.set_yscale("log")
+    ax2.set_xlabel("fraction of records slower (1 - quantile)")
+    ax2.set_ylabel("latency (ms)")
+    ax2.set_title("tail: p99 (0.01) ... p99.99 (0.0001)", fontsize=10)
+    ax2.grid(True, which="both", alpha=0.3)
+    ax2.legend(fontsize=8)
+    return fig
+
+
+def _plot_ack(plt: Any, res: dict[str, Any]) -> Any:
+    rows = res["rows"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [r["members"] for r in rows]
+    ax.plot(xs, [r["p50_ms"] for r in rows], "o-", color=COLORS["kshare"], label="p50")
+    ax.plot(xs, [r["p99_ms"] for r in rows], "o--", color=COLORS["kshare"], alpha=0.6, label="p99")
+    one = next((r["p50_ms"] for r in rows if r["members"] == 1), None)
+    if one:
+        ax.axhline(2 * one, color="tab:red", lw=0.8, ls=":", label="target: 2 x p50 of one member")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent members")
+    ax.set_ylabel("ShareAcknowledge round trip (ms)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _plot_memory(plt: Any, res: dict[str, Any]) -> Any:
+    r = res["rows"][0]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = ["idle", "peak", "loaded", "members left"]
+    values = [r["rss_idle_mb"], r["rss_peak_mb"], r["rss_loaded_mb"], r["rss_after_close_mb"]]
+    ax.bar(labels, values, color=COLORS["kshare"], label="proxy RSS")
+    ax.bar(
+        ["loaded"],
+        [r["record_cache_mb"] or 0],
+        color="tab:purple",
+        width=0.4,
+        label="kshare_record_cache_bytes",
+    )
+    ax.axhline(r["rss_limit_mb"], color="tab:red", ls=":", lw=1, label="idle + cache budget + fixed overhead")
+    ax.set_ylabel("MB")
+    ax.set_title(
+        f"{r['share_partitions_touched']:,} share-partitions, {r['connections']:,} connections", fontsize=10
+    )
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _plot_cpu(plt: Any, res: dict[str, Any]) -> Any:
+    rows = res["rows"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [f"{r['workload']}\n{_size(r['value_size'])}" for r in rows]
+    ax.bar(range(len(rows)), [r["mcores_per_mbps"] for r in rows], color=COLORS["kshare"])
+    ax.axhline(35, color="tab:red", ls=":", lw=1, label="target 35")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("millicores per MB/s")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+PLOTS = {
+    "passthrough": _plot_passthrough,
+    "share": _plot_share,
+    "scaling": _plot_scaling,
+    "latency": _plot_latency,
+    "ack": _plot_ack,
+    "memory": _plot_memory,
+    "cpu": _plot_cpu,
+}

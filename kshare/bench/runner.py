@@ -1,0 +1,350 @@
+"""``kshare bench``: start the brokers, the relay and the proxy, run the scenarios, write the results."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import scenarios
+from .brokers import KAFKA_3, KAFKA_4, BrokerError, KafkaBroker, ensure_kafka, free_port
+from .procs import KAFKA4_CONFIG, Child, ProxyProcess, load, machine_info, start_relay
+
+log = logging.getLogger("kshare.bench")
+
+
+class BenchError(Exception):
+    """A clear reason the bench cannot run (shown without a traceback)."""
+
+
+# sizes: (full run, --quick)
+SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "passthrough": ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 20_000, 1024: 10_000}}),
+    "share": (
+        {"records": {100: 400_000, 1024: 150_000}, "partition_counts": [1, 4, 16]},
+        {"records": {100: 20_000, 1024: 10_000}, "partition_counts": [1, 4, 16]},
+    ),
+    "scaling": (
+        {
+            "points": [(n, 1) for n in (1, 2, 4, 8, 16, 32)]
+            + [(n, 4) for n in (1, 4, 8, 16, 32)]
+            + [(3, 2), (6, 4)],
+            "seconds": 5.0,
+        },
+        {"points": [(1, 1), (8, 1), (8, 4), (3, 2)], "seconds": 3.0},
+    ),
+    "latency": (
+        {"rate": 5000.0, "seconds": 15.0, "warmup_s": 5.0},
+        {"rate": 5000.0, "seconds": 5.0, "warmup_s": 3.0},
+    ),
+    "ack": (
+        {"member_counts": [1, 4, 16, 64], "samples_per_run": 400},
+        {"member_counts": [1, 4, 16, 64], "samples_per_run": 64},
+    ),
+    "cpu": ({"records": {100: 200_000, 1024: 100_000}}, {"records": {100: 20_000, 1024: 10_000}}),
+    "memory": (
+        {"groups": 10, "members": 100, "partitions": 1000, "records": 100},
+        {"groups": 2, "members": 10, "partitions": 100, "records": 20},
+    ),
+}
+# scenarios whose repeats are fewer than --repeats (their runs are long, and alternate anyway)
+MAX_REPEATS = {"scaling": 1}
+
+
+@dataclass
+class Options:
+    out: Path
+    only: list[str] = field(default_factory=list)
+    quick: bool = False
+    repeats: int | None = None
+    upstream: str | None = None
+    proxy_args: list[str] = field(default_factory=list)
+    plots: bool = True
+
+    @property
+    def scenarios(self) -> list[str]:
+        return [s for s in scenarios.SCENARIOS if not self.only or s in self.only]
+
+    @property
+    def n_repeats(self) -> int:
+        return self.repeats or (1 if self.quick else 3)
+
+
+# --------------------------------------------------------------------------------------------
+# progress: one bar per scenario, one line per step
+
+
+class Progress:
+    """``[share      ] ######.......... 12/54  kshare 100 B x4: 251,000 rec/s`` on stderr: redrawn in
+    place on a terminal, one line per step otherwise (a log file stays readable)."""
+
+    WIDTH = 24
+
+    def __init__(self, stream: TextIO | None = None, tty: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.name = ""
+        self.total = 0
+        self.done = 0
+        self.t0 = 0.0
+        self.lines: list[str] = []  # every step, for the results
+
+    def begin(self, name: str, total: int) -> None:
+        self.name, self.total, self.done, self.t0 = name, max(total, 1), 0, time.monotonic()
+        self._draw("starting")
+
+    def step(self, text: str) -> None:
+        self.done = min(self.done + 1, self.total)
+        self.lines.append(f"{self.name}: {text}")
+        self._draw(text)
+
+    def end(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def note(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def _draw(self, text: str) -> None:
+        filled = int(self.WIDTH * self.done / self.total)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        line = f"[{self.name:<11}] {bar} {self.done:>3}/{self.total:<3} {time.monotonic() - self.t0:5.0f}s  {text}"
+        if self.tty:
+            width = max(40, _columns() - 1)
+            self.stream.write("\r\033[K" + line[:width])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _columns() -> int:
+    with contextlib.suppress(OSError):
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    return 120
+
+
+# --------------------------------------------------------------------------------------------
+# what the scenarios run against, started on first use
+
+
+class Env:
+    def __init__(self, options: Options, progress: Progress) -> None:
+        self.options = options
+        self.progress = progress
+        self.proxy_args = list(options.proxy_args)
+        self._k3: KafkaBroker | None = None
+        self._k4: KafkaBroker | None = None
+        self._relay: Child | None = None
+        self._relay_tried = False
+        self._proxy: ProxyProcess | None = None
+        self.relay_bootstrap = ""
+        self._relay_in = 0
+        self.started: dict[str, str] = {}
+
+    def upstream(self) -> str:
+        """Bootstrap of the fronted cluster: ``--upstream``, or Apache Kafka 3.9 started here."""
+        if self.options.upstream:
+            return self.options.upstream
+        if self._k3 is None:
+            broker = KafkaBroker(KAFKA_3)
+            h = broker.host
+            relay_port, self._relay_in = free_port(), free_port()
+            # a second listener advertised at the relay: clients bootstrapped from the relay stay on it
+            broker.extra_config.update(
+                {
+                    "listeners": f"PLAINTEXT://{h}:{broker.port},CONTROLLER://{h}:{broker.controller_port},"
+                    f"RELAY://{h}:{self._relay_in}",
+                    "advertised.listeners": f"PLAINTEXT://{h}:{broker.port},RELAY://{h}:{relay_port}",
+                    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,RELAY:PLAINTEXT",
+                    "log.segment.bytes": 256 * 1024 * 1024,
+                }
+            )
+            self.relay_bootstrap = f"{h}:{relay_port}"
+            self.progress.note(f"starting Apache Kafka {KAFKA_3} (the fronted cluster)")
+            broker.start()
+            self._k3 = broker
+            self.started["kafka3"] = f"Apache Kafka {KAFKA_3} at {broker.bootstrap} (log {broker.log_path})"
+        return self._k3.bootstrap
+
+    def kafka4(self) -> str:
+        """Bootstrap of native Apache Kafka 4.4 with share groups (the reference)."""
+        if self._k4 is None:
+            broker = KafkaBroker(KAFKA_4, share_groups=True, config=KAFKA4_CONFIG)
+            self.progress.note(f"starting Apache Kafka {KAFKA_4} with share groups (the reference)")
+            broker.start()
+            self._k4 = broker
+            self.started["kafka4"] = f"Apache Kafka {KAFKA_4} at {broker.bootstrap} (log {broker.log_path})"
+        return self._k4.bootstrap
+
+    def relay(self) -> Child | None:
+        """The bare relay in front of the 3.9 broker (none in front of an ``--upstream`` cluster: its brokers
+        would have to advertise the relay)."""
+        if not self._relay_tried:
+            self._relay_tried = True
+            self.upstream()
+            if self._k3 is not None:
+                self._relay = start_relay(self.relay_bootstrap, f"127.0.0.1:{self._relay_in}")
+                self.started["relay"] = f"relay at {self.relay_bootstrap} (pid {self._relay.pid})"
+        return self._relay
+
+    def proxy(self) -> ProxyProcess:
+        if self._proxy is None:
+            proxy = ProxyProcess(self.upstream(), self.proxy_args)
+            self.progress.note("starting kshare proxy: " + shlex.join(proxy.cmd[1:]))
+            proxy.start(180)
+            self._proxy = proxy
+            self.started["kshare"] = f"kshare proxy at {proxy.bootstrap} (pid {proxy.pid})"
+        if not self._proxy.running:
+            raise BenchError("the kshare proxy exited:\n" + "".join(self._proxy.output[-30:]))
+        return self._proxy
+
+    def close(self) -> list[str]:
+        """Stop everything; the proxy's log lines worth a look."""
+        notes: list[str] = []
+        if self._proxy is not None:
+            self._proxy.stop()
+            notes = self._proxy.notes()
+        for child in (self._relay,):
+            if child is not None:
+                child.stop()
+        for broker in (self._k4, self._k3):
+            if broker is not None:
+                with contextlib.suppress(Exception):
+                    broker.close()
+        return notes
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def check_prerequisites(options: Options) -> None:
+    """Fail early and clearly: matplotlib, Java and the Kafka releases (fetched now if missing)."""
+    if options.plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise BenchError("matplotlib is not installed: pip install 'kshare[bench]'") from None
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        raise BenchError("confluent-kafka is not installed: pip install 'kshare[bench]'") from None
+    need = set()
+    wanted = set(options.scenarios)
+    if not options.upstream:
+        need.add(KAFKA_3)
+    if wanted & {"share", "scaling", "latency"}:
+        need.add(KAFKA_4)
+    from .brokers import _java
+
+    try:
+        if need:
+            _java()
+        for version in sorted(need):
+            ensure_kafka(version)
+    except BrokerError as exc:
+        raise BenchError(f"cannot run Apache Kafka: {exc}") from None
+
+
+def scenario_args(name: str, options: Options) -> dict[str, Any]:
+    full, quick = SIZES[name]
+    args = dict(quick if options.quick else full)
+    if name not in ("memory",):
+        args["repeats"] = min(options.n_repeats, MAX_REPEATS.get(name, options.n_repeats))
+    return args
+
+
+def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
+    """Run the selected scenarios; writes results.json / results.md / plots into ``options.out`` (also
+    after a failed scenario: what ran is kept). Returns the results."""
+    from . import report
+
+    check_prerequisites(options)
+    options.out.mkdir(parents=True, exist_ok=True)
+    progress = Progress(stream)
+    env = Env(options, progress)
+    t0 = time.monotonic()
+    results: dict[str, Any] = {
+        "meta": {
+            "command": shlex.join(["kshare", *sys.argv[1:]]) if sys.argv else "kshare bench",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "quick": options.quick,
+            "repeats": options.n_repeats,
+            "scenarios": options.scenarios,
+            "upstream": options.upstream or f"Apache Kafka {KAFKA_3} (started by the bench)",
+            "reference": f"Apache Kafka {KAFKA_4} with share groups",
+            "proxy_args": options.proxy_args,
+            "machine": machine_info(),
+            "load_before": load(),
+        },
+        "scenarios": {},
+        "errors": {},
+    }
+    progress.note(f"kshare bench: {', '.join(options.scenarios)} -> {options.out}")
+    try:
+        for name in options.scenarios:
+            args = scenario_args(name, options)
+            started = time.monotonic()
+            try:
+                if name == "cpu":
+                    res = scenarios.cpu(env, progress, earlier=results["scenarios"], **args)
+                else:
+                    res = getattr(scenarios, name)(env, progress, **args)
+            except KeyboardInterrupt:
+                raise
+            except BrokerError as exc:
+                raise BenchError(f"cannot run Apache Kafka: {exc}") from None
+            except BenchError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the other scenarios still run
+                progress.end()
+                progress.note(f"{name}: failed: {exc!r}")
+                log.debug("%s failed", name, exc_info=True)
+                results["errors"][name] = f"{type(exc).__name__}: {exc}"
+                continue
+            res["seconds"] = round(time.monotonic() - started, 1)
+            results["scenarios"][name] = res
+            _write(results, options, report, final=False)
+    finally:
+        notes = env.close()
+        results["meta"]["load_after"] = load()
+        results["meta"]["elapsed_s"] = round(time.monotonic() - t0, 1)
+        results["meta"]["started_processes"] = env.started
+        results["meta"]["proxy_log_notes"] = notes
+        results["meta"]["steps"] = progress.lines
+        _write(results, options, report, final=True)
+    progress.note(
+        f"written: {options.out / 'results.md'}, results.json and {len(results.get('plots', []))} plot(s) "
+        f"in {time.monotonic() - t0:.0f} s"
+    )
+    return results
+
+
+def _write(results: dict[str, Any], options: Options, report: Any, *, final: bool) -> None:
+    if final and options.plots:
+        results["plots"] = report.plots(results, options.out)
+    (options.out / "results.json").write_text(json.dumps(_jsonable(results), indent=1) + "\n")
+    (options.out / "results.md").write_text(report.markdown(results))
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, Path):
+        return str(x)
+    return x

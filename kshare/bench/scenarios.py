@@ -1,0 +1,1116 @@
+"""The scenarios of ``kshare bench``. Each takes the :class:`~kshare.bench.runner.Env` (brokers, relay and
+proxy, started on first use), the sizes of this run and a progress reporter, and returns a JSON-able
+dict: ``config`` (what was run), ``rows`` (medians, one dict per table row), ``samples`` (every
+measured run) and ``targets`` (the issue's target ratios, each met or not).
+
+Every scenario alternates its configurations over the repeats (A B C, C B A, A B C, ...) after an
+untimed warm-up, so that a machine whose load changes during the run biases none of them, and
+reports medians.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import multiprocessing as mp
+import queue
+import statistics
+import struct
+import threading
+import time
+import uuid
+from array import array
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from . import clients
+from .procs import ProxyProcess, cpu_seconds, load, rss_bytes
+
+if TYPE_CHECKING:
+    from .runner import Env, Progress
+
+SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory")
+
+# the issue's targets
+PASSTHROUGH_TARGET = 0.95  # kshare / relay
+SHARE_TARGET = 1.0  # kshare / native Kafka 4.4, first record -> last
+ACK_TARGET = 2.0  # p50 with 16 concurrent members / p50 with one
+LATENCY_TARGET_MS = 2.0  # kshare p99 - direct p99
+CPU_TARGET = 35.0  # proxy millicores per MB/s
+MEMORY_OVERHEAD_MB = 200  # RSS may exceed the idle proxy's by the record-cache budget plus this
+
+
+def alternate(configs: list[str], repeat: int) -> list[str]:
+    """The order of ``configs`` in round ``repeat``: forwards, backwards, forwards..."""
+    return list(configs) if repeat % 2 == 0 else list(reversed(configs))
+
+
+def median(xs: list[float]) -> float:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def target(name: str, value: float, threshold: float, op: str, unit: str = "") -> dict[str, Any]:
+    met = (value >= threshold if op == ">=" else value <= threshold) if not math.isnan(value) else False
+    return {"name": name, "value": value, "threshold": threshold, "op": op, "unit": unit, "met": bool(met)}
+
+
+def pct(sorted_xs: list[float] | array, q: float) -> float:
+    if not sorted_xs:
+        return float("nan")
+    return sorted_xs[min(len(sorted_xs) - 1, max(0, math.ceil(q * len(sorted_xs)) - 1))]
+
+
+# --------------------------------------------------------------------------------------------
+# 1. pass-through produce and consume: direct, bare relay, kshare
+
+
+def passthrough(
+    env: Env,
+    progress: Progress,
+    *,
+    records: dict[int, int],
+    repeats: int,
+    partitions: int = 4,
+    configs: list[str] | None = None,
+    warmup: bool = True,
+) -> dict[str, Any]:
+    proxy = env.proxy()
+    bootstraps = {"direct": env.upstream(), "kshare": proxy.bootstrap}
+    pids = {"kshare": proxy.pid}
+    relay = env.relay()
+    if relay is not None:
+        bootstraps["relay"] = env.relay_bootstrap
+        pids["relay"] = relay.pid
+    configs = [c for c in (configs or ["direct", "relay", "kshare"]) if c in bootstraps]
+    sizes = sorted(records)
+    progress.begin("passthrough", (len(configs) if warmup else 0) + len(sizes) * repeats * len(configs))
+    samples: list[dict[str, Any]] = []
+
+    def one(config: str, size: int) -> dict[str, Any]:
+        n = records[size]
+        topic = clients.create_topic(
+            env.upstream(), f"bench-pt-{config}-{size}-{uuid.uuid4().hex[:8]}", partitions
+        )
+        pid = pids.get(config)
+        try:
+            c0 = cpu_seconds(pid) if pid else None
+            p_s = clients.produce(bootstraps[config], topic, n, size, partitions)
+            c1 = cpu_seconds(pid) if pid else None
+            c_s = clients.consume(bootstraps[config], topic, n, partitions)
+            c2 = cpu_seconds(pid) if pid else None
+        finally:
+            clients.delete_topic(env.upstream(), topic)
+        s = {"config": config, "value_size": size, "records": n, "produce_s": p_s, "consume_s": c_s}
+        if pid:
+            s["cpu_produce_s"], s["cpu_consume_s"] = c1 - c0, c2 - c1  # type: ignore[operator]
+        return s
+
+    if warmup:  # the broker's JIT, page cache, the processes' first connections
+        for config in configs:
+            s = one(config, sizes[0])
+            progress.step(f"warm-up {config}: produce {s['records'] / s['produce_s']:,.0f} rec/s")
+    for size in sizes:
+        for r in range(repeats):
+            for config in alternate(configs, r):
+                s = one(config, size)
+                samples.append(s)
+                progress.step(
+                    f"{config} {size} B: produce {s['records'] / s['produce_s']:,.0f} rec/s, "
+                    f"consume {s['records'] / s['consume_s']:,.0f} rec/s"
+                )
+    rows = []
+    targets = []
+    for kind in ("produce", "consume"):
+        for size in sizes:
+            n = records[size]
+            row: dict[str, Any] = {"workload": kind, "value_size": size, "records": n}
+            for config in configs:
+                ss = [s for s in samples if s["config"] == config and s["value_size"] == size]
+                secs = median([s[f"{kind}_s"] for s in ss])
+                row[f"{config}_rps"] = n / secs
+                row[f"{config}_mbps"] = n * size / 1e6 / secs
+                cpus = [s[f"cpu_{kind}_s"] for s in ss if f"cpu_{kind}_s" in s]
+                if cpus:
+                    row[f"{config}_cpu_s"] = median(cpus)
+                    # millicores per MB/s = CPU seconds per MB x 1000
+                    row[f"{config}_mcores_per_mbps"] = median(cpus) * 1000 / (n * size / 1e6)
+            if "relay" in configs and "kshare" in configs:
+                row["kshare_relay"] = row["kshare_rps"] / row["relay_rps"]
+                targets.append(
+                    target(
+                        f"pass-through {kind} {size} B: kshare / relay",
+                        row["kshare_relay"],
+                        PASSTHROUGH_TARGET,
+                        ">=",
+                    )
+                )
+            if "direct" in configs and "kshare" in configs:
+                row["kshare_direct"] = row["kshare_rps"] / row["direct_rps"]
+            rows.append(row)
+    progress.end()
+    return {
+        "config": {"records": records, "partitions": partitions, "repeats": repeats, "configs": configs},
+        "rows": rows,
+        "samples": samples,
+        "targets": targets,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 2. one share consumer: kshare (on 3.9) vs native 4.4 vs a classic consumer direct on 3.9
+
+
+def share(
+    env: Env,
+    progress: Progress,
+    *,
+    records: dict[int, int],
+    partition_counts: list[int],
+    repeats: int,
+    configs: list[str] | None = None,
+    warmup: bool = True,
+) -> dict[str, Any]:
+    proxy = env.proxy()
+    configs = configs or ["classic", "kshare", "native"]
+    k4 = env.kafka4() if "native" in configs else None
+    sizes = sorted(records)
+    combos = [(size, parts) for size in sizes for parts in partition_counts]
+    progress.begin("share", len(combos) * (1 + repeats * len(configs)) + (len(configs) if warmup else 0))
+    samples: list[dict[str, Any]] = []
+    for i, (size, parts) in enumerate(combos):
+        n = records[size]
+        topic = f"bench-share-{size}-{parts}-{uuid.uuid4().hex[:8]}"
+        clients.create_topic(env.upstream(), topic, parts)
+        clients.produce(env.upstream(), topic, n, size, parts)
+        if k4 is not None:
+            clients.create_topic(k4, topic, parts)
+            clients.produce(k4, topic, n, size, parts)
+        progress.step(f"{n:,} x {size} B on {parts} partition(s) produced; load {load()}")
+        try:
+            runs = [(None, c) for c in configs] if warmup and i == 0 else []
+            runs += [(r, c) for r in range(repeats) for c in alternate(configs, r)]
+            for r, config in runs:
+                c0 = cpu_seconds(proxy.pid)
+                if config == "kshare":
+                    run = clients.consume_share(proxy.bootstrap, topic, n)
+                elif config == "classic":
+                    run = clients.consume_classic(env.upstream(), topic, n)
+                else:
+                    run = clients.consume_share(k4, topic, n)  # type: ignore[arg-type]
+                cpu = cpu_seconds(proxy.pid) - c0 if config == "kshare" else None
+                if r is not None:
+                    samples.append(
+                        {
+                            "config": config,
+                            "value_size": size,
+                            "partitions": parts,
+                            "records": n,
+                            "cpu_s": cpu,
+                        }
+                        | asdict(run)
+                    )
+                progress.step(
+                    f"{'warm-up ' if r is None else ''}{config} {size} B x{parts}: {n / run.data_seconds:,.0f} rec/s, "
+                    f"first record after {run.first_record_s:.2f} s"
+                )
+        finally:
+            clients.delete_topic(env.upstream(), topic)
+            if k4 is not None:
+                clients.delete_topic(k4, topic)
+    rows = []
+    targets = []
+    for size, parts in combos:
+        n = records[size]
+        row: dict[str, Any] = {"value_size": size, "partitions": parts, "records": n}
+        for config in configs:
+            ss = [
+                s
+                for s in samples
+                if s["config"] == config and s["value_size"] == size and s["partitions"] == parts
+            ]
+            row[f"{config}_rps"] = n / median([s["data_seconds"] for s in ss])
+            row[f"{config}_first_s"] = median([s["first_record_s"] for s in ss])
+            row[f"{config}_total_rps"] = n / median([s["seconds"] for s in ss])
+            if config == "kshare":
+                cpu = median([s["cpu_s"] for s in ss])
+                row["kshare_cpu_s"] = cpu
+                row["kshare_mcores_per_mbps"] = cpu * 1000 / (n * size / 1e6)
+        if "native" in configs:
+            row["kshare_native"] = row["kshare_rps"] / row["native_rps"]
+            targets.append(
+                target(
+                    f"share consumer {size} B, {parts} partition(s): kshare / native",
+                    row["kshare_native"],
+                    SHARE_TARGET,
+                    ">=",
+                )
+            )
+        if "classic" in configs:
+            row["kshare_classic"] = row["kshare_rps"] / row["classic_rps"]
+        rows.append(row)
+    progress.end()
+    return {
+        "config": {
+            "records": records,
+            "partitions": partition_counts,
+            "repeats": repeats,
+            "configs": configs,
+        },
+        "rows": rows,
+        "samples": samples,
+        "targets": targets,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 3. scaling past partitions: N consumers with 5 ms of work per record
+
+
+def _scale_member(
+    bootstrap: str,
+    group: str,
+    topic: str,
+    work_s: float,
+    max_poll: int,
+    ready: threading.Semaphore,
+    start: threading.Event,
+    stop: threading.Event,
+    times: list[float],
+    errors: list[str],
+) -> None:
+    from confluent_kafka import ShareConsumer
+
+    try:
+        c = ShareConsumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "max.poll.records": max_poll,
+                "error_cb": clients._quiet,
+                "log_level": 3,
+            }
+        )
+        c.subscribe([topic])
+    except Exception as exc:  # noqa: BLE001
+        errors.append(repr(exc))
+        ready.release()
+        return
+    ready.release()
+    start.wait()
+    try:
+        while not stop.is_set():
+            for m in c.poll(0.1):
+                if m.error() is not None:
+                    continue
+                time.sleep(work_s)
+                times.append(time.monotonic())
+    finally:
+        with contextlib.suppress(Exception):
+            c.close()
+
+
+def _scale_run(
+    bootstrap: str,
+    admin_bootstrap: str,
+    consumers: int,
+    partitions: int,
+    seconds: float,
+    work_ms: float,
+    max_poll: int,
+) -> dict[str, Any]:
+    from confluent_kafka import Producer
+
+    rate = 1000 / work_ms
+    total = int(consumers * rate * seconds)
+    topic = clients.create_topic(
+        admin_bootstrap, f"bench-scale-{consumers}-{uuid.uuid4().hex[:8]}", partitions
+    )
+    group = f"bench-scale-{uuid.uuid4().hex[:8]}"
+    try:
+        # one record per producer batch: share fetches acquire whole batches
+        p = Producer(
+            {
+                "bootstrap.servers": admin_bootstrap,
+                "linger.ms": 5,
+                "batch.num.messages": 1,
+                "queue.buffering.max.messages": 1_000_000,
+                "error_cb": clients._quiet,
+                "log_level": 3,
+            }
+        )
+        value = b"." * 100
+        for i in range(total):
+            while True:
+                try:
+                    p.produce(topic, value, partition=i % partitions)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+        assert p.flush(120) == 0
+        clients.share_group(bootstrap, group)
+        ready, start, stop = threading.Semaphore(0), threading.Event(), threading.Event()
+        times: list[list[float]] = [[] for _ in range(consumers)]
+        errors: list[str] = []
+        threads = [
+            threading.Thread(
+                target=_scale_member,
+                args=(
+                    bootstrap,
+                    group,
+                    topic,
+                    work_ms / 1000,
+                    max_poll,
+                    ready,
+                    start,
+                    stop,
+                    times[i],
+                    errors,
+                ),
+                daemon=True,
+            )
+            for i in range(consumers)
+        ]
+        for t in threads:
+            t.start()
+        for _ in threads:
+            if not ready.acquire(timeout=120):
+                raise TimeoutError("a consumer did not start")
+        if errors:
+            raise RuntimeError(f"consumer errors: {errors[:3]}")
+        start.set()
+        deadline = time.monotonic() + seconds * 4 + 60
+        while sum(len(t) for t in times) < total and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stop.set()
+        for t in threads:
+            t.join(30)
+    finally:
+        clients.delete_topic(admin_bootstrap, topic)
+    got = sum(len(t) for t in times)
+    busy = [t for t in times if t]
+    window = float("nan")
+    if busy:
+        w0 = max(t[0] for t in busy)
+        w1 = min(t[-1] for t in busy)
+        inside = sum(1 for t in busy for x in t if w0 < x <= w1)
+        if w1 - w0 > 0.5:
+            window = inside / (w1 - w0)
+    everything = sorted(x for t in busy for x in t)
+    overall = (
+        (len(everything) - 1) / (everything[-1] - everything[0]) if len(everything) > 1 else float("nan")
+    )
+    return {
+        "consumers": consumers,
+        "partitions": partitions,
+        "records": total,
+        "delivered": got,
+        "busy_consumers": len(busy),
+        "all_busy_rps": window,
+        "overall_rps": overall,
+        "ideal_rps": consumers * rate,
+        "per_consumer": sorted(len(t) for t in times),
+    }
+
+
+def scaling(
+    env: Env,
+    progress: Progress,
+    *,
+    points: list[tuple[int, int]],
+    seconds: float,
+    repeats: int,
+    work_ms: float = 5.0,
+    max_poll: int = 25,
+) -> dict[str, Any]:
+    proxy = env.proxy()
+    k4 = env.kafka4()
+    systems = {"kshare": (proxy.bootstrap, env.upstream()), "native": (k4, k4)}
+    progress.begin("scaling", len(points) * repeats * len(systems))
+    samples = []
+    for consumers, partitions in points:
+        for r in range(repeats):
+            for name in alternate(list(systems), r + (consumers + partitions) % 2):
+                bootstrap, admin_bootstrap = systems[name]
+                s = _scale_run(bootstrap, admin_bootstrap, consumers, partitions, seconds, work_ms, max_poll)
+                s["system"] = name
+                samples.append(s)
+                rate = s["all_busy_rps"] if not math.isnan(s["all_busy_rps"]) else s["overall_rps"]
+                progress.step(
+                    f"{name} {consumers} on {partitions}: {rate:,.0f} rec/s "
+                    f"({rate / s['ideal_rps']:.0%} of ideal), {s['busy_consumers']} busy"
+                )
+    rows = []
+    for consumers, partitions in points:
+        row: dict[str, Any] = {
+            "consumers": consumers,
+            "partitions": partitions,
+            "ideal_rps": consumers * 1000 / work_ms,
+        }
+        for name in systems:
+            ss = [
+                s
+                for s in samples
+                if s["system"] == name and s["consumers"] == consumers and s["partitions"] == partitions
+            ]
+            rate = median(
+                [s["all_busy_rps"] if not math.isnan(s["all_busy_rps"]) else s["overall_rps"] for s in ss]
+            )
+            row[f"{name}_rps"] = rate
+            row[f"{name}_of_ideal"] = rate / row["ideal_rps"]
+            row[f"{name}_busy"] = min(s["busy_consumers"] for s in ss)
+        rows.append(row)
+    progress.end()
+    return {
+        "config": {
+            "points": points,
+            "seconds": seconds,
+            "work_ms": work_ms,
+            "max_poll_records": max_poll,
+            "repeats": repeats,
+        },
+        "rows": rows,
+        "samples": samples,
+        "targets": [],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 4. end-to-end latency at a fixed rate
+
+_VALUE = struct.Struct(">qq")  # sequence number (-1: probe), send time (ns, CLOCK_MONOTONIC)
+
+
+def _latency_producer(
+    bootstrap: str, topic: str, rate: float, seconds: float, size: int, go, t0, out
+) -> None:
+    """Probes every 50 ms until ``go``; then ``rate`` records a second from ``t0`` for ``seconds``."""
+    from confluent_kafka import Producer
+
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 0,
+            "acks": "all",
+            "error_cb": clients._quiet,
+            "log_level": 3,
+        }
+    )
+    pad = b"." * max(0, size - _VALUE.size)
+    while not go.is_set():
+        p.produce(topic, _VALUE.pack(-1, time.monotonic_ns()) + pad, partition=0)
+        p.poll(0)
+        go.wait(0.05)
+    start = t0.value
+    total = int(rate * seconds)
+    lag_max = 0.0
+    i = 0
+    stop_at = start + seconds + 30
+    while i < total and time.monotonic() < stop_at:
+        due = start + i / rate
+        now = time.monotonic()
+        if now < due:
+            time.sleep(due - now)
+        else:
+            lag_max = max(lag_max, now - due)
+        try:
+            p.produce(topic, _VALUE.pack(i, time.monotonic_ns()) + pad, partition=0)
+        except BufferError:
+            p.poll(0.01)
+            continue
+        i += 1
+        p.poll(0)
+    left = p.flush(30)
+    out.put(("produced", i, lag_max, left))
+
+
+def _latency_consumer(kind: str, bootstrap: str, topic: str, group: str, ready, stop, out) -> None:
+    """Until ``stop``: latency (ms, receive - send) of every record; ``ready`` at the first probe."""
+    if kind == "share":
+        from confluent_kafka import ShareConsumer
+
+        c = ShareConsumer(
+            {"bootstrap.servers": bootstrap, "group.id": group, "error_cb": clients._quiet, "log_level": 3}
+        )
+
+        def poll():
+            return c.poll(0.1)
+    else:
+        from confluent_kafka import Consumer
+
+        c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 100,
+                "error_cb": clients._quiet,
+                "log_level": 3,
+            }
+        )
+
+        def poll():
+            return c.consume(1000, 0.1)
+
+    c.subscribe([topic])
+    seqs = array("q")
+    lat = array("d")
+    unpack = _VALUE.unpack_from
+    try:
+        while not stop.is_set():
+            msgs = poll()
+            now = time.monotonic_ns()
+            for m in msgs:
+                if m.error() is not None:
+                    continue
+                seq, ns = unpack(m.value())
+                if seq < 0:
+                    ready.set()
+                    continue
+                seqs.append(seq)
+                lat.append((now - ns) / 1e6)
+    finally:
+        with contextlib.suppress(Exception):
+            c.close()
+        out.put(("consumed", seqs.tobytes(), lat.tobytes()))
+
+
+def _latency_run(
+    system: str, bootstrap: str, admin_bootstrap: str, rate: float, seconds: float, size: int, skip_s: float
+) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    topic = clients.create_topic(admin_bootstrap, f"bench-latency-{system}-{uuid.uuid4().hex[:8]}", 1)
+    group = f"bench-latency-{uuid.uuid4().hex[:8]}"
+    kind = "classic" if system == "direct" else "share"
+    if kind == "share":
+        clients.share_group(bootstrap, group)
+    go, ready, stop = ctx.Event(), ctx.Event(), ctx.Event()
+    t0 = ctx.Value("d", 0.0)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_latency_consumer, args=(kind, bootstrap, topic, group, ready, stop, out), daemon=True
+        ),
+        ctx.Process(
+            target=_latency_producer, args=(bootstrap, topic, rate, seconds, size, go, t0, out), daemon=True
+        ),
+    ]
+    try:
+        for pr in procs:
+            pr.start()
+        if not ready.wait(180):
+            raise TimeoutError(f"{system}: the consumer got no record in 180 s")
+        t0.value = time.monotonic() + 0.5
+        go.set()
+        produced = None
+        deadline = time.monotonic() + seconds + 120
+        while produced is None:
+            try:
+                msg = out.get(timeout=1.0)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{system}: the producer did not finish") from None
+                continue
+            if msg[0] == "produced":
+                produced = msg
+        time.sleep(2.0)  # the last records arrive
+        stop.set()
+        msg = out.get(timeout=60)
+    finally:
+        stop.set()
+        for pr in procs:
+            pr.join(15)
+            if pr.is_alive():
+                pr.kill()
+        clients.delete_topic(admin_bootstrap, topic)
+    seqs, lat = array("q"), array("d")
+    seqs.frombytes(msg[1])
+    lat.frombytes(msg[2])
+    skip = int(rate * skip_s)  # the first records: the consumer's fetch loop settles
+    measured = sorted(x for s, x in zip(seqs, lat, strict=True) if s >= skip)
+    sent = produced[1]
+    return {
+        "system": system,
+        "sent": sent,
+        "received": len(set(seqs)),
+        "duplicates": len(seqs) - len(set(seqs)),
+        "producer_lag_max_ms": produced[2] * 1000,
+        "measured": len(measured),
+        "p50_ms": pct(measured, 0.5),
+        "p99_ms": pct(measured, 0.99),
+        "p999_ms": pct(measured, 0.999),
+        "max_ms": measured[-1] if measured else float("nan"),
+        # 201 quantiles (0, 0.5 %, ... 100 %) and the tail, for the plot
+        "quantiles_ms": [pct(measured, q / 200) for q in range(1, 201)] if measured else [],
+        "tail_ms": [pct(measured, 1 - 10 ** -(k / 4)) for k in range(8, 17)] if measured else [],
+    }
+
+
+def latency(
+    env: Env,
+    progress: Progress,
+    *,
+    rate: float,
+    seconds: float,
+    repeats: int,
+    size: int = 100,
+    warmup_s: float = 5.0,
+) -> dict[str, Any]:
+    proxy = env.proxy()
+    k4 = env.kafka4()
+    systems = {
+        "direct": (env.upstream(), env.upstream()),
+        "kshare": (proxy.bootstrap, env.upstream()),
+        "native": (k4, k4),
+    }
+    progress.begin("latency", len(systems) * (repeats + (1 if warmup_s else 0)))
+    samples = []
+    if warmup_s:
+        for name, (bootstrap, admin_bootstrap) in systems.items():
+            s = _latency_run(name, bootstrap, admin_bootstrap, rate, warmup_s, size, 0.0)
+            progress.step(f"warm-up {name}: p99 {s['p99_ms']:.2f} ms")
+    for r in range(repeats):
+        for name in alternate(list(systems), r):
+            bootstrap, admin_bootstrap = systems[name]
+            s = _latency_run(name, bootstrap, admin_bootstrap, rate, seconds, size, min(1.0, seconds / 5))
+            samples.append(s)
+            progress.step(
+                f"{name}: p50 {s['p50_ms']:.2f} p99 {s['p99_ms']:.2f} p99.9 {s['p999_ms']:.2f} ms, "
+                f"{s['received']:,}/{s['sent']:,} received"
+            )
+    rows = []
+    for name in systems:
+        ss = [s for s in samples if s["system"] == name]
+        best = min(ss, key=lambda s: abs(s["p99_ms"] - median([x["p99_ms"] for x in ss])))
+        rows.append(
+            {
+                "system": name,
+                "p50_ms": median([s["p50_ms"] for s in ss]),
+                "p99_ms": median([s["p99_ms"] for s in ss]),
+                "p999_ms": median([s["p999_ms"] for s in ss]),
+                "max_ms": max(s["max_ms"] for s in ss),
+                "sent": sum(s["sent"] for s in ss),
+                "received": sum(s["received"] for s in ss),
+                "duplicates": sum(s["duplicates"] for s in ss),
+                "quantiles_ms": best["quantiles_ms"],
+                "tail_ms": best["tail_ms"],
+            }
+        )
+    by = {r["system"]: r for r in rows}
+    added = by["kshare"]["p99_ms"] - by["direct"]["p99_ms"]
+    progress.end()
+    return {
+        "config": {
+            "rate": rate,
+            "seconds": seconds,
+            "value_size": size,
+            "repeats": repeats,
+            "warmup_s": warmup_s,
+        },
+        "rows": rows,
+        "samples": [{k: v for k, v in s.items() if k not in ("quantiles_ms", "tail_ms")} for s in samples],
+        "targets": [
+            target(
+                f"added p99 latency at {rate:,.0f} records/s: kshare p99 - direct p99",
+                added,
+                LATENCY_TARGET_MS,
+                "<=",
+                "ms",
+            )
+        ],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 5a. ShareAcknowledge round trip with concurrent members
+
+
+async def _ack_run(bootstrap: str, topic: str, members: int, acks_per_member: int, batch: int) -> list[float]:
+    group = f"bench-ack-{uuid.uuid4().hex[:8]}"
+    await asyncio.to_thread(
+        clients.set_group_configs, bootstrap, group, {"share.auto.offset.reset": "earliest"}
+    )
+    conn = await clients.connect(bootstrap, "bench-ack")
+    try:
+        tid = await clients.topic_id(conn, topic)
+    finally:
+        await conn.close()
+    ms = list(
+        await asyncio.gather(*(clients.Member.join(bootstrap, group, topic, tid=tid) for _ in range(members)))
+    )
+    try:
+        deadline = time.monotonic() + 60  # one partition each
+        while time.monotonic() < deadline:
+            await asyncio.gather(*(m.heartbeat(None) for m in ms))
+            if all(len(m.assigned) == 1 for m in ms) and len({m.assigned[0] for m in ms}) == members:
+                break
+            await asyncio.sleep(0.2)
+        out: list[float] = []
+
+        async def run(m: clients.Member) -> None:
+            done = 0
+            while done < acks_per_member:
+                got = await m.fetch(m.assigned[:1], max_records=batch)
+                acks: dict[int, list] = {}
+                for p, ranges in got.items():
+                    for a, z, _ in ranges:
+                        acks.setdefault(p, []).append((a, z, [clients.ACCEPT]))
+                if not acks:
+                    continue
+                out.append(await m.acknowledge(acks))
+                done += 1
+
+        async with clients.keepalive(ms):
+            await asyncio.wait_for(asyncio.gather(*(run(m) for m in ms)), 300)
+        return out
+    finally:
+        await asyncio.gather(*(m.close() for m in ms), return_exceptions=True)
+
+
+def ack(
+    env: Env,
+    progress: Progress,
+    *,
+    member_counts: list[int],
+    samples_per_run: int,
+    repeats: int,
+    batch: int = 50,
+) -> dict[str, Any]:
+    proxy = env.proxy()
+    progress.begin("ack", len(member_counts) * (1 + repeats) + 1)
+    topics = {}
+    for n in member_counts:
+        per_member = math.ceil(samples_per_run / n)
+        topic = clients.create_topic(env.upstream(), f"bench-ack-{n}-{uuid.uuid4().hex[:8]}", n)
+        # enough for every repeat (each with a fresh group) plus the warm-up, in batches of ``batch``
+        clients.produce_batches(env.upstream(), topic, n * (per_member + 5) * batch, n, batch)
+        topics[n] = topic
+        progress.step(f"{n} partition(s) produced")
+    samples = []
+    try:
+        warm = member_counts[min(1, len(member_counts) - 1)]
+        asyncio.run(_ack_run(proxy.bootstrap, topics[warm], warm, 5, batch))
+        progress.step(f"warm-up with {warm} members")
+        for r in range(repeats):
+            for n in alternate(member_counts, r):
+                lat = sorted(
+                    asyncio.run(
+                        _ack_run(proxy.bootstrap, topics[n], n, math.ceil(samples_per_run / n), batch)
+                    )
+                )
+                s = {
+                    "members": n,
+                    "acks": len(lat),
+                    "p50_ms": pct(lat, 0.5) * 1000,
+                    "p99_ms": pct(lat, 0.99) * 1000,
+                    "mean_ms": statistics.fmean(lat) * 1000,
+                }
+                samples.append(s)
+                progress.step(
+                    f"{n} member(s): p50 {s['p50_ms']:.2f} ms, p99 {s['p99_ms']:.2f} ms ({len(lat)} acks)"
+                )
+    finally:
+        for topic in topics.values():
+            clients.delete_topic(env.upstream(), topic)
+    rows = []
+    for n in member_counts:
+        ss = [s for s in samples if s["members"] == n]
+        rows.append(
+            {
+                "members": n,
+                "acks": sum(s["acks"] for s in ss),
+                "p50_ms": median([s["p50_ms"] for s in ss]),
+                "p99_ms": median([s["p99_ms"] for s in ss]),
+                "mean_ms": median([s["mean_ms"] for s in ss]),
+            }
+        )
+    by = {r["members"]: r for r in rows}
+    targets = []
+    if 1 in by and 16 in by:
+        targets.append(
+            target(
+                "ack p50 with 16 concurrent members / p50 with one",
+                by[16]["p50_ms"] / by[1]["p50_ms"],
+                ACK_TARGET,
+                "<=",
+            )
+        )
+    for r in rows:
+        r["vs_one"] = r["p50_ms"] / by[1]["p50_ms"] if 1 in by else float("nan")
+    progress.end()
+    return {
+        "config": {
+            "members": member_counts,
+            "samples_per_run": samples_per_run,
+            "repeats": repeats,
+            "records_per_ack": batch,
+        },
+        "rows": rows,
+        "samples": samples,
+        "targets": targets,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 5b. proxy CPU per MB/s delivered
+
+
+def cpu(
+    env: Env, progress: Progress, *, earlier: dict[str, Any], records: dict[int, int], repeats: int
+) -> dict[str, Any]:
+    """Millicores of the proxy process per MB/s of record values it delivered (= CPU ms per MB), from
+    the pass-through and share scenarios of this run, or measured here (kshare only) if they did not run."""
+    rows = []
+    pt = earlier.get("passthrough")
+    if pt is None:
+        pt = passthrough(env, progress, records=records, repeats=repeats, configs=["kshare"], warmup=False)
+    for r in pt["rows"]:
+        if "kshare_mcores_per_mbps" in r:
+            rows.append(
+                {
+                    "workload": f"pass-through {r['workload']}",
+                    "value_size": r["value_size"],
+                    "mbps": r["kshare_mbps"],
+                    "cpu_s": r["kshare_cpu_s"],
+                    "mcores_per_mbps": r["kshare_mcores_per_mbps"],
+                }
+            )
+    sh = earlier.get("share")
+    if sh is None:
+        sh = share(
+            env,
+            progress,
+            records=records,
+            partition_counts=[4],
+            repeats=repeats,
+            configs=["kshare"],
+            warmup=False,
+        )
+    for r in sh["rows"]:
+        mb = r["records"] * r["value_size"] / 1e6
+        rows.append(
+            {
+                "workload": f"share consumer, {r['partitions']} partition(s)",
+                "value_size": r["value_size"],
+                "mbps": r["kshare_rps"] * r["value_size"] / 1e6,
+                "cpu_s": r["kshare_cpu_s"],
+                "mcores_per_mbps": r["kshare_cpu_s"] * 1000 / mb,
+            }
+        )
+    targets = [
+        target(
+            f"proxy CPU, {r['workload']} {r['value_size']} B (millicores per MB/s)",
+            r["mcores_per_mbps"],
+            CPU_TARGET,
+            "<=",
+            "mcores/(MB/s)",
+        )
+        for r in rows
+    ]
+    return {
+        "config": {
+            "source": "this run's passthrough and share scenarios"
+            if "passthrough" in earlier and "share" in earlier
+            else "measured here"
+        },
+        "rows": rows,
+        "samples": [],
+        "targets": targets,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 5c. proxy memory with many share-partitions and connections
+
+
+def _cache_budget_mb(proxy_args: list[str], default: int) -> int:
+    for i, a in enumerate(proxy_args):
+        if a == "--record-cache-mb" and i + 1 < len(proxy_args):
+            return int(proxy_args[i + 1])
+        if a.startswith("--record-cache-mb="):
+            return int(a.split("=", 1)[1])
+    return default
+
+
+async def _memory_load(
+    bootstrap: str, topic: str, groups: int, members: int, partitions: int, records: int, progress: Progress
+) -> dict[str, Any]:
+    conn = await clients.connect(bootstrap, "bench-memory")
+    try:
+        tid = await clients.topic_id(conn, topic)
+    finally:
+        await conn.close()
+    names = [f"bench-memory-{g}-{uuid.uuid4().hex[:6]}" for g in range(groups)]
+    for group in names:
+        await asyncio.to_thread(
+            clients.set_group_configs, bootstrap, group, {"share.auto.offset.reset": "earliest"}
+        )
+    sem = asyncio.Semaphore(64)
+
+    async def join(group: str) -> clients.Member:
+        async with sem:
+            return await clients.Member.join(bootstrap, group, topic, tid=tid)
+
+    all_members: list[clients.Member] = []
+    touched: set[tuple[str, int]] = set()
+    acquired = 0
+    async with clients.keepalive(all_members, interval=5.0):
+        for group in names:
+            ms = list(await asyncio.gather(*(join(group) for _ in range(members))))
+            all_members.extend(ms)
+            deadline = time.monotonic() + 120  # until the assignment covers the topic, no partition twice
+            while time.monotonic() < deadline:
+                cover = [p for m in ms for p in m.assigned]
+                if len(cover) == partitions and len(set(cover)) == partitions:
+                    break
+                await asyncio.sleep(0.5)
+                await asyncio.gather(*(m.heartbeat(None) for m in ms))
+            progress.step(f"group {group}: {members} members joined; proxy connections up")
+
+        async def read(m: clients.Member) -> int:
+            n = 0
+            pending = set(m.assigned)
+            for _ in range(5):
+                if not pending:
+                    break
+                got = await m.fetch(sorted(pending), max_records=records * len(pending), max_wait_ms=500)
+                acks: dict[int, list] = {}
+                for p, ranges in got.items():
+                    if ranges:
+                        pending.discard(p)
+                        touched.add((m.group, p))
+                    for a, z, _ in ranges:
+                        n += z - a + 1
+                        acks.setdefault(p, []).append((a, z, [clients.ACCEPT]))
+                if acks:
+                    await m.acknowledge(acks)
+            return n
+
+        for group in names:
+            ms = [m for m in all_members if m.group == group]
+            acquired += sum(await asyncio.gather(*(read(m) for m in ms)))
+            progress.step(
+                f"group {group}: {len({p for g, p in touched if g == group})} share-partitions read"
+            )
+        return {"members": all_members, "touched": len(touched), "acquired": acquired}
+
+
+def memory(
+    env: Env,
+    progress: Progress,
+    *,
+    groups: int,
+    members: int,
+    partitions: int,
+    records: int,
+    value_size: int = 1024,
+    cache_mb: int = 64,
+) -> dict[str, Any]:
+    budget_mb = _cache_budget_mb(env.proxy_args, cache_mb)
+    extra = list(env.proxy_args)
+    if "--record-cache-mb" not in " ".join(extra):
+        extra += ["--record-cache-mb", str(budget_mb)]
+    progress.begin("memory", 3 + 2 * groups)
+    topic = clients.create_topic(env.upstream(), f"bench-memory-{uuid.uuid4().hex[:8]}", partitions)
+    proxy = None
+    try:
+        clients.produce(env.upstream(), topic, records * partitions, value_size, partitions)
+        progress.step(f"{records * partitions:,} x {value_size} B on {partitions} partitions produced")
+        proxy = ProxyProcess(env.upstream(), extra, name="kshare (memory)")
+        proxy.start(180)
+        time.sleep(2.0)
+        rss_idle = rss_bytes(proxy.pid)
+        progress.step(f"fresh proxy, --record-cache-mb {budget_mb}: RSS {rss_idle / 2**20:.0f} MB")
+        peak = [rss_idle]
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.wait(0.25):
+                with contextlib.suppress(OSError):
+                    peak[0] = max(peak[0], rss_bytes(proxy.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+
+        async def go() -> dict[str, Any]:
+            got = await _memory_load(proxy.bootstrap, topic, groups, members, partitions, records, progress)
+            await asyncio.sleep(2.0)
+            got["metrics"] = await asyncio.to_thread(proxy.metrics)
+            got["rss_loaded"] = rss_bytes(proxy.pid)
+            await asyncio.gather(*(m.close() for m in got.pop("members")), return_exceptions=True)
+            return got
+
+        c0 = cpu_seconds(proxy.pid)
+        got = asyncio.run(go())
+        cpu_s = cpu_seconds(proxy.pid) - c0
+        time.sleep(2.0)
+        sampling.set()
+        sampler.join(5)
+        rss_after = rss_bytes(proxy.pid)
+        metrics_after = proxy.metrics()
+        progress.step(
+            f"RSS idle {rss_idle / 2**20:.0f} MB, peak {peak[0] / 2**20:.0f} MB, "
+            f"record cache {got['metrics'].get('kshare_record_cache_bytes', 0) / 2**20:.0f} MB"
+        )
+        notes = proxy.notes()
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        clients.delete_topic(env.upstream(), topic)
+    m = got["metrics"]
+    row = {
+        "groups": groups,
+        "members_per_group": members,
+        "connections": groups * members,
+        "partitions": partitions,
+        "share_partitions_touched": got["touched"],
+        "records_acquired": got["acquired"],
+        "data_mb": records * partitions * value_size / 1e6,
+        "cache_budget_mb": budget_mb,
+        "rss_idle_mb": rss_idle / 2**20,
+        "rss_peak_mb": peak[0] / 2**20,
+        "rss_loaded_mb": got["rss_loaded"] / 2**20,
+        "rss_after_close_mb": rss_after / 2**20,
+        "record_cache_mb": m.get("kshare_record_cache_bytes", float("nan")) / 2**20,
+        "record_cache_budget_metric_mb": m.get("kshare_record_cache_budget_bytes", float("nan")) / 2**20,
+        "record_cache_partitions": m.get("kshare_record_cache_partitions", float("nan")),
+        "client_connections_metric": m.get("kshare_client_connections", float("nan")),
+        "record_cache_mb_after_close": metrics_after.get("kshare_record_cache_bytes", float("nan")) / 2**20,
+        "cpu_s": cpu_s,
+    }
+    limit = row["rss_idle_mb"] + budget_mb + MEMORY_OVERHEAD_MB
+    row["rss_limit_mb"] = limit
+    targets = [
+        target(
+            f"proxy peak RSS with {row['share_partitions_touched']:,} share-partitions and {row['connections']:,} "
+            f"connections <= idle + {budget_mb} MB cache budget + {MEMORY_OVERHEAD_MB} MB",
+            row["rss_peak_mb"],
+            limit,
+            "<=",
+            "MB",
+        ),
+        target(
+            "kshare_record_cache_bytes within --record-cache-mb",
+            row["record_cache_mb"],
+            budget_mb,
+            "<=",
+            "MB",
+        ),
+    ]
+    return {
+        "config": {
+            "groups": groups,
+            "members_per_group": members,
+            "partitions": partitions,
+            "records_per_partition": records,
+            "value_size": value_size,
+            "record_cache_mb": budget_mb,
+            "fixed_overhead_mb": MEMORY_OVERHEAD_MB,
+        },
+        "rows": [row],
+        "samples": [],
+        "targets": targets,
+        "notes": notes,
+    }

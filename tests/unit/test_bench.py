@@ -1,0 +1,340 @@
+"""``kshare bench`` without brokers: option parsing, the report and plots of a synthetic results dict,
+the clear errors when Kafka or matplotlib is missing, and the shim that keeps ``tests.brokers``."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kshare.bench import report, runner, scenarios
+from kshare.bench.brokers import BrokerError
+from kshare.cli import main
+
+
+def synthetic() -> dict:
+    """A results dict as the runner builds it (JSON round trip: what results.json holds)."""
+    pt_rows = []
+    for kind in ("produce", "consume"):
+        for size in (100, 1024):
+            pt_rows.append(
+                {
+                    "workload": kind,
+                    "value_size": size,
+                    "records": 1000,
+                    "direct_rps": 100_000.0,
+                    "direct_mbps": 10.0,
+                    "relay_rps": 90_000.0,
+                    "relay_mbps": 9.0,
+                    "kshare_rps": 88_000.0,
+                    "kshare_mbps": 8.8,
+                    "kshare_cpu_s": 0.2,
+                    "kshare_mcores_per_mbps": 20.0,
+                    "kshare_relay": 88 / 90,
+                    "kshare_direct": 0.88,
+                }
+            )
+    share_rows = [
+        {
+            "value_size": size,
+            "partitions": p,
+            "records": 1000,
+            "classic_rps": 1e5,
+            "kshare_rps": 2e5,
+            "native_rps": 1.5e5,
+            "classic_first_s": 0.3,
+            "kshare_first_s": 0.5,
+            "native_first_s": 1.1,
+            "classic_total_rps": 9e4,
+            "kshare_total_rps": 1e5,
+            "native_total_rps": 8e4,
+            "kshare_cpu_s": 1.0,
+            "kshare_mcores_per_mbps": 30.0,
+            "kshare_native": 4 / 3,
+            "kshare_classic": 2.0,
+        }
+        for size in (100, 1024)
+        for p in (1, 4)
+    ]
+    scaling_rows = [
+        {
+            "consumers": n,
+            "partitions": p,
+            "ideal_rps": n * 200.0,
+            "kshare_rps": n * 190.0,
+            "kshare_of_ideal": 0.95,
+            "kshare_busy": n,
+            "native_rps": n * 150.0,
+            "native_of_ideal": 0.75,
+            "native_busy": n,
+        }
+        for n, p in [(1, 1), (2, 1), (4, 1), (4, 4), (8, 4), (3, 2)]
+    ]
+    lat_rows = [
+        {
+            "system": s,
+            "p50_ms": 1.0 + i,
+            "p99_ms": 3.0 + i,
+            "p999_ms": 6.0 + i,
+            "max_ms": 20.0,
+            "sent": 5000,
+            "received": 5000,
+            "duplicates": 0,
+            "quantiles_ms": [0.5 + i + k / 100 for k in range(200)],
+            "tail_ms": [3.0 + i + k for k in range(9)],
+        }
+        for i, s in enumerate(("direct", "kshare", "native"))
+    ]
+    ack_rows = [
+        {
+            "members": n,
+            "acks": 100,
+            "p50_ms": 1.0 + n / 16,
+            "p99_ms": 4.0,
+            "mean_ms": 1.5,
+            "vs_one": (1.0 + n / 16) / (1 + 1 / 16),
+        }
+        for n in (1, 4, 16, 64)
+    ]
+    mem_row = {
+        "groups": 10,
+        "members_per_group": 100,
+        "connections": 1000,
+        "partitions": 1000,
+        "share_partitions_touched": 10_000,
+        "records_acquired": 1_000_000,
+        "data_mb": 102.4,
+        "cache_budget_mb": 64,
+        "rss_idle_mb": 80.0,
+        "rss_peak_mb": 300.0,
+        "rss_loaded_mb": 280.0,
+        "rss_after_close_mb": 200.0,
+        "record_cache_mb": 63.0,
+        "record_cache_budget_metric_mb": 64.0,
+        "record_cache_partitions": 900.0,
+        "client_connections_metric": 1000.0,
+        "record_cache_mb_after_close": 60.0,
+        "cpu_s": 12.0,
+        "rss_limit_mb": 344.0,
+    }
+    cpu_rows = [
+        {
+            "workload": "pass-through consume",
+            "value_size": 100,
+            "mbps": 10.0,
+            "cpu_s": 0.2,
+            "mcores_per_mbps": 20.0,
+        }
+    ]
+    t = scenarios.target
+    results = {
+        "meta": {
+            "command": "kshare bench --quick",
+            "started": "2026-01-01T00:00:00Z",
+            "elapsed_s": 123.0,
+            "quick": True,
+            "repeats": 1,
+            "machine": {"nproc": 2, "python": "3.11"},
+            "load_before": "1 1 1",
+            "load_after": "2 2 2",
+            "upstream": "Apache Kafka 3.9.2",
+            "reference": "Apache Kafka 4.4.0",
+            "proxy_log_notes": ["2026 WARNING kshare: something"],
+        },
+        "scenarios": {
+            "passthrough": {
+                "config": {
+                    "records": {"100": 1000},
+                    "partitions": 4,
+                    "configs": ["direct", "relay", "kshare"],
+                },
+                "rows": pt_rows,
+                "targets": [t("pass-through produce 100 B: kshare / relay", 88 / 90, 0.95, ">=")],
+                "seconds": 10.0,
+            },
+            "share": {
+                "config": {"records": {"100": 1000}, "configs": ["classic", "kshare", "native"]},
+                "rows": share_rows,
+                "targets": [t("share 100 B: kshare / native", 4 / 3, 1.0, ">=")],
+            },
+            "scaling": {
+                "config": {"work_ms": 5.0, "seconds": 3.0, "max_poll_records": 25},
+                "rows": scaling_rows,
+                "targets": [],
+            },
+            "latency": {
+                "config": {"rate": 5000.0, "seconds": 5.0},
+                "rows": lat_rows,
+                "targets": [t("added p99", 1.0, 2.0, "<=", "ms")],
+            },
+            "ack": {
+                "config": {"records_per_ack": 50},
+                "rows": ack_rows,
+                "targets": [t("ack 16 / 1", 2 / (1 + 1 / 16), 2.0, "<=")],
+            },
+            "cpu": {
+                "config": {"source": "measured here"},
+                "rows": cpu_rows,
+                "targets": [t("cpu", 20.0, 35.0, "<=", "mcores/(MB/s)")],
+            },
+            "memory": {
+                "config": {},
+                "rows": [mem_row],
+                "targets": [t("peak RSS", 300.0, 344.0, "<=", "MB"), t("cache", 63.0, 64.0, "<=", "MB")],
+            },
+        },
+        "errors": {"other": "TimeoutError: synthetic"},
+    }
+    return json.loads(json.dumps(results))
+
+
+def test_markdown_has_every_section_and_marks_targets() -> None:
+    text = report.markdown(synthetic())
+    for name in scenarios.SCENARIOS:
+        assert f"(`{name}`)" in text
+    assert "| pass-through produce 100 B: kshare / relay | 0.98 | >= 0.95 | **met** |" in text
+    assert "| share 100 B: kshare / native | 1.33 | >= 1.00 | **met** |" in text
+    assert "**not met**" not in text
+    assert "7 of 7 met." in text
+    assert "**other failed**" in text
+    assert "WARNING kshare: something" in text
+    assert "| 16 | 100 | 2.00 |" in text  # ack table
+    assert "| 4 on 4 | 800 | 760 | 95% | 600 | 75% | 4 / 4 |" in text  # scaling table
+
+
+def test_target_met_and_not_met() -> None:
+    assert scenarios.target("x", 0.9, 0.95, ">=")["met"] is False
+    assert scenarios.target("x", 0.95, 0.95, ">=")["met"] is True
+    assert scenarios.target("x", 2.5, 2.0, "<=")["met"] is False
+    assert scenarios.target("x", float("nan"), 2.0, "<=")["met"] is False
+    results = synthetic()
+    results["scenarios"]["latency"]["targets"] = [scenarios.target("added p99", 3.5, 2.0, "<=", "ms")]
+    assert "| added p99 | 3.50 ms | <= 2.00 ms | **not met** |" in report.markdown(results)
+
+
+def test_plots_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    written = report.plots(synthetic(), tmp_path)
+    assert sorted(written) == sorted(f"{name}.png" for name in scenarios.SCENARIOS)
+    for name in written:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = synthetic()
+    results["plots"] = written
+    assert "![latency](latency.png)" in report.markdown(results)
+
+
+def test_alternate_and_percentiles() -> None:
+    assert scenarios.alternate(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert scenarios.alternate(["a", "b", "c"], 1) == ["c", "b", "a"]
+    xs = list(range(1, 1001))
+    assert (
+        scenarios.pct(xs, 0.5) == 500 and scenarios.pct(xs, 0.99) == 990 and scenarios.pct(xs, 0.999) == 999
+    )
+    assert scenarios._cache_budget_mb(["--record-cache-mb", "32"], 64) == 32
+    assert scenarios._cache_budget_mb(["--record-cache-mb=16"], 64) == 16
+    assert scenarios._cache_budget_mb([], 64) == 64
+
+
+def test_progress_one_line_per_step_when_not_a_terminal() -> None:
+    out = io.StringIO()
+    p = runner.Progress(out, tty=False)
+    p.begin("share", 2)
+    p.step("one")
+    p.step("two")
+    p.end()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[-1].startswith("[share      ] ########################   2/2")
+    assert p.lines == ["share: one", "share: two"]
+
+
+def test_options_and_sizes() -> None:
+    o = runner.Options(out=Path("x"), only=["ack", "share"], quick=True)
+    assert o.scenarios == ["share", "ack"] and o.n_repeats == 1
+    assert runner.Options(out=Path("x")).n_repeats == 3
+    assert set(runner.SIZES) == set(scenarios.SCENARIOS)
+    assert runner.scenario_args("scaling", runner.Options(out=Path("x"), repeats=5))["repeats"] == 1
+    assert "repeats" not in runner.scenario_args("memory", o)
+
+
+def test_cli_parses_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen = {}
+
+    def fake_run(options: runner.Options) -> dict:
+        seen["options"] = options
+        return {"errors": {}}
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "--out",
+            str(tmp_path / "r"),
+            "--only",
+            "share",
+            "--only",
+            "ack",
+            "--quick",
+            "--repeats",
+            "2",
+            "--proxy-arg=--record-cache-mb",
+            "--proxy-arg",
+            "32",
+            "--upstream",
+            "h:1",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    o = seen["options"]
+    assert (o.only, o.quick, o.repeats, o.upstream, o.proxy_args, o.out) == (
+        ["share", "ack"],
+        True,
+        2,
+        "h:1",
+        ["--record-cache-mb", "32"],
+        tmp_path / "r",
+    )
+    bad = CliRunner().invoke(main, ["bench", "--only", "nope"])
+    assert bad.exit_code == 2 and "nope" in bad.output
+
+
+def test_clear_error_without_kafka(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kshare.bench import brokers
+
+    def no_java() -> str:
+        raise BrokerError("java is not on PATH (Java 17+ is needed to run Apache Kafka)")
+
+    monkeypatch.setattr(brokers, "_java", no_java)
+    result = CliRunner().invoke(main, ["bench", "--no-plots", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 1
+    assert "Error: cannot run Apache Kafka: java is not on PATH" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_clear_error_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    result = CliRunner().invoke(main, ["bench", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 1
+    assert "pip install 'kshare[bench]'" in result.output and "Traceback" not in result.output
+
+
+def test_tests_brokers_reexports_the_package() -> None:
+    import tests.brokers as shim
+    from kshare.bench import brokers
+
+    assert shim.KafkaBroker is brokers.KafkaBroker and shim.free_port is brokers.free_port
+    assert shim.ensure_kafka is brokers.ensure_kafka and shim._java is brokers._java
+    assert brokers._tls_factory is not None  # secure brokers still get tests.tls certificates
+    assert (Path(brokers.__file__).parent / "kafka" / "pom.xml").is_file()
