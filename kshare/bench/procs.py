@@ -22,7 +22,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from .brokers import free_port
+from .brokers import _die_with_parent, free_port
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -62,9 +62,11 @@ class Child:
         ready: str,
         env: dict[str, str] | None = None,
         cwd: Path | str | None = None,
+        log_path: Path | None = None,
     ) -> None:
         self.name = name
         self.cmd = cmd
+        self.log_path = log_path  # the output is also written here
         self.ready = re.compile(ready)
         self.env = {**os.environ, **(env or {})}
         self.cwd = cwd
@@ -81,8 +83,9 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self, timeout: float = 60.0) -> Child:
+        self._log = open(self.log_path, "a", buffering=1) if self.log_path else None  # noqa: SIM115
         self.proc = subprocess.Popen(
-            self.cmd,
+            _die_with_parent(self.cmd),  # SIGKILLed if the bench dies
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -98,6 +101,8 @@ class Child:
                 self.proc.wait(10)
                 raise RuntimeError(f"{self.name} exited at start:\n" + "".join(self.output[-40:]))
             self.output.append(line)
+            if self._log is not None:
+                self._log.write(line)
             if self.ready.search(line):
                 threading.Thread(target=self._drain, daemon=True).start()
                 return self
@@ -108,8 +113,12 @@ class Child:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             self.output.append(line)
+            if self._log is not None:
+                self._log.write(line)
             if len(self.output) > 5000:
                 del self.output[:1000]
+        if self._log is not None:
+            self._log.close()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -140,7 +149,12 @@ class ProxyProcess(Child):
     metrics port; ``extra`` are more ``kshare proxy`` arguments (``kshare bench --proxy-arg``)."""
 
     def __init__(
-        self, upstream: str, extra: list[str] | tuple[str, ...] = (), *, name: str = "kshare"
+        self,
+        upstream: str,
+        extra: list[str] | tuple[str, ...] = (),
+        *,
+        name: str = "kshare",
+        log_path: Path | None = None,
     ) -> None:
         self.port = free_port()
         self.metrics_port = free_port()
@@ -166,7 +180,7 @@ class ProxyProcess(Child):
             cmd += ["--group-limit", limit]
         cmd += list(extra)
         ready = r"upstream cluster has \d+ broker" if "--no-share-groups" in extra else r"share state loaded"
-        super().__init__(name, cmd, ready, env=kshare_env())
+        super().__init__(name, cmd, ready, env=kshare_env(), log_path=log_path)
 
     @property
     def bootstrap(self) -> str:
@@ -186,9 +200,9 @@ class ProxyProcess(Child):
         return out
 
 
-def start_relay(listen: str, upstream: str) -> Child:
+def start_relay(listen: str, upstream: str, log_path: Path | None = None) -> Child:
     cmd = [sys.executable, "-m", "kshare.bench.relay", "--listen", listen, "--upstream", upstream]
-    return Child("relay", cmd, r"relay listening", env=kshare_env()).start()
+    return Child("relay", cmd, r"relay listening", env=kshare_env(), log_path=log_path).start()
 
 
 # --------------------------------------------------------------------------------------------

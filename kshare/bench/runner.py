@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import shlex
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ class BenchError(Exception):
 
 # sizes: (full run, --quick)
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "passthrough": ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 20_000, 1024: 10_000}}),
+    "passthrough": ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 50_000, 1024: 20_000}}),
     "share": (
         {"records": {100: 400_000, 1024: 150_000}, "partition_counts": [1, 4, 16]},
         {"records": {100: 20_000, 1024: 10_000}, "partition_counts": [1, 4, 16]},
@@ -195,13 +196,17 @@ class Env:
             self._relay_tried = True
             self.upstream()
             if self._k3 is not None:
-                self._relay = start_relay(self.relay_bootstrap, f"127.0.0.1:{self._relay_in}")
+                self._relay = start_relay(
+                    self.relay_bootstrap,
+                    f"127.0.0.1:{self._relay_in}",
+                    log_path=self.options.out / "relay.log",
+                )
                 self.started["relay"] = f"relay at {self.relay_bootstrap} (pid {self._relay.pid})"
         return self._relay
 
     def proxy(self) -> ProxyProcess:
         if self._proxy is None:
-            proxy = ProxyProcess(self.upstream(), self.proxy_args)
+            proxy = ProxyProcess(self.upstream(), self.proxy_args, log_path=self.options.out / "kshare.log")
             self.progress.note("starting kshare proxy: " + shlex.join(proxy.cmd[1:]))
             proxy.start(180)
             self._proxy = proxy
@@ -292,6 +297,11 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
         "errors": {},
     }
     progress.note(f"kshare bench: {', '.join(options.scenarios)} -> {options.out}")
+
+    def on_term(*_: object) -> None:
+        raise KeyboardInterrupt  # stop what runs, clean up, keep what ran
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         for name in options.scenarios:
             args = scenario_args(name, options)
@@ -317,6 +327,7 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
             results["scenarios"][name] = res
             _write(results, options, report, final=False)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         notes = env.close()
         results["meta"]["load_after"] = load()
         results["meta"]["elapsed_s"] = round(time.monotonic() - t0, 1)

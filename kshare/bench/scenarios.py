@@ -741,18 +741,24 @@ async def _ack_run(bootstrap: str, topic: str, members: int, acks_per_member: in
         await asyncio.gather(*(clients.Member.join(bootstrap, group, topic, tid=tid) for _ in range(members)))
     )
     try:
-        deadline = time.monotonic() + 60  # one partition each
-        while time.monotonic() < deadline:
-            await asyncio.gather(*(m.heartbeat(None) for m in ms))
-            if all(len(m.assigned) == 1 for m in ms) and len({m.assigned[0] for m in ms}) == members:
-                break
+        # each member works on one partition, a partition of its own where the assignment allows
+        deadline = time.monotonic() + 60
+        while len({p for m in ms for p in m.assigned}) < members and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
+            await asyncio.gather(*(m.heartbeat(None) for m in ms))
+        taken: set[int] = set()
+        parts: list[int] = []
+        for i, m in enumerate(ms):
+            free = [p for p in m.assigned if p not in taken]
+            parts.append(free[0] if free else m.assigned[i % len(m.assigned)])
+            taken.add(parts[-1])
         out: list[float] = []
 
-        async def run(m: clients.Member) -> None:
+        async def run(i: int, m: clients.Member) -> None:
             done = 0
+            part = parts[i]
             while done < acks_per_member:
-                got = await m.fetch(m.assigned[:1], max_records=batch)
+                got = await m.fetch([part], max_records=batch)
                 acks: dict[int, list] = {}
                 for p, ranges in got.items():
                     for a, z, _ in ranges:
@@ -763,7 +769,7 @@ async def _ack_run(bootstrap: str, topic: str, members: int, acks_per_member: in
                 done += 1
 
         async with clients.keepalive(ms):
-            await asyncio.wait_for(asyncio.gather(*(run(m) for m in ms)), 300)
+            await asyncio.wait_for(asyncio.gather(*(run(i, m) for i, m in enumerate(ms))), 300)
         return out
     finally:
         await asyncio.gather(*(m.close() for m in ms), return_exceptions=True)
@@ -960,18 +966,17 @@ async def _memory_load(
         for group in names:
             ms = list(await asyncio.gather(*(join(group) for _ in range(members))))
             all_members.extend(ms)
-            deadline = time.monotonic() + 120  # until the assignment covers the topic, no partition twice
+            deadline = time.monotonic() + 120  # until the assignment covers the topic
             while time.monotonic() < deadline:
-                cover = [p for m in ms for p in m.assigned]
-                if len(cover) == partitions and len(set(cover)) == partitions:
+                if len({p for m in ms for p in m.assigned}) == partitions:
                     break
                 await asyncio.sleep(0.5)
                 await asyncio.gather(*(m.heartbeat(None) for m in ms))
             progress.step(f"group {group}: {members} members joined; proxy connections up")
 
-        async def read(m: clients.Member) -> int:
+        async def read(m: clients.Member, mine: set[int]) -> int:
             n = 0
-            pending = set(m.assigned)
+            pending = set(mine)
             for _ in range(5):
                 if not pending:
                     break
@@ -990,7 +995,16 @@ async def _memory_load(
 
         for group in names:
             ms = [m for m in all_members if m.group == group]
-            acquired += sum(await asyncio.gather(*(read(m) for m in ms)))
+            # each partition is read by one of the members assigned it (the assignor may give every
+            # member every partition)
+            holders: dict[int, list[int]] = {}
+            for j, m in enumerate(ms):
+                for p in m.assigned:
+                    holders.setdefault(p, []).append(j)
+            mine: list[set[int]] = [set() for _ in ms]
+            for p, js in holders.items():
+                mine[js[p % len(js)]].add(p)
+            acquired += sum(await asyncio.gather(*(read(m, mine[j]) for j, m in enumerate(ms))))
             progress.step(
                 f"group {group}: {len({p for g, p in touched if g == group})} share-partitions read"
             )
@@ -1018,7 +1032,9 @@ def memory(
     try:
         clients.produce(env.upstream(), topic, records * partitions, value_size, partitions)
         progress.step(f"{records * partitions:,} x {value_size} B on {partitions} partitions produced")
-        proxy = ProxyProcess(env.upstream(), extra, name="kshare (memory)")
+        proxy = ProxyProcess(
+            env.upstream(), extra, name="kshare (memory)", log_path=env.options.out / "kshare-memory.log"
+        )
         proxy.start(180)
         time.sleep(2.0)
         rss_idle = rss_bytes(proxy.pid)
