@@ -38,24 +38,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import io
 import json
 import os
-import platform
 import pstats
 import re
 import shlex
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,69 +58,25 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from kshare.bench.clients import consume, produce  # noqa: E402, F401 - bench_share imports them from here
+from kshare.bench.procs import Child as _Child  # noqa: E402
+from kshare.bench.procs import collapse_report, machine_info  # noqa: E402, F401
+from kshare.bench.procs import cpu_seconds as _cpu_seconds  # noqa: E402
+from kshare.bench.procs import py_spy as _py_spy  # noqa: E402
 from tests.brokers import KAFKA_3, KafkaBroker, free_port  # noqa: E402
 
 CONFIGS = ("direct", "relay", "kshare")
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------------------------
 # processes
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
-
-
-class Child:
-    """A subprocess that prints a ready line; its output is kept (drained by a thread)."""
+class Child(_Child):
+    """:class:`kshare.bench.procs.Child` run from the repository root (its ``python -m kshare`` is this checkout)."""
 
     def __init__(self, name: str, cmd: list[str], ready: str, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.cmd = cmd
-        self.ready = re.compile(ready)
-        self.env = {**os.environ, **(env or {})}
-        self.proc: subprocess.Popen[str] | None = None
-        self.output: list[str] = []
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self, timeout: float = 60.0) -> Child:
-        self.proc = subprocess.Popen(
-            self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env, cwd=ROOT
-        )
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"{self.name} exited at start:\n" + "".join(self.output))
-            self.output.append(line)
-            if self.ready.search(line):
-                threading.Thread(target=self._drain, daemon=True).start()
-                return self
-        raise RuntimeError(f"{self.name} not ready in {timeout:.0f} s:\n" + "".join(self.output))
-
-    def _drain(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(name, cmd, ready, env=env, cwd=ROOT)
 
 
 PROXY_CMD = [sys.executable, "-m", "kshare"]  # --proxy-cmd replaces it (to compare variants)
@@ -144,85 +95,6 @@ def start_proxy(upstream: str, *, profile_to: Path | None = None) -> tuple[Child
 
 # --------------------------------------------------------------------------------------------
 # clients
-
-
-def _quiet(_: object) -> None:
-    pass
-
-
-def produce(bootstrap: str, topic: str, records: int, value_size: int, partitions: int) -> float:
-    """Seconds to produce ``records`` values of ``value_size`` bytes, spread evenly over partitions."""
-    from confluent_kafka import KafkaException, Producer
-
-    errors: list[object] = []
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 10,
-            "batch.size": 1_000_000,
-            "batch.num.messages": 100_000,
-            "queue.buffering.max.messages": 2_000_000,
-            "queue.buffering.max.kbytes": 2_097_151,
-            "compression.type": "none",
-            "acks": "all",
-            "delivery.report.only.error": True,
-            "on_delivery": lambda err, msg: errors.append(err),
-            "error_cb": _quiet,
-        }
-    )
-    producer.list_topics(topic, timeout=10)  # connected, metadata known: the clock starts at the first record
-    value = os.urandom(value_size)
-    send = producer.produce
-    t0 = time.perf_counter()
-    for i in range(records):
-        try:
-            send(topic, value, partition=i % partitions)
-        except BufferError:
-            producer.poll(0.05)
-            send(topic, value, partition=i % partitions)
-    left = producer.flush(300)
-    elapsed = time.perf_counter() - t0
-    if left or errors:
-        raise KafkaException(f"produce to {topic} via {bootstrap}: {left} undelivered, errors {errors[:3]}")
-    return elapsed
-
-
-def consume(bootstrap: str, topic: str, records: int, partitions: int, timeout: float = 300.0) -> float:
-    """Seconds to read ``records`` records of ``topic`` from the beginning of every partition."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "error_cb": _quiet,
-        }
-    )
-    try:
-        consumer.list_topics(topic, timeout=10)
-        tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
-        take = consumer.consume
-        n = 0
-        t0 = time.perf_counter()
-        consumer.assign(tps)
-        deadline = time.monotonic() + timeout
-        while n < records:
-            n += len(take(10_000, 1.0))
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"consumed {n} of {records} records of {topic} via {bootstrap}")
-        elapsed = time.perf_counter() - t0
-        # every counted message was a record (no error events): the positions add up to the count
-        positions = consumer.position([TopicPartition(topic, p) for p in range(partitions)])
-        total = sum(tp.offset for tp in positions)
-        if n != records or total != records:
-            raise RuntimeError(
-                f"{topic} via {bootstrap}: consumed {n}, positions add up to {total}, want {records}"
-            )
-        return elapsed
-    finally:
-        consumer.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,11 +204,6 @@ def samples_table(samples: list[Sample], records: int) -> str:
 # profiling
 
 
-def _py_spy() -> str | None:
-    venv_bin = Path(sys.executable).parent / "py-spy"
-    return str(venv_bin) if venv_bin.exists() else shutil.which("py-spy")
-
-
 def profile(
     broker: KafkaBroker,
     how: str,
@@ -428,70 +295,7 @@ def profile(
     return out.getvalue()
 
 
-def collapse_report(text: str, top: int) -> str:
-    """Self and inclusive sample shares per function from py-spy's raw (collapsed stacks) output."""
-    own: Counter[str] = Counter()
-    incl: Counter[str] = Counter()
-    total = 0
-    for line in text.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        total += n
-        # "func (path/file.py:123)" -> "func (file.py)": per function, not per line
-        names = [re.sub(r"^(.*) \((?:.*/)?([^/:]+)(?::\d+)?\)$", r"\1 (\2)", f) for f in stack.split(";")]
-        own[names[-1]] += n
-        for name in set(names):
-            incl[name] += n
-    if not total:
-        return "(no samples)"
-    rows = [
-        f"{total} samples; self = on top of the stack, incl = anywhere in it",
-        "",
-        "self%  incl%  function",
-    ]
-    for name, n in own.most_common(top):
-        rows.append(f"{100 * n / total:5.1f}  {100 * incl[name] / total:5.1f}  {name}")
-    rows += ["", "by inclusive share:", "incl%  function"]
-    for name, n in incl.most_common(top):
-        rows.append(f"{100 * n / total:5.1f}  {name}")
-    return "\n".join(rows)
-
-
 # --------------------------------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, object]:
-    info: dict[str, object] = {
-        "nproc": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(Exception):
-        import confluent_kafka
-        import uvloop
-
-        info["confluent_kafka"] = importlib.metadata.version("confluent-kafka")
-        info["librdkafka"] = confluent_kafka.libversion()[0]
-        info["uvloop"] = uvloop.__version__
-    with contextlib.suppress(Exception):
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "kshare"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-        info["kshare_commit"] = head.stdout.strip() + (" (kshare/ has local changes)" if dirty else "")
-    with contextlib.suppress(Exception):
-        java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
-        info["java"] = java
-    return info
 
 
 def figures(
@@ -507,7 +311,7 @@ def figures(
     h = broker.host
     relay = proxy = None
     try:
-        relay_cmd = [sys.executable, str(ROOT / "benchmarks" / "relay.py")]
+        relay_cmd = [sys.executable, "-m", "kshare.bench.relay"]
         relay_cmd += ["--listen", f"{h}:{relay_port}", "--upstream", f"{h}:{relay_in}"]
         relay = Child("relay", relay_cmd, r"relay listening").start()
         proxy, proxy_bootstrap = start_proxy(broker.bootstrap)

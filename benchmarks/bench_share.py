@@ -67,6 +67,8 @@ for p in (ROOT, ROOT / "benchmarks"):
 from bench_proxy import Child, _cpu_seconds, _py_spy, collapse_report, machine_info  # noqa: E402
 from bench_proxy import produce as produce_fast  # noqa: E402
 
+from kshare.bench import clients  # noqa: E402
+from kshare.bench.clients import set_group_configs, share_group  # noqa: E402, F401
 from tests.brokers import KAFKA_3, KAFKA_4, KafkaBroker, free_port  # noqa: E402
 
 HEARTBEAT_MS = 500
@@ -99,27 +101,6 @@ def start_kshare(upstream: str) -> tuple[Child, str]:
     return child, f"127.0.0.1:{port}"
 
 
-def set_group_configs(bootstrap: str, group: str, configs: dict[str, object]) -> None:
-    from confluent_kafka.admin import (
-        AdminClient,
-        AlterConfigOpType,
-        ConfigEntry,
-        ConfigResource,
-        ResourceType,
-    )
-
-    entries = [ConfigEntry(k, str(v), incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()]
-    client = AdminClient({"bootstrap.servers": bootstrap, "error_cb": _quiet})
-    for fut in client.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
-                                                                incremental_configs=entries)]).values():
-        fut.result(30)
-
-
-def share_group(bootstrap: str, group: str) -> None:
-    set_group_configs(bootstrap, group, {"share.auto.offset.reset": "earliest",
-                                         "share.heartbeat.interval.ms": HEARTBEAT_MS})
-
-
 # --------------------------------------------------------------------------------------------
 # part 1: one consumer
 
@@ -134,61 +115,15 @@ class Run:
 
 
 def consume_share(bootstrap: str, topic: str, records: int, timeout: float = 600.0) -> tuple[float, float]:
-    from confluent_kafka import ShareConsumer
-
-    group = f"bench-share-{uuid.uuid4().hex[:8]}"
-    share_group(bootstrap, group)
-    c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "error_cb": _quiet,
-                       "log_level": 3})
-    c.subscribe([topic])
-    n = 0
-    first = None
-    t0 = time.perf_counter()
-    deadline = time.monotonic() + timeout
-    try:
-        while n < records:
-            msgs = c.poll(1.0)
-            for m in msgs:
-                if m.error() is None:
-                    n += 1
-            if msgs and first is None:
-                first = time.perf_counter()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"share consumer read {n} of {records} via {bootstrap}")
-        t1 = time.perf_counter()
-    finally:
-        c.close()
-    if n != records:
-        raise RuntimeError(f"share consumer read {n} records, want {records} (duplicates?)")
-    return t1 - t0, t1 - (first or t0)
+    """(first poll -> last record, first record -> last record) of one ShareConsumer of a fresh group."""
+    run = clients.consume_share(bootstrap, topic, records, timeout)
+    return run.seconds, run.data_seconds
 
 
 def consume_classic(bootstrap: str, topic: str, records: int, timeout: float = 600.0) -> tuple[float, float]:
-    from confluent_kafka import Consumer
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-classic-{uuid.uuid4().hex[:8]}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": True, "error_cb": _quiet})
-    c.subscribe([topic])
-    n = 0
-    first = None
-    t0 = time.perf_counter()
-    deadline = time.monotonic() + timeout
-    try:
-        while n < records:
-            msgs = c.consume(10_000, 1.0)
-            for m in msgs:
-                if m.error() is None:
-                    n += 1
-            if msgs and first is None:
-                first = time.perf_counter()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"classic consumer read {n} of {records} via {bootstrap}")
-        t1 = time.perf_counter()
-    finally:
-        c.close()
-    if n != records:
-        raise RuntimeError(f"classic consumer read {n} records, want {records}")
-    return t1 - t0, t1 - (first or t0)
+    """The same for a classic consumer-group Consumer."""
+    run = clients.consume_classic(bootstrap, topic, records, timeout)
+    return run.seconds, run.data_seconds
 
 
 def throughput(k3: KafkaBroker, k4: KafkaBroker, kshare: Child, kshare_bootstrap: str, records: int,
