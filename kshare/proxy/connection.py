@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kshare.proxy")
 
 _SIZE = struct.Struct(">i")
+_HEAD_OUT = struct.Struct(">ii")  # a response's size and correlation id
 _HEAD = struct.Struct(">ihhi")  # size, api key, api version, correlation id
 _VERSION = struct.Struct(">h")
 _I16 = struct.Struct(">h")
@@ -58,23 +59,35 @@ class Slot:
         self.probe: asyncio.Future | None = None  # the proxy's own request: its decoded response goes here
 
 
-def produce_acks(frame: memoryview, version: int) -> int | None:
-    """``acks`` of a Produce request from a prefix of its frame (size prefix excluded).
+def produce_header(frame: bytes | bytearray, version: int, start: int, end: int) -> tuple[int, bool] | None:
+    """(``acks``, whether it is transactional) of the Produce request at ``frame[start:end]``
+    (size prefix included). Returns None when ``frame`` holds too little of it to tell, or the
+    request ends before ``acks``.
 
-    Returns None when the prefix is too short to tell.
+    Read by hand rather than with the codec: it runs for every Produce request.
     """
     try:
-        header = messages.parse_request_header(frame)
-        pos = header.body_offset
-        if version >= 3:  # transactional_id comes first
-            if version >= 9:
-                n, pos = _uvarint(frame, pos)
-                pos += max(n - 1, 0)
-            else:
-                (n,) = _I16.unpack_from(frame, pos)
-                pos += 2 + max(n, 0)
+        (n,) = _I16.unpack_from(frame, start + 12)  # client id
+        pos = start + 14 + max(n, 0)
+        if version >= 9:  # flexible: the header's tagged fields, then a compact transactional id
+            count, pos = _uvarint(frame, pos)
+            for _ in range(count):
+                _, pos = _uvarint(frame, pos)
+                size, pos = _uvarint(frame, pos)
+                pos += size
+            n, pos = _uvarint(frame, pos)
+            transactional = n > 0
+            pos += max(n - 1, 0)
+        elif version >= 3:
+            (n,) = _I16.unpack_from(frame, pos)
+            transactional = n >= 0
+            pos += 2 + max(n, 0)
+        else:
+            transactional = False
+        if pos + 2 > min(end, len(frame)):
+            return None
         (acks,) = _I16.unpack_from(frame, pos)
-        return acks
+        return acks, transactional
     except (DecodeError, struct.error, IndexError):
         return None
 
@@ -105,6 +118,10 @@ class ClientConnection(asyncio.Protocol):
         # the proxy's own requests on this client's upstream connection, waiting for a frame boundary
         self._probes: list[tuple[Slot, bytes]] = []
         self._probe_ids = 0
+        # Writes are gathered while one chunk of received bytes is handled and go out together
+        # (one writev instead of a send per frame and per response header): None when not gathering.
+        self._to_broker: list | None = None  # this client's requests, to its upstream connection
+        self._to_client: list | None = None  # responses, to this client
 
     # -- lifecycle ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -189,6 +206,8 @@ class ClientConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if not self.closed:
+            if self._to_client:
+                self.flush_client()  # the answers gathered so far go out before the connection closes
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
@@ -258,8 +277,37 @@ class ClientConnection(asyncio.Protocol):
             return
         for slot, frame in self._probes:
             self.awaiting_upstream.append(slot)
-            self.upstream.transport.write(frame)
+            self.send_upstream(frame)
         self._probes.clear()
+
+    # -- writes ---------------------------------------------------------------------------------
+    def send_upstream(self, data: bytes | memoryview) -> None:
+        if self._to_broker is not None:
+            self._to_broker.append(data)
+        elif self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.write(data)
+
+    def send_client(self, data: bytes | bytearray | memoryview) -> None:
+        if self._to_client is not None:
+            self._to_client.append(data)
+        elif self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def flush_upstream(self) -> None:
+        out, self._to_broker = self._to_broker, None
+        if out and self.upstream is not None and self.upstream.transport is not None and not self.upstream.closed:
+            if len(out) == 1:
+                self.upstream.transport.write(out[0])
+            else:
+                self.upstream.transport.writelines(out)
+
+    def flush_client(self) -> None:
+        out, self._to_client = self._to_client, None
+        if out and self.transport is not None and not self.closed:
+            if len(out) == 1:
+                self.transport.write(out[0])
+            else:
+                self.transport.writelines(out)
 
     # -- flow control: a slow reader on one side pauses the other ------------------------------
     def pause_writing(self) -> None:
@@ -279,12 +327,19 @@ class ClientConnection(asyncio.Protocol):
             if self.unreachable:
                 self._answer_unreachable_frames()
             return
+        self._to_broker = []
+        try:
+            self._take(data)
+        finally:
+            self.flush_upstream()
+
+    def _take(self, data: bytes) -> None:
         view = memoryview(data)
         i, n = 0, len(view)
         while i < n and not (self.closed or self.ending):
             if self._forward_left:
                 take = min(self._forward_left, n - i)
-                self.upstream.transport.write(view[i : i + take] if take < n else data)  # type: ignore[union-attr]
+                self.send_upstream(view[i : i + take] if take < n else data)
                 self._forward_left -= take
                 i += take
                 if not self._forward_left and self._probes:
@@ -306,79 +361,100 @@ class ClientConnection(asyncio.Protocol):
     def _start_frames(self) -> None:
         """Decide what to do with each frame whose header is in ``_buf``."""
         buf = self._buf
-        while not (self.closed or self.ending) and len(buf) >= 4:
-            (size,) = _SIZE.unpack_from(buf, 0)
-            if size < 0:
-                self._reject(f"invalid frame size {size}")
+        pos = 0  # the frame being looked at; everything before it is dealt with
+        run = 0  # start of the complete frames to forward not yet handed to send_upstream
+        bad: str | None = None  # why the frame at ``pos`` is refused (the ones before it go first)
+        try:
+            while not (self.closed or self.ending) and len(buf) - pos >= 4:
+                (size,) = _SIZE.unpack_from(buf, pos)
+                if size < 0:
+                    bad = f"invalid frame size {size}"
+                    return
+                if size > self.proxy.config.max_frame_bytes:
+                    bad = f"frame of {size} bytes exceeds the limit of {self.proxy.config.max_frame_bytes}"
+                    return
+                end = pos + 4 + size
+                if size < 10:
+                    if len(buf) >= end:
+                        bad = f"frame of {size} bytes is too short for a request header"
+                    return
+                if len(buf) - pos < 12:
+                    return
+                _, api_key, version, corr = _HEAD.unpack_from(buf, pos)
+                served = self.proxy.handler_for(api_key, version)
+                if served is not None or (self.proxy.view is not None and filters.reads_request(api_key)):
+                    if run < pos:  # what came before goes first
+                        self.send_upstream(bytes(buf[run:pos]))
+                    pos = run = self._begin_local(buf, pos, size, api_key, version, corr)
+                    continue
+                bad = self.proxy.check_forwardable(api_key, version)
+                if bad is not None:
+                    return
+                if api_key == filters.FETCH and version > filters.FETCH_SERVED_AS:
+                    # Fetch v16+ responses differ from v15 only by the new leaders' NodeEndpoints.
+                    # Asking the broker for v15 gives a body that is also a valid v16+ answer
+                    # without them, so the response can stream through untouched (no buffering or
+                    # decoding on the consume hot path) and never carries a broker address. Kafka
+                    # fills CurrentLeader as well only for v16+ (KafkaApis: versionId >= 16), so
+                    # after a leader change the client learns the new leader from
+                    # NOT_LEADER_OR_FOLLOWER and a Metadata refresh, as before KIP-951
+                    # (tests/integration/test_passthrough.py::test_node_endpoints_point_at_proxy).
+                    _VERSION.pack_into(buf, pos + 6, filters.FETCH_SERVED_AS)
+                    version = filters.FETCH_SERVED_AS
+                expects_response = True
+                if api_key == filters.PRODUCE:
+                    head = produce_header(buf, version, pos, end)
+                    if head is None:
+                        if len(buf) >= min(end, pos + _ACKS_ZERO_PREFIX_LIMIT):
+                            bad = "malformed Produce request header"
+                        return  # wait for more of the header
+                    acks, transactional = head
+                    expects_response = acks != 0
+                    if version > filters.PRODUCE_SERVED_AS and not transactional:
+                        # As for Fetch: v10+ differs from v9 only by the leader hints of KIP-951 in
+                        # the response (and, for transactions alone, by KIP-890's error and
+                        # implicit AddPartitionsToTxn: those keep their version). Asked as v9, the
+                        # broker's answer is also a valid v10+ answer without them and streams
+                        # through undecoded; the client learns a new leader from
+                        # NOT_LEADER_OR_FOLLOWER and a Metadata refresh.
+                        _VERSION.pack_into(buf, pos + 6, filters.PRODUCE_SERVED_AS)
+                        version = filters.PRODUCE_SERVED_AS
+                if expects_response:
+                    slot = Slot(api_key, version, corr)
+                    self.order.append(slot)
+                    self.awaiting_upstream.append(slot)
+                else:
+                    self.unanswered[corr] = None
+                    if len(self.unanswered) > _UNANSWERED_LIMIT:
+                        self.unanswered.popitem(last=False)
+                self.proxy.stats.count(api_key)
+                if len(buf) >= end:
+                    pos = end  # complete: forwarded with the frames around it, in one piece
+                    continue
+                self._forward_left = end - len(buf)
+                pos = len(buf)
                 return
-            if size > self.proxy.config.max_frame_bytes:
-                self._reject(f"frame of {size} bytes exceeds the limit of {self.proxy.config.max_frame_bytes}")
-                return
-            if size < 10:
-                if len(buf) >= 4 + size:
-                    self._reject(f"frame of {size} bytes is too short for a request header")
-                return
-            if len(buf) < 12:
-                return
-            _, api_key, version, corr = _HEAD.unpack_from(buf, 0)
-            served = self.proxy.handler_for(api_key, version)
-            if served is not None or (self.proxy.view is not None and filters.reads_request(api_key)):
-                self._begin_local(buf, size, api_key, version, corr)
-                continue
-            bad = self.proxy.check_forwardable(api_key, version)
+        finally:
+            if run < pos:
+                self.send_upstream(bytes(buf[run:pos]))
+            del buf[:pos]
             if bad is not None:
                 self._reject(bad)
-                return
-            if api_key == filters.FETCH and version > filters.FETCH_SERVED_AS:
-                # Fetch v16+ responses differ from v15 only by the new leaders' NodeEndpoints. Asking
-                # the broker for v15 gives a body that is also a valid v16+ answer without them, so the
-                # response can stream through untouched (no buffering or decoding on the consume hot
-                # path) and never carries a broker address. Kafka fills CurrentLeader as well only
-                # for v16+ (KafkaApis: versionId >= 16), so after a leader change the client learns
-                # the new leader from NOT_LEADER_OR_FOLLOWER and a Metadata refresh, as before KIP-951
-                # (tests/integration/test_passthrough.py::test_node_endpoints_point_at_proxy).
-                _VERSION.pack_into(buf, 6, filters.FETCH_SERVED_AS)
-                version = filters.FETCH_SERVED_AS
-            expects_response = True
-            if api_key == filters.PRODUCE:
-                acks = produce_acks(memoryview(buf)[4 : 4 + size], version)
-                if acks is None:
-                    if len(buf) >= min(4 + size, _ACKS_ZERO_PREFIX_LIMIT):
-                        self._reject("malformed Produce request header")
-                    return  # wait for more of the header
-                expects_response = acks != 0
-            if expects_response:
-                slot = Slot(api_key, version, corr)
-                self.order.append(slot)
-                self.awaiting_upstream.append(slot)
-            else:
-                self.unanswered[corr] = None
-                if len(self.unanswered) > _UNANSWERED_LIMIT:
-                    self.unanswered.popitem(last=False)
-            self.proxy.stats.count(api_key)
-            have = len(buf)
-            if have >= 4 + size:
-                self.upstream.transport.write(bytes(buf[: 4 + size]))  # type: ignore[union-attr]
-                del buf[: 4 + size]
-            else:
-                self.upstream.transport.write(bytes(buf))  # type: ignore[union-attr]
-                self._forward_left = 4 + size - have
-                buf.clear()
-                return
 
-    def _begin_local(self, buf: bytearray, size: int, api_key: int, version: int, corr: int) -> None:
+    def _begin_local(self, buf: bytearray, pos: int, size: int, api_key: int, version: int, corr: int) -> int:
+        """A frame the proxy reads itself; returns where the next frame starts."""
         slot = Slot(api_key, version, corr)
         self.order.append(slot)
         self.proxy.stats.count(api_key)
-        if len(buf) >= 4 + size:
-            frame = bytes(buf[4 : 4 + size])
-            del buf[: 4 + size]
+        end = pos + 4 + size
+        if len(buf) >= end:
+            frame = bytes(buf[pos + 4 : end])
             self._serve(slot, frame)
-        else:
-            self._local_slot = slot
-            self._local_chunks = [bytes(buf[4:])]
-            self._local_left = 4 + size - len(buf)
-            buf.clear()
+            return end
+        self._local_slot = slot
+        self._local_chunks = [bytes(buf[pos + 4 :])]
+        self._local_left = end - len(buf)
+        return len(buf)
 
     def _serve_collected(self) -> None:
         slot, frame = self._local_slot, b"".join(self._local_chunks)
@@ -408,7 +484,7 @@ class ClientConnection(asyncio.Protocol):
                     return
                 slot.request = body
             self.awaiting_upstream.append(slot)
-            self.upstream.transport.write(_SIZE.pack(len(frame)) + frame)  # type: ignore[union-attr]
+            self.send_upstream(_SIZE.pack(len(frame)) + frame)
             return
         self._spawn(self._run_handler(handler, slot, header, body))
 
@@ -429,11 +505,9 @@ class ClientConnection(asyncio.Protocol):
     def flush(self) -> None:
         """Write every response at the head of the order that is ready."""
         order = self.order
-        transport = self.transport
         while order and order[0].data is not None:
             slot = order.popleft()
-            if not self.closed and transport is not None:
-                transport.write(slot.data)  # type: ignore[arg-type]
+            self.send_client(slot.data)  # type: ignore[arg-type]
             slot.data = None
             self.proxy.stats.answered(slot.api_key, perf_counter() - slot.started)
         if self.ending and not order:
@@ -495,6 +569,14 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         client = self.client
+        client._to_client = []
+        try:
+            self._take(data)
+        finally:
+            client.flush_client()
+
+    def _take(self, data: bytes) -> None:
+        client = self.client
         view = memoryview(data)
         i, n = 0, len(view)
         while i < n and not self.closed:
@@ -504,7 +586,7 @@ class UpstreamConnection(asyncio.Protocol):
                 if self._discard:
                     pass
                 elif self._chunks is None:
-                    client.transport.write(chunk)  # type: ignore[union-attr]
+                    client.send_client(chunk)
                 else:
                     self._chunks.append(bytes(chunk))
                 self._left -= take
@@ -546,7 +628,7 @@ class UpstreamConnection(asyncio.Protocol):
         if filters.response_filter(slot.api_key, slot.version) is None and client.order and client.order[0] is slot:
             slot.streaming = True
             self._chunks = None
-            client.transport.write(_SIZE.pack(size) + _SIZE.pack(corr))  # type: ignore[union-attr]
+            client.send_client(_HEAD_OUT.pack(size, corr))
         else:
             self._chunks = [_SIZE.pack(size), _SIZE.pack(corr)]
         if not self._left:

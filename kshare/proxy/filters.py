@@ -25,8 +25,10 @@ FIND_COORDINATOR = 10
 API_VERSIONS = 18
 DESCRIBE_CLUSTER = 60
 
-# Fetch requests newer than this are sent to the broker as this version (see ClientConnection).
+# Fetch requests newer than this are sent to the broker as this version, and so are
+# non-transactional Produce requests (see ClientConnection._start_frames).
 FETCH_SERVED_AS = 15
+PRODUCE_SERVED_AS = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,8 @@ RESPONSE_FILTERS: dict[int, ResponseFilter] = {
     METADATA: ResponseFilter(rewrite.rewrite_metadata),
     FIND_COORDINATOR: ResponseFilter(rewrite.rewrite_find_coordinator, reads_request=True),
     DESCRIBE_CLUSTER: ResponseFilter(rewrite.rewrite_describe_cluster),
+    # Non-transactional Produce v10+ is asked as v9 (no NodeEndpoints); transactional ones keep
+    # their version and have their NodeEndpoints rewritten.
     PRODUCE: ResponseFilter(rewrite.rewrite_node_endpoints, 10, rewrite.needs_node_endpoint_rewrite),
     # Fetch v16+ never reaches the broker (it is asked as v15), so its responses carry no
     # NodeEndpoints; the filter stays for a broker that sends them anyway.

@@ -750,9 +750,11 @@ def test_api_versions_newer_than_known(side: Side, version: int) -> None:
 
 
 def _fetch_downgraded(api: str, version: int) -> bool:
-    """Whether the proxy forwards this Fetch version as an older one (see filters.FETCH_SERVED_AS)."""
-    served_as = getattr(filters, "FETCH_SERVED_AS", None)
-    return api == "fetch" and served_as is not None and version > served_as
+    """Whether the proxy forwards this request as an older version: Fetch v16+ (as
+    filters.FETCH_SERVED_AS) and non-transactional Produce v10+ (as filters.PRODUCE_SERVED_AS)."""
+    if api == "fetch":
+        return version > filters.FETCH_SERVED_AS
+    return api == "produce" and version > filters.PRODUCE_SERVED_AS
 
 
 def _one_record_batch() -> bytes:
@@ -792,14 +794,16 @@ def test_node_endpoints_point_at_proxy() -> None:
                 for version in (10, 11):
                     if version > conn.versions[PRODUCE][1]:
                         continue
-                    partition = Produce.PartitionProduceData(index=0, records=_one_record_batch())
-                    request = Produce(
-                        transactional_id=None,
-                        acks=-1,
-                        timeout_ms=5000,
-                        topic_data=[Produce.TopicProduceData(name=topic, partition_data=[partition])],
-                    )
-                    out[("produce", version)] = await conn.request(PRODUCE, version, request)
+                    for txn in (None, "node-endpoints-txn"):
+                        partition = Produce.PartitionProduceData(index=0, records=_one_record_batch())
+                        request = Produce(
+                            transactional_id=txn,
+                            acks=-1,
+                            timeout_ms=5000,
+                            topic_data=[Produce.TopicProduceData(name=topic, partition_data=[partition])],
+                        )
+                        api = "produce" if txn is None else "produce-txn"
+                        out[(api, version)] = await conn.request(PRODUCE, version, request)
                 for version in (16, 17):
                     if version > conn.versions[FETCH][1]:
                         continue
@@ -829,7 +833,7 @@ def test_node_endpoints_point_at_proxy() -> None:
 
         def partition(api: str, resp):
             return (
-                resp.responses[0].partition_responses if api == "produce" else resp.responses[0].partitions
+                resp.responses[0].partition_responses if api.startswith("produce") else resp.responses[0].partitions
             )[0]
 
         def settled(answers: dict) -> bool:
@@ -848,15 +852,17 @@ def test_node_endpoints_point_at_proxy() -> None:
                 break
             time.sleep(0.5)
 
-    assert set(proxied) == {("produce", 10), ("produce", 11), ("fetch", 16), ("fetch", 17)}
+    assert set(proxied) == {("produce", 10), ("produce", 11), ("produce-txn", 10), ("produce-txn", 11),
+                            ("fetch", 16), ("fetch", 17)}
     for (api, version), resp in proxied.items():
         p = partition(api, resp)
         endpoints = [(n.node_id, n.host, n.port) for n in resp.node_endpoints]
         assert p.error_code == NOT_LEADER_OR_FOLLOWER, (api, version, p)
         if _fetch_downgraded(api, version):
-            # The proxy forwards Fetch v16+ as v15 (filters.FETCH_SERVED_AS), and Kafka fills neither
-            # CurrentLeader nor NodeEndpoints below v16 (KafkaApis: versionId >= 16): the client
-            # finds the new leader with a Metadata refresh, and no broker address reaches it.
+            # The proxy forwards Fetch v16+ as v15 and non-transactional Produce v10+ as v9
+            # (filters.FETCH_SERVED_AS, PRODUCE_SERVED_AS), and Kafka fills neither CurrentLeader
+            # nor NodeEndpoints below those (KIP-951): the client finds the new leader with a
+            # Metadata refresh, and no broker address reaches it.
             assert (p.current_leader.leader_id, endpoints) == (-1, []), (api, version, p, endpoints)
         else:
             assert p.current_leader.leader_id == 1, (api, version, p)
