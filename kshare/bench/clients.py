@@ -205,9 +205,7 @@ def consume_classic(bootstrap: str, topic: str, records: int, timeout: float = 6
         }
     )
     c.subscribe([topic])
-    return _poll_loop(
-        c, lambda: c.consume(10_000, 1.0), records, timeout, f"classic consumer via {bootstrap}"
-    )
+    return _poll_loop(c, lambda: c.consume(500, 1.0), records, timeout, f"classic consumer via {bootstrap}")
 
 
 def _poll_loop(c: Any, poll: Any, records: int, timeout: float, what: str) -> ConsumeRun:

@@ -28,10 +28,10 @@ class BenchError(Exception):
 
 # sizes: (full run, --quick)
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "passthrough": ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 50_000, 1024: 20_000}}),
+    "passthrough": ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 100_000, 1024: 40_000}}),
     "share": (
         {"records": {100: 400_000, 1024: 150_000}, "partition_counts": [1, 4, 16]},
-        {"records": {100: 20_000, 1024: 10_000}, "partition_counts": [1, 4, 16]},
+        {"records": {100: 60_000, 1024: 20_000}, "partition_counts": [1, 4, 16]},
     ),
     "scaling": (
         {
@@ -43,7 +43,7 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"points": [(1, 1), (8, 1), (8, 4), (3, 2)], "seconds": 3.0},
     ),
     "latency": (
-        {"rate": 5000.0, "seconds": 15.0, "warmup_s": 5.0},
+        {"rate": 5000.0, "seconds": 15.0, "warmup_s": 10.0},
         {"rate": 5000.0, "seconds": 5.0, "warmup_s": 3.0},
     ),
     "ack": (
@@ -302,6 +302,7 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
         raise KeyboardInterrupt  # stop what runs, clean up, keep what ran
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    interrupted = False
     try:
         for name in options.scenarios:
             args = scenario_args(name, options)
@@ -312,7 +313,10 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
                 else:
                     res = getattr(scenarios, name)(env, progress, **args)
             except KeyboardInterrupt:
-                raise
+                interrupted = True
+                results["errors"][name] = "interrupted"
+                progress.end()
+                break
             except BrokerError as exc:
                 raise BenchError(f"cannot run Apache Kafka: {exc}") from None
             except BenchError:
@@ -326,15 +330,25 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
             res["seconds"] = round(time.monotonic() - started, 1)
             results["scenarios"][name] = res
             _write(results, options, report, final=False)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        notes = env.close()
-        results["meta"]["load_after"] = load()
-        results["meta"]["elapsed_s"] = round(time.monotonic() - t0, 1)
-        results["meta"]["started_processes"] = env.started
-        results["meta"]["proxy_log_notes"] = notes
-        results["meta"]["steps"] = progress.lines
-        _write(results, options, report, final=True)
+        # a second Ctrl-C must not leave the brokers and the proxy running
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            notes = env.close()
+            results["meta"]["load_after"] = load()
+            results["meta"]["elapsed_s"] = round(time.monotonic() - t0, 1)
+            results["meta"]["started_processes"] = env.started
+            results["meta"]["proxy_log_notes"] = notes
+            results["meta"]["steps"] = progress.lines
+            _write(results, options, report, final=True)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, sigint)
+    if interrupted:
+        raise KeyboardInterrupt
     progress.note(
         f"written: {options.out / 'results.md'}, results.json and {len(results.get('plots', []))} plot(s) "
         f"in {time.monotonic() - t0:.0f} s"

@@ -551,8 +551,9 @@ def _latency_consumer(kind: str, bootstrap: str, topic: str, group: str, ready, 
             }
         )
 
-        def poll():
-            return c.consume(1000, 0.1)
+        def poll():  # one at a time: consume(n, timeout) would wait for n records or the timeout
+            m = c.poll(0.1)
+            return () if m is None else (m,)
 
     c.subscribe([topic])
     seqs = array("q")
