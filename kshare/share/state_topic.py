@@ -6,8 +6,15 @@ ShareUpdate records (deltas over the latest snapshot), keyed by (group, topic id
 that every record of a share-partition is in one partition, in write order. The store
 
 * **writes** through one idempotent ``acks=all`` producer. Callers append to a queue and await a
-  future; one flusher sends everything pending as one produce round, awaits every send, then
-  resolves the futures, so concurrent writes from many share-partitions and groups cost one round;
+  future; the flusher sends everything pending that may go as one produce round and resolves the
+  futures once every record of the round is acknowledged, so concurrent writes from many
+  share-partitions and groups cost one round. Rounds overlap: a write arriving while a round is in
+  flight is handed to the producer at once (aiokafka sends it the moment the request before it is
+  answered) unless a round in flight touches the same share-partition or group, in which case it
+  waits for that round to be settled (acknowledged, or failed and rolled back) and is then encoded
+  on its result. So each share-partition's records are encoded, sent and settled strictly one
+  round after the other, each round keeps its own undo, and a failed round can never have a later
+  round of the same share-partition built on its unacknowledged state;
 * **compacts**: it applies every write it makes to an in-memory copy of the durable state, counts
   updates and bytes per share-partition since its last snapshot and, past a threshold, writes a
   ShareSnapshot (computed with :func:`states.apply_update`) instead of the update. It also writes a
@@ -23,11 +30,12 @@ that every record of a share-partition is in one partition, in write order. The 
   error each.
 
 Failure semantics: :meth:`write` returns only after the cluster acknowledged every record of the
-call (``acks=all``). It raises :class:`StateWriteError` when that did not happen within
-``write_timeout_s`` (the records may still land later, in order). A write the cluster acknowledges
-within the window succeeds even across a broker restart. After a failed write the in-memory state
-(and the caller's engine) is ahead of the topic, so the next write of that share-partition is a
-full snapshot, which makes the topic whole again.
+call (``acks=all``), whatever other rounds are in flight. It raises :class:`StateWriteError` when
+that did not happen within ``write_timeout_s`` (the records may still land later, in order). A
+write the cluster acknowledges within the window succeeds even across a broker restart. After a
+failed write the in-memory state (and the caller's engine) is ahead of the topic, so the next
+write of that share-partition is a full snapshot, which makes the topic whole again; it is encoded
+only once the failed round was rolled back.
 """
 
 from __future__ import annotations
@@ -291,6 +299,40 @@ class _Pending:
     future: asyncio.Future[None]
     error: BaseException | None = None
     records: int = 0
+    # what the write touches (share-partition keys, ("group", id)); None: it cannot be told before
+    # it is encoded (a group deletion) or it must follow everything before it (a flush)
+    refs: frozenset | None = None
+
+
+def _refs_of(ops: list[tuple]) -> frozenset | None:
+    refs = []
+    for op in ops:
+        kind = op[0]
+        if kind in (_SP, _DEL_SP, _REFRESH_SP):
+            refs.append(op[1])
+        elif kind == _GROUP:
+            refs.append(("group", op[1].group_id))
+        elif kind == _REFRESH_GROUP:
+            refs.append(("group", op[1]))
+        else:  # _DEL_GROUP: every share-partition of the group, as known when it is encoded
+            return None
+    return frozenset(refs) if refs else None
+
+
+@dataclass(slots=True, eq=False)
+class _Round:
+    """A produce round in flight: its writes, what they touch and how to undo it.
+
+    Rounds overlap (up to ``max_rounds_in_flight``), but never two that touch the same share-partition
+    or group: a write waits for every earlier round touching what it touches to be settled, so the
+    writes of one share-partition are encoded, sent and settled one round after the other, each on
+    the acknowledged (or, after a failure, rolled back) result of the one before.
+    """
+
+    items: list[_Pending]
+    refs: frozenset  # union of the items' refs
+    exclusive: bool  # nothing else in flight meanwhile (group deletions, flushes, producer renewal)
+    undo: dict[Any, tuple | None]  # the state of every share-partition / group before this round
 
 
 @dataclass(slots=True)
@@ -374,6 +416,8 @@ class TopicStateStore:
         snapshot_slack_bytes: int | None = 24,
         write_timeout_s: float = 30.0,
         linger_ms: float = 0.0,
+        producers: int = 1,
+        max_rounds_in_flight: int = 16,
         prune_interval_s: float = 60.0,
         prune_after_records: int = 10_000,
         prune_min_interval_s: float = 5.0,
@@ -386,7 +430,13 @@ class TopicStateStore:
         security: ClientSecurity | None = None,
     ) -> None:
         """``transactional_prefix``: an instance group's store (see :meth:`claim`): it loads and
-        writes only the partitions it claimed, each through a fenced transactional producer."""
+        writes only the partitions it claimed, each through a fenced transactional producer.
+
+        ``producers``: idempotent producers (connections) the writes go through, state-topic
+        partition ``p`` always through producer ``p % producers`` (so each partition's records keep
+        their order, as with one). Produce rounds overlap up to ``max_rounds_in_flight`` (rounds
+        touching the same share-partition or group never do); aiokafka keeps one request per
+        producer and broker in flight, so several producers let rounds reach the broker at once."""
         if isinstance(bootstrap_servers, str):
             bootstrap_servers = [s for s in bootstrap_servers.split(",") if s]
         self.bootstrap_servers = list(bootstrap_servers)
@@ -400,6 +450,8 @@ class TopicStateStore:
         self.snapshot_slack_bytes = snapshot_slack_bytes
         self.write_timeout_s = write_timeout_s
         self.linger_s = linger_ms / 1000.0
+        self.producer_count = max(1, producers)
+        self.max_rounds_in_flight = max(1, max_rounds_in_flight)
         self.prune_interval_s = prune_interval_s
         self.prune_after_records = prune_after_records
         self.prune_min_interval_s = prune_min_interval_s
@@ -419,14 +471,16 @@ class TopicStateStore:
         self._start: dict[int, int] = {}  # log start offset per partition (as last known)
         self._end: dict[int, int] = {}  # end offset per partition (as last known)
         self._queue: list[_Pending] = []
-        # per round: the state of every share-partition / group before the round touched it
-        self._undo: dict[Any, tuple | None] = {}
+        self._rounds: set[_Round] = set()  # produce rounds in flight
+        self._busy: dict[Any, int] = {}  # ref -> rounds in flight touching it (0 or 1)
+        self._round_tasks: set[asyncio.Task[None]] = set()
+        self._encoding: dict[Any, tuple | None] | None = None  # the undo of the round being encoded
         self._wake = asyncio.Event()
         self._prune_wake = asyncio.Event()
         self._since_prune = 0
         self._last_prune = 0.0
         self._prune_lock = asyncio.Lock()
-        self._producer: Any = None
+        self._producers: list[Any] = []  # partition p's records go through _producers[p % len]
         self._idempotent = False
         self._prunes = True  # False where the cluster cannot DeleteRecords (Tansu)
         # an idempotent producer whose batch failed is replaced before the next round (see _round)
@@ -513,10 +567,8 @@ class TopicStateStore:
     async def _start_producer(self, *, idempotent: bool) -> None:
         from aiokafka import AIOKafkaProducer
 
-        if self._producer is not None:
-            with contextlib.suppress(Exception):
-                await self._producer.stop()
-            self._producer = None
+        old, self._producers = self._producers, []
+        await asyncio.gather(*(p.stop() for p in old), return_exceptions=True)
         conf: dict[str, Any] = {
             "acks": "all",
             "enable_idempotence": idempotent,
@@ -528,11 +580,18 @@ class TopicStateStore:
         # Without idempotence order still holds on retries: aiokafka keeps one batch per partition
         # in flight.
         conf.update(self._producer_config)
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap_servers, client_id=self.client_id, **conf
-        )
+        producers = [
+            AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, client_id=self.client_id, **conf)
+            for _ in range(min(self.producer_count, self.partitions))
+        ]
         self._idempotent = idempotent
-        await self._producer.start()  # an idempotent producer gets its producer id here
+        try:
+            # an idempotent producer gets its producer id here
+            await asyncio.gather(*(p.start() for p in producers))
+        except BaseException:
+            await asyncio.gather(*(p.stop() for p in producers), return_exceptions=True)
+            raise
+        self._producers = producers
 
     async def _renew_producer(self) -> None:
         """Replace an idempotent producer one of whose batches failed.
@@ -545,9 +604,9 @@ class TopicStateStore:
         land behind a record of the new one.
         """
         if self._retiring is None:
-            old, self._producer = self._producer, None
-            if old is not None:
-                self._retiring = asyncio.create_task(old.stop())
+            old, self._producers = self._producers, []
+            if old:
+                self._retiring = asyncio.create_task(_stop_all(old))
         if self._retiring is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._retiring), self.write_timeout_s)
@@ -589,15 +648,13 @@ class TopicStateStore:
     async def _close_clients(self) -> None:
         writers, self._writers = list(self._writers.values()), {}
         await asyncio.gather(*(w.stop() for w in writers), return_exceptions=True)
-        producer, admin = self._producer, self._admin
-        self._producer = self._admin = None
+        producers, admin = self._producers, self._admin
+        self._producers, self._admin = [], None
         if self._retiring is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._retiring, self.write_timeout_s)
             self._retiring = None
-        if producer is not None:
-            with contextlib.suppress(Exception):
-                await producer.stop()
+        await _stop_all(producers)
         if admin is not None:
             with contextlib.suppress(Exception):
                 await admin.close()
@@ -738,7 +795,7 @@ class TopicStateStore:
         if not self._started or self._closing:
             raise StateStoreError("the state store is not running")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(ops, fut))
+        self._queue.append(_Pending(ops, fut, refs=_refs_of(ops)))
         self._wake.set()
         await fut
 
@@ -750,27 +807,90 @@ class TopicStateStore:
             self._wake.clear()
             if self.linger_s and not self._closing:
                 await asyncio.sleep(self.linger_s)
-            while self._queue:
-                items, self._queue = self._queue, []
-                try:
-                    await self._round(items)
-                except Exception as exc:  # noqa: BLE001 - never let the flusher die
-                    log.exception("state store: produce round failed")
-                    for ref in list(self._undo):
-                        self._roll_back(ref)
-                    self._undo.clear()
-                    for it in items:
-                        if not it.future.done():
-                            it.future.set_exception(StateWriteError(f"state write failed: {exc!r}"))
-            if self._closing and not self._queue:
+            try:
+                self._start_round()
+            except Exception:  # noqa: BLE001 - never let the flusher die
+                log.exception("state store: cannot start a produce round")
+            if self._closing and not self._queue and not self._rounds:
                 return
 
-    async def _round(self, items: list[_Pending]) -> None:
+    def _start_round(self) -> None:
+        """Start a produce round with every queued write that may go now.
+
+        A write goes when no round in flight touches what it touches, nor an earlier write still
+        queued (so each share-partition's and group's writes keep their order); a flush or a group
+        deletion goes after everything before it, alone. Rounds of an instance group's store, and
+        the round that first replaces a producer, run alone too.
+        """
+        if not self._queue or len(self._rounds) >= self.max_rounds_in_flight:
+            return
+        if any(r.exclusive for r in self._rounds):
+            return
+        if self.claims or self._replace_producer or self._retiring is not None:
+            if not self._rounds:
+                items, self._queue = self._queue, []
+                self._launch(items, exclusive=True)
+            return
+        take: list[_Pending] = []
+        keep: list[_Pending] = []
+        blocked: set[Any] = set()
+        busy = self._busy
+        for i, it in enumerate(self._queue):
+            if it.refs is None:  # a flush or a group deletion
+                if keep or self._rounds:
+                    keep += self._queue[i:]
+                    break
+                take += self._queue[i:]  # with everything after it, alone (as one round always was)
+                self._queue = []
+                self._launch(take, exclusive=True)
+                return
+            if not it.refs.isdisjoint(busy) or not it.refs.isdisjoint(blocked):
+                keep.append(it)
+                blocked.update(it.refs)
+            else:
+                take.append(it)
+        self._queue = keep
+        if take:
+            self._launch(take, exclusive=False)
+
+    def _launch(self, items: list[_Pending], *, exclusive: bool) -> None:
+        refs = frozenset().union(*(it.refs for it in items if it.refs is not None))
+        r = _Round(items, refs, exclusive, {})
+        self._rounds.add(r)
+        for ref in refs:
+            self._busy[ref] = self._busy.get(ref, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._run_round(r), name="kshare-state-round")
+        self._round_tasks.add(task)
+        task.add_done_callback(self._round_tasks.discard)
+
+    async def _run_round(self, r: _Round) -> None:
+        try:
+            await self._round(r)
+        except Exception as exc:  # noqa: BLE001 - reported to the callers
+            log.exception("state store: produce round failed")
+            for ref in list(r.undo):
+                self._roll_back(ref, r.undo)
+            r.undo.clear()
+            for it in r.items:
+                if not it.future.done():
+                    it.future.set_exception(StateWriteError(f"state write failed: {exc!r}"))
+        finally:
+            self._rounds.discard(r)
+            for ref in r.refs:
+                n = self._busy[ref] - 1
+                if n:
+                    self._busy[ref] = n
+                else:
+                    del self._busy[ref]
+            self._wake.set()
+
+    async def _round(self, r: _Round) -> None:
+        items = r.items
         if self.claims:
             async with self._round_lock:
-                await self._round_claimed(items)
+                await self._round_claimed(r)
             return
-        if self._replace_producer or self._retiring is not None:
+        if r.exclusive and (self._replace_producer or self._retiring is not None):
             try:
                 await self._renew_producer()
             except Exception as exc:  # noqa: BLE001 - this round fails, the next one tries again
@@ -785,16 +905,22 @@ class TopicStateStore:
                     if not it.future.done():
                         it.future.set_exception(StateWriteError(f"state write failed: {exc!r}"))
                 return
-        out = self._encode_round(items)
+        producers = self._producers
+        if not producers:
+            for it in items:
+                if not it.future.done():
+                    it.future.set_exception(StateWriteError("the state producer is not running"))
+            return
+        out = self._encode_round(r)
         sends: list[asyncio.Future | None] = []
         deadline = time.monotonic() + self.write_timeout_s
-        producer = self._producer
+        n = len(producers)
         try:
             # send() only waits when the producer's buffer for a partition is full
             async with asyncio.timeout(self.write_timeout_s):
                 for rec in out:
                     try:
-                        fut = await producer.send(
+                        fut = await producers[rec.partition % n].send(
                             self.topic, value=rec.value, key=rec.key, partition=rec.partition
                         )
                     except Exception as exc:  # noqa: BLE001 - reported to the caller
@@ -826,21 +952,25 @@ class TopicStateStore:
                     self._replace_producer = True
             else:
                 rec.offset = fut.result().offset
-        self._settle(out, items)
+        self._settle(out, r)
 
-    def _encode_round(self, items: list[_Pending]) -> list[_Out]:
-        """The records of a round, each write applied to the in-memory state (undo kept)."""
+    def _encode_round(self, r: _Round) -> list[_Out]:
+        """The records of a round, each write applied to the in-memory state (undo kept in the round)."""
         out: list[_Out] = []
-        for item in items:
-            for op in item.ops:
-                self._encode(item, op, out)
+        self._encoding = r.undo
+        try:
+            for item in r.items:
+                for op in item.ops:
+                    self._encode(item, op, out)
+        finally:
+            self._encoding = None
         self.stats.rounds += 1
         self.stats.max_round_records = max(self.stats.max_round_records, len(out))
         return out
 
-    async def _round_claimed(self, items: list[_Pending]) -> None:
+    async def _round_claimed(self, r: _Round) -> None:
         """An instance group's round: one transaction per claimed partition, all at once."""
-        out = self._encode_round(items)
+        out = self._encode_round(r)
         by_partition: dict[int, list[_Out]] = defaultdict(list)
         for rec in out:
             by_partition[rec.partition].append(rec)
@@ -867,22 +997,25 @@ class TopicStateStore:
                 rec.offset = off
 
         await asyncio.gather(*(write(p, recs) for p, recs in by_partition.items()))
-        self._settle(out, items)
+        self._settle(out, r)
 
     def _save(self, ref: Any) -> None:
-        """Remember how ``ref`` (a share-partition key or ("group", id)) was before this round."""
-        if ref in self._undo:
+        """Remember how ``ref`` (a share-partition key or ("group", id)) was before the round being
+        encoded."""
+        undo = self._encoding
+        assert undo is not None, "_save outside _encode_round"
+        if ref in undo:
             return
         if isinstance(ref, SharePartitionKey):
             e = self._entries.get(ref)
-            self._undo[ref] = None if e is None else (e, e.state, *_entry_fields(e))
+            undo[ref] = None if e is None else (e, e.state, *_entry_fields(e))
         else:
             g = self._groups.get(ref[1])
-            self._undo[ref] = None if g is None else (g, g.record, g.offset)
+            undo[ref] = None if g is None else (g, g.record, g.offset)
 
-    def _roll_back(self, ref: Any) -> None:
+    def _roll_back(self, ref: Any, undo: dict[Any, tuple | None]) -> None:
         """A record of ``ref`` failed: back to its state before the round, and resync it."""
-        saved = self._undo.get(ref)
+        saved = undo.get(ref)
         if isinstance(ref, SharePartitionKey):
             if saved is None:
                 self._entries.pop(ref, None)
@@ -900,8 +1033,9 @@ class TopicStateStore:
             g.resync = True
             self._groups[ref[1]] = g
 
-    def _settle(self, out: list[_Out], items: list[_Pending]) -> None:
+    def _settle(self, out: list[_Out], r: _Round) -> None:
         stats = self.stats
+        items = r.items
         wrote_snapshots = False
         failed: dict[Any, None] = {}
         for rec in out:
@@ -933,8 +1067,8 @@ class TopicStateStore:
         # What the caller sees after a failure is the last acknowledged state (to rebuild from);
         # the next write of a rolled-back share-partition or group is a full snapshot/record.
         for ref in failed:
-            self._roll_back(ref)
-        self._undo.clear()
+            self._roll_back(ref, r.undo)
+        r.undo.clear()
         if failed:
             self._prune_wake.set()  # the maintenance pass rewrites what failed
         self._since_prune += len(out)
@@ -1323,7 +1457,7 @@ class TopicStateStore:
         ]
         pins += [(g.partition, g.offset) for g in self._groups.values()]
         # what a round in flight changed or deleted still counts until it is acknowledged
-        for ref, saved in self._undo.items():
+        for ref, saved in ((ref, saved) for r in self._rounds for ref, saved in r.undo.items()):
             if saved is None:
                 continue
             if isinstance(ref, SharePartitionKey):
@@ -1411,6 +1545,11 @@ class TopicStateStore:
                 raise
             except Exception as exc:  # noqa: BLE001 - retried next interval
                 log.warning("state topic %s: pruning failed: %r", self.topic, exc)
+
+
+async def _stop_all(producers: list[Any]) -> None:
+    """Stop producers (each delivers or fails what it holds first)."""
+    await asyncio.gather(*(p.stop() for p in producers), return_exceptions=True)
 
 
 def _ignore_result(fut: asyncio.Future) -> None:
