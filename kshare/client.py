@@ -20,6 +20,10 @@ from .security import ClientSecurity
 log = logging.getLogger("kshare.client")
 
 _SIZE = struct.Struct(">i")
+# Responses are read into a buffer of this size; one that does not fit gets a buffer of its own,
+# which the socket fills directly (a 1 MB Fetch response is copied once, by the kernel).
+_SCRATCH = 64 << 10
+_MAX_RESPONSE = 1 << 30
 
 
 BROKER_NOT_AVAILABLE = 8
@@ -41,11 +45,9 @@ class KafkaConnection:
         self.host = host
         self.port = port
         self.client_id = client_id
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._transport: asyncio.Transport | None = None
         self._pending: dict[int, tuple[asyncio.Future, int, int]] = {}
         self._ids = itertools.count(1)
-        self._read_task: asyncio.Task | None = None
         self.versions: dict[int, tuple[int, int]] = {}
         self.closed = False
 
@@ -55,9 +57,8 @@ class KafkaConnection:
         """Connect, exchange ApiVersions, and authenticate (TLS, SASL) as ``security`` says."""
         conn = cls(host, port, client_id)
         tls = security.ssl if security is not None else None
-        conn._reader, conn._writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None), timeout)
-        conn._read_task = asyncio.get_running_loop().create_task(conn._read_loop())
+        conn._transport, _ = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+            lambda: _Responses(conn), host, port, ssl=tls, server_hostname=host if tls else None), timeout)
         try:
             resp = await conn.request(18, 3, messages.message_class("ApiVersionsRequest")(
                 client_software_name="kshare", client_software_version="0.1.0"))
@@ -93,45 +94,38 @@ class KafkaConnection:
         return top
 
     async def request(self, api_key: int, version: int, body: Any, *, expect_response: bool = True) -> Any:
-        if self.closed or self._writer is None:
+        if self.closed or self._transport is None:
             raise ConnectionClosed(f"connection to {self.host}:{self.port} is closed")
         corr = next(self._ids) & 0x7FFFFFFF
         frame = messages.encode_request(api_key, version, corr, self.client_id, body)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         if expect_response:
             self._pending[corr] = (fut, api_key, version)
-        self._writer.write(frame)
+        self._transport.write(frame)
         if not expect_response:
             return None
         return await fut
 
-    async def _read_loop(self) -> None:
-        assert self._reader is not None
+    def _deliver(self, frame: memoryview) -> None:
+        """One response frame (without its size prefix) for the request waiting for it."""
+        (corr,) = _SIZE.unpack_from(frame, 0)
+        entry = self._pending.pop(corr, None)
+        if entry is None:
+            log.warning("response with unknown correlation id %d from %s:%d", corr, self.host, self.port)
+            return
+        fut, api_key, version = entry
+        if fut.done():
+            return
         try:
-            while True:
-                head = await self._reader.readexactly(4)
-                (size,) = _SIZE.unpack(head)
-                frame = memoryview(await self._reader.readexactly(size))
-                (corr,) = _SIZE.unpack_from(frame, 0)
-                entry = self._pending.pop(corr, None)
-                if entry is None:
-                    log.warning("response with unknown correlation id %d from %s:%d", corr, self.host, self.port)
-                    continue
-                fut, api_key, version = entry
-                if fut.done():
-                    continue
+            fut.set_result(messages.decode_response(api_key, version, frame))
+        except DecodeError as exc:
+            if api_key == 18:  # UNSUPPORTED_VERSION answers come back as ApiVersions v0
                 try:
-                    fut.set_result(messages.decode_response(api_key, version, frame))
-                except DecodeError as exc:
-                    if api_key == 18:  # UNSUPPORTED_VERSION answers come back as ApiVersions v0
-                        fut.set_result(messages.decode_response(18, 0, frame))
-                    else:
-                        fut.set_exception(exc)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            self._fail(ConnectionClosed(f"connection to {self.host}:{self.port} lost: {exc!r}"))
-        except asyncio.CancelledError:
-            self._fail(ConnectionClosed("connection closed"))
-            raise
+                    fut.set_result(messages.decode_response(18, 0, frame))
+                except DecodeError:
+                    fut.set_exception(exc)
+            else:
+                fut.set_exception(exc)
 
     def _fail(self, exc: Exception) -> None:
         self.closed = True
@@ -142,12 +136,63 @@ class KafkaConnection:
 
     async def close(self) -> None:
         self.closed = True
-        if self._writer is not None:
-            self._writer.close()
-        if self._read_task is not None:
-            self._read_task.cancel()
-            try:
-                await self._read_task
-            except (asyncio.CancelledError, Exception):
-                pass
+        if self._transport is not None:
+            self._transport.close()
         self._fail(ConnectionClosed("connection closed"))
+
+
+class _Responses(asyncio.BufferedProtocol):
+    """Splits what the broker sends into response frames, with as few copies as possible: small
+    responses are read into one scratch buffer (many per read), a large one into a buffer of its
+    own that the socket fills directly."""
+
+    def __init__(self, conn: KafkaConnection) -> None:
+        self.conn = conn
+        self._scratch = bytearray(_SCRATCH)
+        self._have = 0  # bytes in the scratch buffer not yet handed out
+        self._frame: bytearray | None = None  # a large response being filled
+        self._filled = 0
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._frame is not None:
+            return memoryview(self._frame)[self._filled :]
+        return memoryview(self._scratch)[self._have :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._frame is not None:
+            self._filled += nbytes
+            if self._filled == len(self._frame):
+                frame, self._frame = self._frame, None
+                self.conn._deliver(memoryview(frame))
+            return
+        self._have += nbytes
+        buf, have, pos = self._scratch, self._have, 0
+        while have - pos >= 4:
+            (size,) = _SIZE.unpack_from(buf, pos)
+            if not 4 <= size <= _MAX_RESPONSE:
+                self.conn._fail(ConnectionClosed(f"{self.conn.host}:{self.conn.port} sent a response frame of "
+                                                 f"{size} bytes"))
+                if self.conn._transport is not None:
+                    self.conn._transport.close()
+                self._have = 0
+                return
+            end = pos + 4 + size
+            if end <= have:
+                self.conn._deliver(memoryview(bytes(buf[pos + 4 : end])))
+                pos = end
+                continue
+            if 4 + size > len(buf):  # too large for the scratch buffer: a buffer of its own
+                frame = bytearray(size)
+                got = have - pos - 4
+                frame[:got] = buf[pos + 4 : have]
+                self._frame, self._filled = frame, got
+                pos = have
+            break
+        if pos:
+            rest = have - pos
+            if rest:
+                buf[:rest] = buf[pos:have]
+            self._have = rest
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn._fail(ConnectionClosed(f"connection to {self.conn.host}:{self.conn.port} lost: {exc!r}"))

@@ -432,7 +432,14 @@ class _Gen:
             out.append(f"{ind}    {buf} += _I16.pack(len({v}))")
         else:
             out.append(f"{ind}    {buf} += _I32.pack(len({v}))")
-        out.append(f"{ind}    {buf} += {v}")
+        if t == "records":
+            # large record data is not copied into the frame: see SplicedFrame
+            out.append(f"{ind}    if {buf}.__class__ is _Spliced and len({v}) >= {SPLICE_MIN}:")
+            out.append(f"{ind}        {buf}.splice({v})")
+            out.append(f"{ind}    else:")
+            out.append(f"{ind}        {buf} += {v}")
+        else:
+            out.append(f"{ind}    {buf} += {v}")
 
     def gen_encoder(self, s: StructSpec) -> None:
         regular, tagged = self.present(s)
@@ -498,6 +505,45 @@ class _Gen:
         return "\n".join(self.lines)
 
 
+# Record data at least this large is spliced into a SplicedFrame rather than copied.
+SPLICE_MIN = 4096
+
+
+class SplicedFrame(bytearray):
+    """An encoding buffer that leaves large ``records`` fields out: each is remembered with its
+    position, and ``pieces()`` gives the frame as buffers to write one after the other (with a
+    writev), so the record data fetched from the cluster is never copied into a response."""
+
+    __slots__ = ("spliced", "spliced_bytes")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.spliced: list[tuple[int, Any]] = []
+        self.spliced_bytes = 0
+
+    def splice(self, data: Any) -> None:
+        self.spliced.append((len(self), data))
+        self.spliced_bytes += len(data)
+
+    def size(self) -> int:
+        return len(self) + self.spliced_bytes
+
+    def pieces(self) -> list:
+        if not self.spliced:
+            return [self]
+        view = memoryview(self)
+        out: list = []
+        at = 0
+        for pos, data in self.spliced:
+            if pos > at:
+                out.append(view[at:pos])
+            out.append(data)
+            at = pos
+        if at < len(self):
+            out.append(view[at:])
+        return out
+
+
 def _w_tags(tags: list, unknown: dict | None, out: bytearray) -> None:
     if unknown:
         tags = sorted([*tags, *unknown.items()], key=lambda t: t[0])
@@ -527,6 +573,7 @@ class VersionCodec:
             "_uvarint": _uvarint,
             "_w_uvarint": _w_uvarint,
             "_w_tags": _w_tags,
+            "_Spliced": SplicedFrame,
             "_I16": _I16,
             "_I32": _I32,
             "_unpack": struct.unpack_from,

@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .codegen import DecodeError, VersionCodec, _uvarint, classes_for, codec_for
+from .codegen import DecodeError, SplicedFrame, VersionCodec, _uvarint, classes_for, codec_for
 from .spec import MessageSpec, load_spec, specs_dir, strip_comments
 
 
@@ -196,6 +196,19 @@ def encode_response(api_key: int, version: int, correlation_id: int, body: Any) 
     codec_for(a.response, version).encode(body, out)
     struct.pack_into(">i", out, 0, len(out) - 4)
     return out
+
+
+def encode_response_pieces(api_key: int, version: int, correlation_id: int, body: Any) -> list:
+    """A complete response frame as buffers to write in order: large record data is not copied
+    (see codegen.SplicedFrame)."""
+    a = api(api_key)
+    out = SplicedFrame(4)
+    out += struct.pack(">i", correlation_id)
+    if a.response_header_version(version) >= 1:
+        out += b"\x00"
+    codec_for(a.response, version).encode(body, out)
+    struct.pack_into(">i", out, 0, out.size() - 4)
+    return out.pieces()
 
 
 def response_body_offset(api_key: int, version: int, frame: memoryview) -> int:

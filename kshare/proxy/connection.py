@@ -52,7 +52,7 @@ class Slot:
         self.api_key = api_key
         self.version = version
         self.corr = corr
-        self.data: bytes | bytearray | None = None
+        self.data: bytes | bytearray | list | None = None  # a list: buffers to write in turn
         self.streaming = False
         self.started = perf_counter()
         self.request: Any = None  # the decoded request, for the few rewrites that need it
@@ -287,11 +287,18 @@ class ClientConnection(asyncio.Protocol):
         elif self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.write(data)
 
-    def send_client(self, data: bytes | bytearray | memoryview) -> None:
+    def send_client(self, data: bytes | bytearray | memoryview | list) -> None:
+        """Write to the client (``data`` may be a list of buffers: a spliced response)."""
         if self._to_client is not None:
-            self._to_client.append(data)
+            if data.__class__ is list:
+                self._to_client.extend(data)  # type: ignore[arg-type]
+            else:
+                self._to_client.append(data)
         elif self.transport is not None and not self.closed:
-            self.transport.write(data)
+            if data.__class__ is list:
+                self.transport.writelines(data)  # type: ignore[arg-type]
+            else:
+                self.transport.write(data)  # type: ignore[arg-type]
 
     def flush_upstream(self) -> None:
         out, self._to_broker = self._to_broker, None
@@ -494,7 +501,7 @@ class ClientConnection(asyncio.Protocol):
             if inspect.isawaitable(result):
                 result = await result
             response_version, response = result
-            slot.data = messages.encode_response(slot.api_key, response_version, slot.corr, response)
+            slot.data = messages.encode_response_pieces(slot.api_key, response_version, slot.corr, response)
         except Exception:
             log.exception("client %s: handler for %s failed; closing", self.peer, _api_name(slot.api_key))
             self.close()

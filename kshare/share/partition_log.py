@@ -125,6 +125,9 @@ class ReadResult:
     lso: int = -1
     aborted: list[tuple[int, int]] = field(default_factory=list)
     log_start_offset: int = -1
+    # every batch's bytes as one slice, when they lie next to each other in one fetched buffer
+    # (the usual case): a response takes them without joining copies of the batches
+    whole: memoryview | bytes | None = None
 
 
 class PartitionLog:
@@ -169,6 +172,8 @@ class PartitionLog:
         result = ReadResult(ErrorCode.NONE, fetch_offset=offset)
         out = result.batches
         size = 0
+        span_buf: memoryview | bytes | None = None  # where the batches so far lie next to each other
+        span_start = span_end = 0
         # the first batch holding ``offset`` or later
         j = bisect_left(run.lasts, offset, run.head)
         while True:
@@ -180,7 +185,15 @@ class PartitionLog:
                 n = b[_END] - b[_START]
                 if out and (size + n > max_bytes or (until is not None and b[0] >= until)):
                     break
-                out.append((_as_batch(Batch, b), bufs[k][b[_START]:b[_END]]))
+                buf = bufs[k]
+                out.append((_as_batch(Batch, b), buf[b[_START]:b[_END]]))
+                if span_end >= 0:
+                    if span_buf is None:
+                        span_buf, span_start, span_end = buf, b[_START], b[_END]
+                    elif buf is span_buf and b[_START] == span_end:
+                        span_end = b[_END]
+                    else:
+                        span_end = -1  # not one slice
                 size += n
                 k += 1
             if len(out) > first:
@@ -188,11 +201,11 @@ class PartitionLog:
                     result.lso = run.lso
                 if run.aborted:
                     _add_aborted(result.aborted, run.aborted, out[first][0].base_offset, out[-1][0].last_offset)
-            if k < n_batches:
-                return result  # stopped by a limit
+            if k < n_batches or i + 1 >= len(runs) or runs[i + 1].start != run.end:
+                if span_buf is not None and span_end >= 0:
+                    result.whole = span_buf[span_start:span_end]
+                return result  # stopped by a limit, or at the end of the cached stretch
             i += 1
-            if i >= len(runs) or runs[i].start != run.end:
-                return result
             run = runs[i]
             j = run.head
 

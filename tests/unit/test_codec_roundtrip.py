@@ -37,6 +37,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kshare.protocol import messages
 from kshare.protocol.codegen import DecodeError, classes_for, codec_for
 from kshare.protocol.spec import FieldSpec, MessageSpec, StructSpec, all_spec_names, load_spec
 
@@ -442,3 +443,26 @@ def test_fixed_width_arrays_of_any_length(version: int) -> None:
         for k in {len(b) - 1, len(b) - 4 * n} - {len(b)}:
             with pytest.raises(DecodeError):
                 codec.decode(b[:k])
+
+
+# --------------------------------------------------------------------------------------------
+# spliced responses: large record data is written as its own buffer, never copied
+
+
+@given(sizes=st.lists(st.integers(min_value=0, max_value=3 * 4096), min_size=0, max_size=6),
+       version=st.sampled_from([1, 2]), corr=st.integers(min_value=0, max_value=2**31 - 1))
+def test_spliced_share_fetch_response_is_the_same_frame(sizes: list[int], version: int, corr: int) -> None:
+    from kshare.protocol import codegen
+
+    R = messages.message_class("ShareFetchResponse")
+    records = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    body = R(acquisition_lock_timeout_ms=30000, responses=[R.ShareFetchableTopicResponse(
+        topic_id=b"\x07" * 16,
+        partitions=[R.PartitionData(partition_index=i, records=memoryview(r),
+                                    current_leader=R.LeaderIdAndEpoch(leader_id=-1, leader_epoch=-1),
+                                    acquired_records=[R.AcquiredRecords(first_offset=0, last_offset=1, delivery_count=1)])
+                    for i, r in enumerate(records)])])
+    pieces = messages.encode_response_pieces(78, version, corr, body)
+    assert b"".join(bytes(p) for p in pieces) == bytes(messages.encode_response(78, version, corr, body))
+    big = [r for r in records if len(r) >= codegen.SPLICE_MIN]
+    assert sum(1 for p in pieces if isinstance(p, memoryview) and p.obj in big) == len(big)  # not copied

@@ -347,6 +347,7 @@ def test_matches_a_model_under_random_fetches_reads_and_eviction() -> None:
         log_batches = [(b, z) for b, z, _ in up.batches]
         data = {b: d for b, _, d in up.batches}
         plog = make_log(up, budget_bytes=rnd.choice([4000, 20000, 1 << 20]), fetch_bytes=rnd.choice([300, 3000]))
+        wholes = 0
         for _ in range(300):
             offset = rnd.randrange(0, up.end)
             until = rnd.choice([None, offset + rnd.randrange(1, 30)])
@@ -357,6 +358,9 @@ def test_matches_a_model_under_random_fetches_reads_and_eviction() -> None:
             assert got == log_batches[i:i + len(got)], (seed, offset)
             for b, view in read.batches:
                 assert bytes(view) == data[b.base_offset]
+            if read.whole is not None:  # one slice of every batch read, byte for byte
+                assert bytes(read.whole) == b"".join(data[b.base_offset] for b, _ in read.batches)
+            wholes += read.whole is not None
             if until is not None:
                 assert all(b < until for b, _ in got[1:])
             cached = [Batch._make(b) for run in plog._runs for b in run.batches[run.head:]]
@@ -365,6 +369,7 @@ def test_matches_a_model_under_random_fetches_reads_and_eviction() -> None:
             spans = plog.covered()
             assert all(a < z for a, z in spans) and all(spans[k][1] <= spans[k + 1][0] for k in range(len(spans) - 1))
             assert plog._starts == [a for a, _ in spans]
+        assert wholes > 100  # most reads lie within one fetch
 
     for seed in range(12):
         asyncio.run(main(seed))

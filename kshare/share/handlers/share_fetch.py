@@ -227,7 +227,10 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
                 k += 1
             if k < len(ranges) and ranges[k].first_offset <= b.last_offset:
                 chunks.append(data)
-        records = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if len(chunks) == len(read.batches) and read.whole is not None:
+            records = read.whole  # no copy: one slice of what the cluster sent
+        else:
+            records = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         p = out.partition(topic_id, partition)
         p.records = records
         p.acquired_records = [Response.AcquiredRecords(first_offset=a, last_offset=z, delivery_count=c)
