@@ -411,18 +411,16 @@ class Member:
             raise RuntimeError(f"ShareAcknowledge: {resp.error_code} {errors}")
         return dt
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 10.0) -> None:
+        """Leave the share session and the group (each answer awaited up to ``timeout``), close the connection."""
         from kshare.protocol import messages
 
         try:
             R = messages.message_class("ShareAcknowledgeRequest")
-            await self.conn.request(
-                SHARE_ACK,
-                1,
-                R(group_id=self.group, member_id=self.member_id, share_session_epoch=-1, topics=[]),
-            )
+            req = R(group_id=self.group, member_id=self.member_id, share_session_epoch=-1, topics=[])
+            await asyncio.wait_for(self.conn.request(SHARE_ACK, 1, req), timeout)
             Hb = messages.message_class("ShareGroupHeartbeatRequest")
-            await self.conn.request(
+            leave = self.conn.request(
                 HEARTBEAT,
                 1,
                 Hb(
@@ -433,6 +431,7 @@ class Member:
                     subscribed_topic_names=None,
                 ),
             )
+            await asyncio.wait_for(leave, timeout)
         except Exception:  # noqa: BLE001 - closing anyway
             pass
         finally:
@@ -442,14 +441,16 @@ class Member:
 
 @contextlib.asynccontextmanager
 async def keepalive(members: list[Member], interval: float = 1.0):
-    """Heartbeat the members in the background (their sessions would time out otherwise)."""
+    """Heartbeat the members in the background, all at once (their sessions would time out otherwise)."""
+
+    async def one(m: Member) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(m.heartbeat(None), interval * 2)
 
     async def beat() -> None:
         while True:
             await asyncio.sleep(interval)
-            for m in list(members):
-                with contextlib.suppress(Exception):
-                    await m.heartbeat(None)
+            await asyncio.gather(*(one(m) for m in list(members)))
 
     task = asyncio.create_task(beat())
     try:

@@ -429,11 +429,11 @@ def _plot_share(plt: Any, res: dict[str, Any]) -> Any:
 def _plot_scaling(plt: Any, res: dict[str, Any]) -> Any:
     rows = res["rows"]
     parts = sorted({r["partitions"] for r in rows})
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    styles = {1: "-", 4: "--", 2: ":"}
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    styles = {1: "-", 4: "--"}
     for p in parts:
         rs = sorted((r for r in rows if r["partitions"] == p), key=lambda r: r["consumers"])
-        if len(rs) < 2:
+        if len(rs) < 3:  # a mix: points only
             for r in rs:
                 for name in ("kshare", "native"):
                     ax.plot([r["consumers"]], [r.get(f"{name}_rps")], "o", color=COLORS[name], mfc="none")
@@ -467,6 +467,16 @@ def _plot_scaling(plt: Any, res: dict[str, Any]) -> Any:
     ax.set_title("scaling with 5 ms of work per record", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    groups = [f"{r['consumers']}/{r['partitions']}" for r in rows]
+    _bars(
+        ax2,
+        groups,
+        {n: [100 * (r.get(f"{n}_of_ideal") or 0) for r in rows] for n in ("kshare", "native")},
+        "% of the ideal rate",
+    )
+    ax2.axhline(100, color="black", lw=0.8, alpha=0.6)
+    ax2.set_xlabel("consumers / partitions")
+    ax2.set_title("share of the ideal N x 200 records/s", fontsize=10)
     return fig
 
 

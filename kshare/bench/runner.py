@@ -26,11 +26,12 @@ class BenchError(Exception):
     """A clear reason the bench cannot run (shown without a traceback)."""
 
 
-# sizes: (full run, --quick)
+# sizes: (full run, --quick); a full run took about 25 minutes on the project's 2-core machine (loaded),
+# --quick about 5
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "passthrough": ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 100_000, 1024: 40_000}}),
+    "passthrough": ({"records": {100: 600_000, 1024: 300_000}}, {"records": {100: 100_000, 1024: 40_000}}),
     "share": (
-        {"records": {100: 400_000, 1024: 150_000}, "partition_counts": [1, 4, 16]},
+        {"records": {100: 1_000_000, 1024: 400_000}, "partition_counts": [1, 4, 16]},
         {"records": {100: 60_000, 1024: 20_000}, "partition_counts": [1, 4, 16]},
     ),
     "scaling": (
@@ -38,21 +39,21 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "points": [(n, 1) for n in (1, 2, 4, 8, 16, 32)]
             + [(n, 4) for n in (1, 4, 8, 16, 32)]
             + [(3, 2), (6, 4)],
-            "seconds": 5.0,
+            "seconds": 10.0,
         },
         {"points": [(1, 1), (8, 1), (8, 4), (3, 2)], "seconds": 3.0},
     ),
     "latency": (
-        {"rate": 5000.0, "seconds": 15.0, "warmup_s": 10.0},
+        {"rate": 5000.0, "seconds": 30.0, "warmup_s": 15.0},
         {"rate": 5000.0, "seconds": 5.0, "warmup_s": 3.0},
     ),
     "ack": (
-        {"member_counts": [1, 4, 16, 64], "samples_per_run": 400},
+        {"member_counts": [1, 4, 16, 64], "samples_per_run": 2000},
         {"member_counts": [1, 4, 16, 64], "samples_per_run": 64},
     ),
-    "cpu": ({"records": {100: 200_000, 1024: 100_000}}, {"records": {100: 20_000, 1024: 10_000}}),
+    "cpu": ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 50_000, 1024: 20_000}}),
     "memory": (
-        {"groups": 10, "members": 100, "partitions": 1000, "records": 100},
+        {"groups": 10, "members": 100, "partitions": 1000, "records": 200},
         {"groups": 2, "members": 10, "partitions": 100, "records": 20},
     ),
 }

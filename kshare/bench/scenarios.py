@@ -978,7 +978,7 @@ async def _memory_load(
         async def read(m: clients.Member, mine: set[int]) -> int:
             n = 0
             pending = set(mine)
-            for _ in range(5):
+            for _ in range(10):
                 if not pending:
                     break
                 got = await m.fetch(sorted(pending), max_records=records * len(pending), max_wait_ms=500)
