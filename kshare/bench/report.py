@@ -84,6 +84,14 @@ def markdown(results: dict[str, Any]) -> str:
         + (f" Proxy arguments: `{' '.join(meta['proxy_args'])}`." if meta.get("proxy_args") else "")
     )
     out.append("")
+    loads = [meta.get("load_before"), meta.get("load_after")]
+    peak = max((float(x.split()[0]) for x in loads if x), default=0.0)
+    if machine.get("nproc") and peak > machine["nproc"]:
+        out.append(
+            f"**The machine was loaded** (1-minute load average up to {peak:.1f} on {machine['nproc']} CPUs): "
+            "rates and latencies are noisy, tail latencies above all."
+        )
+        out.append("")
     out.append(
         "Every figure is a median over alternated repeats measured in this run; ratios compare "
         "configurations measured side by side, so they hold better than the absolute rates on a "

@@ -41,6 +41,10 @@ CPU_TARGET = 35.0  # proxy millicores per MB/s
 MEMORY_OVERHEAD_MB = 200  # RSS may exceed the idle proxy's by the record-cache budget plus this
 
 
+def _size(b: int) -> str:
+    return "1 KiB" if b == 1024 else f"{b} B"
+
+
 def alternate(configs: list[str], repeat: int) -> list[str]:
     """The order of ``configs`` in round ``repeat``: forwards, backwards, forwards..."""
     return list(configs) if repeat % 2 == 0 else list(reversed(configs))
@@ -140,7 +144,7 @@ def passthrough(
                 row["kshare_relay"] = row["kshare_rps"] / row["relay_rps"]
                 targets.append(
                     target(
-                        f"pass-through {kind} {size} B: kshare / relay",
+                        f"pass-through {kind} {_size(size)}: kshare / relay",
                         row["kshare_relay"],
                         PASSTHROUGH_TARGET,
                         ">=",
@@ -241,7 +245,7 @@ def share(
             row["kshare_native"] = row["kshare_rps"] / row["native_rps"]
             targets.append(
                 target(
-                    f"share consumer {size} B, {parts} partition(s): kshare / native",
+                    f"share consumer {_size(size)}, {parts} partition(s): kshare / native",
                     row["kshare_native"],
                     SHARE_TARGET,
                     ">=",
@@ -908,7 +912,7 @@ def cpu(
         )
     targets = [
         target(
-            f"proxy CPU, {r['workload']} {r['value_size']} B (millicores per MB/s)",
+            f"proxy CPU, {r['workload']} {_size(r['value_size'])} (millicores per MB/s)",
             r["mcores_per_mbps"],
             CPU_TARGET,
             "<=",
