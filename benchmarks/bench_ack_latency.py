@@ -16,12 +16,24 @@ timed is exactly one RPC.
 for acknowledgements that change durable state: kshare answers only after the state write is
 acknowledged by the cluster (acks=all, idempotent producer), so the write is inside the figure.
 (a) one member acknowledging one record per ShareAcknowledge (ACCEPT) out of a 500-record
-acquisition, one request at a time; (b) the same for whole 500-record acquisitions; (c) 16
-members on 16 partitions, each acknowledging whole acquisitions, all at once (their state writes
-share produce rounds). Baseline in the same run: a Produce (acks=all, one 60-byte record, the
-size of a ShareUpdate) sent straight to the broker, one at a time, and 16 at a time. The mean of
-kshare's own ``kshare_state_write_seconds`` histogram (queue wait + produce round) over the
-scenario is reported too.
+acquisition, one request at a time; (b) N members of one group (``--members``, default 1, 4, 16,
+64) on a 16-partition topic, each fetching (up to 500 records) and acknowledging each whole
+acquisition in one ShareAcknowledge, all at once (their state writes share produce rounds). The
+assignor gives every member min(16, max(ceil(16/N), 8)) partitions, so from 3 members on they
+share partitions, as real share consumers do. Baseline in the same run: a Produce (acks=all, one
+60-byte record, the size of a ShareUpdate) sent straight to the broker, one at a time, and 16 at a
+time. The mean of kshare's own ``kshare_state_write_seconds`` histogram (queue wait + produce
+round) over the scenario is reported too, and the CPU the proxy and the benchmark process (all
+members, one asyncio loop) used per wall-clock second: the client is not the bottleneck while
+that stays well under 100 %.
+
+``--ack-only`` runs only (b), ``--repeats`` times, alternated with a second kshare from another
+source tree (``--baseline-tree``, e.g. ``git worktree add /tmp/base <commit>``) or of this tree
+with other environment variables (``--variant``), both in front of the same broker; the table
+has the medians of p50 and p99 per member count:
+
+    python benchmarks/bench_ack_latency.py --ack-only --samples 1000 --repeats 3 \
+        --baseline-tree /tmp/base
 
 **State-topic bytes per million acknowledged records.** 1,000,000 records (producer batches of
 500) on 10 partitions; 10 members, one per partition, fetch (up to 500 records) and acknowledge
@@ -53,6 +65,7 @@ import os
 import platform
 import random
 import re
+import resource
 import signal
 import statistics
 import sys
@@ -87,8 +100,37 @@ EARLIEST = {"share.auto.offset.reset": "earliest"}
 # kshare as a child process
 
 
+class _TreeProxyProcess(ProxyProcess):
+    """``python -m kshare proxy`` run from another source tree (``-m`` imports from the cwd)."""
+
+    def __init__(self, *args: str, port: int, tree: Path, env: dict[str, str] | None = None) -> None:
+        super().__init__(*args, port=port, env={**(env or {}), "PYTHONPATH": str(tree)})
+        self.tree = tree
+
+    def start(self, timeout: float = 30.0) -> ProxyProcess:
+        import subprocess
+        import threading
+
+        self.process = subprocess.Popen([sys.executable, "-m", "kshare", *self.args], cwd=self.tree,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env)
+        deadline = time.monotonic() + timeout
+        assert self.process.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError("proxy exited at start:\n" + "".join(self.output))
+            self.output.append(line)
+            if re.search(r"upstream cluster has \d+ broker", line):
+                threading.Thread(target=self._drain, daemon=True).start()
+                return self
+        raise RuntimeError("proxy not ready in time:\n" + "".join(self.output))
+
+
 class KShare:
-    def __init__(self, broker: KafkaBroker, state_topic: str) -> None:
+    def __init__(self, broker: KafkaBroker, state_topic: str, tree: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.tree = tree
+        self.env = env
         self.port = free_port()
         self.metrics_port = free_port()
         self.args = ("--upstream", broker.bootstrap, "--state-topic", state_topic, "--metrics-port",
@@ -103,7 +145,9 @@ class KShare:
     def start(self, timeout: float = 600.0) -> tuple[float, float]:
         """(process start -> "share state loaded", the load time kshare logged)."""
         t0 = time.monotonic()
-        self.proc = ProxyProcess(*self.args, "--broker-port-base", str(self.broker_port_base), port=self.port)
+        args = (*self.args, "--broker-port-base", str(self.broker_port_base))
+        self.proc = (ProxyProcess(*args, port=self.port, env=self.env) if self.tree is None
+                     else _TreeProxyProcess(*args, port=self.port, tree=self.tree, env=self.env))
         self.proc.start(timeout)
         while True:
             for line in list(self.proc.output):
@@ -122,6 +166,12 @@ class KShare:
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the proxy process so far."""
+        assert self.proc is not None and self.proc.process is not None
+        fields = Path(f"/proc/{self.proc.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def state_write_seconds(self) -> tuple[float, int]:
         """(sum, count) of kshare_state_write_seconds."""
@@ -306,6 +356,23 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int, batch: int = 50
     assert p.flush(120) == 0
 
 
+def produce_per_partition(bootstrap: str, topic: str, counts: list[int], batch: int = 500) -> None:
+    """``counts[p]`` records into partition ``p``, producer batches of ``batch``."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": batch,
+                  "queue.buffering.max.messages": 1_000_000, "acks": "all"})
+    for part, n in enumerate(counts):
+        for i in range(n):
+            while True:
+                try:
+                    p.produce(topic, str(i).encode(), partition=part)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+    assert p.flush(300) == 0
+
+
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -326,6 +393,9 @@ class Latency:
     name: str
     samples: list[float]
     write_mean: float | None = None  # kshare_state_write_seconds mean over the scenario
+    members: int = 1
+    proxy_cpu: float | None = None  # proxy CPU seconds per wall second over the scenario
+    client_cpu: float | None = None  # the benchmark process's (all members') CPU seconds per wall second
 
     def pct(self, q: float) -> float:
         s = sorted(self.samples)
@@ -337,26 +407,51 @@ class Latency:
         return (f"| {self.name} | {len(self.samples):,} | {self.pct(0.5):.2f} ms | {self.pct(0.99):.2f} ms | "
                 f"{statistics.fmean(self.samples) * 1000:.2f} ms | {write} | {ratio} |")
 
+    def cpu(self) -> str:
+        if self.proxy_cpu is None or self.client_cpu is None:
+            return "- / -"
+        return f"{self.proxy_cpu:.0%} / {self.client_cpu:.0%}"
+
+
+def _process_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
 
 async def ack_latency(kshare: KShare, broker: KafkaBroker, topic: str, samples: int, *, per_record: bool,
-                      members: int, name: str) -> Latency:
+                      members: int, name: str, rate: float = 0.0) -> Latency:
+    """``members`` members of one group on ``topic``, fetching and acknowledging until ``samples``
+    ShareAcknowledge round trips were timed. ``rate`` > 0: all members together start at most
+    ``rate`` fetch-and-acknowledge cycles per second (each member one per ``members / rate``
+    seconds, at random phases), instead of each going as fast as it can."""
     group = f"lat-{uuid.uuid4().hex[:8]}"
     await set_configs(kshare.bootstrap, group, EARLIEST)
     ms = [await Member.join(kshare.bootstrap, group, topic) for _ in range(members)]
-    if members > 1:  # wait for the assignment to settle: one partition each
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for m in ms:
-                await m.heartbeat(None)
-            if all(len(m.assigned) == 1 for m in ms) and len({m.assigned[0] for m in ms}) == members:
-                break
-            await asyncio.sleep(0.2)
+    # wait for the assignment to settle (the assignor gives each member min(P, max(ceil(P/M), 8))
+    # partitions, so members share partitions: as in any share group of more than P/8 members)
+    deadline, last = time.monotonic() + 60, None
+    while time.monotonic() < deadline:
+        for m in ms:
+            await m.heartbeat(None)
+        now = [tuple(m.assigned) for m in ms]
+        if now == last and all(now):
+            break
+        last = now
+        await asyncio.sleep(0.3)
+    else:
+        raise RuntimeError(f"assignment did not settle: {[m.assigned for m in ms]}")
     out: list[float] = []
     before = kshare.state_write_seconds()
+    cpu0, client0, t0 = kshare.cpu_seconds(), _process_cpu(), time.monotonic()
 
     async def run(m: Member) -> None:
         parts = m.assigned[:1] if per_record else m.assigned
+        cycle = members / rate if rate > 0 else 0.0
+        next_at = time.monotonic() + random.random() * cycle
         while len(out) < samples:
+            if cycle:
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                next_at += cycle * (0.5 + random.random())
             got = await m.fetch(parts)
             ranges = [(p, a, z) for p, rs in got.items() for a, z, _ in rs]
             if not ranges:
@@ -373,12 +468,23 @@ async def ack_latency(kshare: KShare, broker: KafkaBroker, topic: str, samples: 
 
     async with keepalive(ms):
         await asyncio.gather(*(run(m) for m in ms))
+    wall = time.monotonic() - t0
+    cpu1, client1 = kshare.cpu_seconds(), _process_cpu()
     after = kshare.state_write_seconds()
     for m in ms:
         await m.close()
     writes = after[1] - before[1]
     return Latency(name, out[:samples] if not per_record else out,
-                   (after[0] - before[0]) / writes if writes else None)
+                   (after[0] - before[0]) / writes if writes else None, members,
+                   (cpu1 - cpu0) / wall, (client1 - client0) / wall)
+
+
+def latency_topic(broker: KafkaBroker, acks: int, partitions: int = 16) -> str:
+    """A topic holding ``acks`` 500-record acquisitions twice over, spread over ``partitions``
+    (each scenario is a new group reading from the start)."""
+    topic = broker.create_topic(f"lat-{uuid.uuid4().hex[:6]}", partitions=partitions)
+    produce_per_partition(broker.bootstrap, topic, [(2 * -(-acks // partitions) + 4) * 500] * partitions)
+    return topic
 
 
 async def produce_latency(broker: KafkaBroker, topic: str, samples: int, concurrency: int, name: str) -> Latency:
@@ -595,7 +701,7 @@ def report(lat: list[Latency], vols: list[Volume], rec: Recovery, args: argparse
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for x in lat:
-        base = None if x.name.startswith("Produce") else (base_conc if "16 members" in x.name else base_seq)
+        base = None if x.name.startswith("Produce") else (base_conc if x.members > 1 else base_seq)
         lines.append(x.row(base))
     lines += [
         "",
@@ -648,6 +754,73 @@ def run_async(fn: Callable[[], Awaitable]) -> object:
     return uvloop.run(fn())
 
 
+def _load(rate: float) -> str:
+    return f"{rate:,.0f} cycles/s in all" if rate > 0 else "as fast as they can"
+
+
+def ack_only(args: argparse.Namespace, members: list[int]) -> int:
+    """The whole-acquisition scenarios for every member count, alternated between this tree's
+    kshare and the baseline tree's (if any), ``--repeats`` times: medians of p50 and p99."""
+    samples = args.samples
+    rates = [float(x) for x in args.rates.split(",") if x]
+    broker = KafkaBroker(KAFKA_3, config={"log.segment.bytes": 1 << 30})
+    with broker:
+        print(f"broker {broker.bootstrap} ready", flush=True)
+        proxies = {"this tree": KShare(broker, f"__kshare_bench_state_{uuid.uuid4().hex[:6]}")}
+        for v in args.variant:
+            label, _, assignments = v.partition(":")
+            env = dict(a.split("=", 1) for a in assignments.split(",") if a)
+            proxies[label] = KShare(broker, f"__kshare_bench_state_{uuid.uuid4().hex[:6]}", env=env)
+        if args.baseline_tree is not None:
+            proxies["baseline"] = KShare(broker, f"__kshare_bench_state_{uuid.uuid4().hex[:6]}",
+                                         tree=args.baseline_tree.resolve())
+        results: dict[tuple[str, int, float], list[Latency]] = {}
+        try:
+            for k in proxies.values():
+                k.start()
+            topic = latency_topic(broker, samples // 2, args.partitions)
+            for r in range(args.repeats):
+                order = list(proxies.items()) if r % 2 == 0 else list(reversed(proxies.items()))
+                for rate in rates:
+                    for n in members:
+                        for label, k in order:
+                            x = run_async(lambda k=k, n=n, label=label, rate=rate: ack_latency(
+                                k, broker, topic, samples // 2, per_record=False, members=n, rate=rate,
+                                name=f"{label}, {n} member(s), {_load(rate)}"))
+                            results.setdefault((label, n, rate), []).append(x)
+                            print(f"repeat {r + 1}: {x.row(None)} (proxy / client CPU {x.cpu()})", flush=True)
+        finally:
+            for k in proxies.values():
+                k.stop()
+    lines = [
+        f"ShareAcknowledge of an acquisition (up to 500 records), N members of one group at once on "
+        f"{args.partitions} partitions (each assigned min(P, max(ceil(P/N), 8)) of them), "
+        f"{samples // 2:,} samples per run, medians of {args.repeats} alternated runs",
+        "",
+        "| load | kshare | members | p50 | p99 | state write (mean) | p50 / 1-member p50 | proxy / client CPU |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for rate in rates:
+        for label in proxies:
+            one = statistics.median(x.pct(0.5) for x in results[(label, members[0], rate)])
+            for n in members:
+                xs = results[(label, n, rate)]
+                p50 = statistics.median(x.pct(0.5) for x in xs)
+                p99 = statistics.median(x.pct(0.99) for x in xs)
+                w = statistics.median(x.write_mean or 0 for x in xs) * 1000
+                pc = statistics.median(x.proxy_cpu or 0 for x in xs)
+                cc = statistics.median(x.client_cpu or 0 for x in xs)
+                lines.append(f"| {_load(rate)} | {label} | {n} | {p50:.2f} ms | {p99:.2f} ms | {w:.2f} ms | "
+                             f"{p50 / one:.1f}x | {pc:.0%} / {cc:.0%} |")
+    lines += ["", f"load average at the end {os.getloadavg()[0]:.1f}; command: `python "
+                  f"benchmarks/bench_ack_latency.py {' '.join(sys.argv[1:])}`", ""]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=5000, help="latency samples per scenario")
@@ -662,11 +835,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="1,000 samples, 100,000 records, 100 share-partitions to recover")
     parser.add_argument("--out", type=Path, help="also write the report (markdown) to this file")
+    parser.add_argument("--members", default="1,4,16,64",
+                        help="comma-separated member counts of the whole-acquisition latency scenarios")
+    parser.add_argument("--ack-only", action="store_true",
+                        help="only the whole-acquisition acknowledgement scenarios (--members), --repeats times "
+                             "alternated, medians reported; with --baseline-tree, against a second kshare")
+    parser.add_argument("--repeats", type=int, default=3, help="--ack-only: alternated repeats")
+    parser.add_argument("--baseline-tree", type=Path,
+                        help="--ack-only: a kshare source tree (e.g. a `git worktree` of the commit before) run "
+                             "as a second proxy on the same broker, alternated with this tree's")
+    parser.add_argument("--partitions", type=int, default=16,
+                        help="--ack-only: partitions of the topic (8 x members: no two members share one)")
+    parser.add_argument("--rates", default="0",
+                        help="--ack-only: comma-separated total fetch-and-acknowledge cycles per second of all "
+                             "members together (0: each member as fast as it can, a closed loop)")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL:NAME=VALUE,...",
+                        help="--ack-only: one more kshare of this tree with these environment variables")
     args = parser.parse_args(argv)
+    members = sorted({int(x) for x in args.members.split(",") if x})
     if args.quick:
         args.samples, args.records = 1000, 100_000
         args.recovery_groups, args.recovery_partitions, args.recovery_runs = 1, 100, 2
     skip = set(args.skip.split(",")) - {""}
+    if args.ack_only:
+        return ack_only(args, members)
     broker = KafkaBroker(KAFKA_3, config={"log.segment.bytes": 1 << 30})
     with broker:
         print(f"broker {broker.bootstrap} ready", flush=True)
@@ -677,21 +869,22 @@ def main(argv: list[str] | None = None) -> int:
         vols: list[Volume] = []
         try:
             if "latency" not in skip:
-                lat_topic = broker.create_topic(f"lat-{uuid.uuid4().hex[:6]}", partitions=16)
-                produce(broker.bootstrap, lat_topic, int(args.samples * 0.6) * 500 + 16 * 500, 16)
+                lat_topic = latency_topic(broker, max(args.samples // 2, args.samples // 500 + 1))
                 base_topic = broker.create_topic(f"base-{uuid.uuid4().hex[:6]}", partitions=16)
-                for make in (
+                makes = [
                     lambda: produce_latency(broker, base_topic, args.samples, 1, "Produce acks=all to the broker, 1 at a time"),
                     lambda: ack_latency(kshare, broker, lat_topic, args.samples, per_record=True, members=1,
                                         name="ShareAcknowledge of 1 record, 1 member"),
-                    lambda: ack_latency(kshare, broker, lat_topic, args.samples // 5, per_record=False, members=1,
-                                        name="ShareAcknowledge of a 500-record acquisition, 1 member"),
                     lambda: produce_latency(broker, base_topic, args.samples, 16, "Produce acks=all to the broker, 16 at a time"),
-                    lambda: ack_latency(kshare, broker, lat_topic, args.samples // 2, per_record=False, members=16,
-                                        name="ShareAcknowledge of a 500-record acquisition, 16 members at once"),
-                ):
+                ]
+                for n in members:
+                    makes.append(lambda n=n: ack_latency(
+                        kshare, broker, lat_topic, args.samples // 5 if n == 1 else args.samples // 2,
+                        per_record=False, members=n,
+                        name=f"ShareAcknowledge of a 500-record acquisition, {n} member{'s at once' if n > 1 else ''}"))
+                for make in makes:
                     lat.append(run_async(make))
-                    print(lat[-1].row(None), flush=True)
+                    print(lat[-1].row(None), f"(proxy / client CPU {lat[-1].cpu()})", flush=True)
             if "volume" not in skip:
                 vol_topic = broker.create_topic(f"vol-{uuid.uuid4().hex[:6]}", partitions=args.volume_partitions)
                 produce(broker.bootstrap, vol_topic, args.records, args.volume_partitions)
