@@ -335,7 +335,7 @@ def bench(out_dir: str | None, only: tuple[str, ...], quick: bool, repeats: int 
     Starts Apache Kafka 3.9 (fronted), Apache Kafka 4.4 with share groups (the reference), `kshare proxy`
     as its own process and a bare relay; runs the scenarios with a warm-up and alternated repeats and
     writes results.json, results.md (with the target ratios, met or not) and PNG plots into the results
-    folder. A full run takes about half an hour; needs Java 17+ (and Maven the first time, to fetch
+    folder. A full run takes about 25 minutes; needs Java 17+ (and Maven the first time, to fetch
     Kafka) and `pip install 'kshare[bench]'`. Reference: docs/cli.md.
     """
     from pathlib import Path

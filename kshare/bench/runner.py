@@ -26,12 +26,13 @@ class BenchError(Exception):
     """A clear reason the bench cannot run (shown without a traceback)."""
 
 
-# sizes: (full run, --quick); a full run took about 25 minutes on the project's 2-core machine (loaded),
-# --quick about 5
+# sizes: (full run, --quick). On the project's 2-core machine (loaded) a full run took 20.5 minutes with
+# latency runs of 30 s, 1,000,000 / 400,000 share records and 2,000 acks (these sizes add about 3 minutes),
+# --quick 3 minutes.
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "passthrough": ({"records": {100: 600_000, 1024: 300_000}}, {"records": {100: 100_000, 1024: 40_000}}),
     "share": (
-        {"records": {100: 1_000_000, 1024: 400_000}, "partition_counts": [1, 4, 16]},
+        {"records": {100: 1_200_000, 1024: 500_000}, "partition_counts": [1, 4, 16]},
         {"records": {100: 60_000, 1024: 20_000}, "partition_counts": [1, 4, 16]},
     ),
     "scaling": (
@@ -44,11 +45,11 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"points": [(1, 1), (8, 1), (8, 4), (3, 2)], "seconds": 3.0},
     ),
     "latency": (
-        {"rate": 5000.0, "seconds": 30.0, "warmup_s": 15.0},
+        {"rate": 5000.0, "seconds": 40.0, "warmup_s": 15.0},
         {"rate": 5000.0, "seconds": 5.0, "warmup_s": 3.0},
     ),
     "ack": (
-        {"member_counts": [1, 4, 16, 64], "samples_per_run": 2000},
+        {"member_counts": [1, 4, 16, 64], "samples_per_run": 4000},
         {"member_counts": [1, 4, 16, 64], "samples_per_run": 64},
     ),
     "cpu": ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 50_000, 1024: 20_000}}),
