@@ -94,6 +94,14 @@ class KafkaConnection:
         return top
 
     async def request(self, api_key: int, version: int, body: Any, *, expect_response: bool = True) -> Any:
+        fut = self.send(api_key, version, body, expect_response=expect_response)
+        if not expect_response:
+            return None
+        return await fut
+
+    def send(self, api_key: int, version: int, body: Any, *, expect_response: bool = True) -> asyncio.Future:
+        """Write a request now (requests go out in the order of these calls); the future gets the
+        decoded response (already done with None when none is expected)."""
         if self.closed or self._transport is None:
             raise ConnectionClosed(f"connection to {self.host}:{self.port} is closed")
         corr = next(self._ids) & 0x7FFFFFFF
@@ -101,10 +109,10 @@ class KafkaConnection:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         if expect_response:
             self._pending[corr] = (fut, api_key, version)
+        else:
+            fut.set_result(None)
         self._transport.write(frame)
-        if not expect_response:
-            return None
-        return await fut
+        return fut
 
     def _deliver(self, frame: memoryview) -> None:
         """One response frame (without its size prefix) for the request waiting for it."""

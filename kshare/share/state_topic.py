@@ -73,6 +73,7 @@ from .state_codec import (
     update_value_size,
 )
 from .state_fence import Fenced, PartitionWriter
+from .state_producer import PipelinedProducer
 from .states import (
     TERMINAL_STATES,
     ShareSnapshot,
@@ -565,23 +566,13 @@ class TopicStateStore:
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="kshare-state-pruner")
 
     async def _start_producer(self, *, idempotent: bool) -> None:
-        from aiokafka import AIOKafkaProducer
-
         old, self._producers = self._producers, []
         await asyncio.gather(*(p.stop() for p in old), return_exceptions=True)
-        conf: dict[str, Any] = {
-            "acks": "all",
-            "enable_idempotence": idempotent,
-            "linger_ms": 0,
-            "max_batch_size": 512 * 1024,
-            "max_request_size": 1024 * 1024,
-            "request_timeout_ms": int(self.write_timeout_s * 1000),
-        }
-        # Without idempotence order still holds on retries: aiokafka keeps one batch per partition
-        # in flight.
-        conf.update(self._producer_config)
+        # Pipelined: every round's records go out at once, in order per partition (see
+        # state_producer.py); nothing is retried, so order holds without idempotence too.
         producers = [
-            AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, client_id=self.client_id, **conf)
+            PipelinedProducer(self.bootstrap_servers, self.topic, idempotent=idempotent, security=self.security,
+                              client_id=self.client_id, request_timeout_s=self.write_timeout_s)
             for _ in range(min(self.producer_count, self.partitions))
         ]
         self._idempotent = idempotent
@@ -596,11 +587,10 @@ class TopicStateStore:
     async def _renew_producer(self) -> None:
         """Replace an idempotent producer one of whose batches failed.
 
-        aiokafka gives a batch its sequence number when it drains it, and may then fail it without
-        sending it (e.g. a batch that expired while its partition had no leader, as during a broker
-        restart). The broker never sees that sequence number, so every later batch of the partition
-        fails with OutOfOrderSequenceNumber, forever. A new producer (new producer id) starts from
-        sequence 0. The old one first delivers or fails what it still holds, so nothing it sent can
+        A batch gets its sequence number when it is sent, and may fail without reaching the broker
+        (a connection lost, a partition without leader during a broker restart). The broker never
+        sees that sequence number, so every later batch of the partition would fail with
+        OutOfOrderSequenceNumber, forever. A new producer (new producer id) starts from sequence 0. The old one first delivers or fails what it still holds, so nothing it sent can
         land behind a record of the new one.
         """
         if self._retiring is None:

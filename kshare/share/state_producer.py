@@ -1,0 +1,341 @@
+"""The state topic's producer: pipelined Produce requests on the proxy's own connections.
+
+Why not aiokafka's producer: it keeps one Produce request per broker in flight, so a state write
+that comes while one is out waits for that round trip and then its own; with 16 members
+acknowledging at once the writes queued 4-9 ms behind each other (docs/benchmarks-durability.md).
+Here every batch goes out at once, on one connection per broker: Kafka handles a connection's
+requests one at a time in order, so a partition's batches are appended in the order they were
+sent, however many are in flight, and the idempotent producer's sequence numbers follow each
+other without gaps.
+
+Semantics the store relies on (kshare.share.state_topic): ``send`` gives a future that resolves
+to the record's offset once the broker acknowledged it (acks=all) or fails; records sent in one
+turn of the event loop go out together, one batch per partition. A failure fails the futures of
+that request; nothing is retried here (the store rolls back and renews the producer: a new
+producer id, sequences from 0, so nothing after a failed batch can be appended with a gap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from ..client import KafkaConnection
+from ..protocol import messages
+from ..security import ClientSecurity
+
+log = logging.getLogger("kshare.share")
+
+PRODUCE = 0
+METADATA = 3
+LIST_OFFSETS = 2
+INIT_PRODUCER_ID = 22
+# A batch (key and value bytes) up to this size, well within the default max.message.bytes (1 MB);
+# a request up to MAX_REQUEST_BYTES.
+MAX_BATCH_BYTES = 512 << 10
+MAX_REQUEST_BYTES = 1 << 20
+
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
+_NOT_LEADER = {6, 74, 75}  # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH: ask Metadata again
+
+
+class RecordMetadata(NamedTuple):
+    offset: int
+
+
+class StateProduceError(Exception):
+    def __init__(self, message: str, error_code: int = -1) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+
+
+class PipelinedProducer:
+    """Writes to one topic's partitions with acks=all, idempotent when ``idempotent``."""
+
+    def __init__(self, bootstrap_servers: Sequence[str], topic: str, *, idempotent: bool = True,
+                 security: ClientSecurity | None = None, client_id: str = "kshare-state",
+                 request_timeout_s: float = 30.0) -> None:
+        self.bootstrap_servers = list(bootstrap_servers)
+        self.topic = topic
+        self.idempotent = idempotent
+        self.security = security
+        self.client_id = client_id
+        self.request_timeout_s = request_timeout_s
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self._sequence: dict[int, int] = {}
+        self._leaders: dict[int, int] = {}  # partition -> node id
+        self._brokers: dict[int, tuple[str, int]] = {}
+        self._conns: dict[int, KafkaConnection] = {}
+        self._connecting: dict[int, asyncio.Task] = {}
+        self._pending: dict[int, list[tuple[bytes | None, bytes | None, asyncio.Future]]] = {}
+        self._scheduled = False
+        self._in_flight: set[asyncio.Task] = set()
+        self._order = asyncio.Lock()
+        self._stale_metadata = True
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        conn = await self._bootstrap()
+        try:
+            # a state topic just created may have partitions without a leader for a moment
+            deadline = time.monotonic() + self.request_timeout_s
+            await self._refresh(conn)
+            while not await self._leaders_answer() and time.monotonic() < deadline:
+                await asyncio.sleep(RETRY_FIRST_S)
+                await self._refresh(conn)
+            if self.idempotent:
+                Req = messages.message_class("InitProducerIdRequest")
+                version = conn.best_version(INIT_PRODUCER_ID, hi=4)
+                resp = await asyncio.wait_for(conn.request(INIT_PRODUCER_ID, version, Req(
+                    transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1)),
+                    self.request_timeout_s)
+                if resp.error_code:
+                    raise StateProduceError(f"InitProducerId refused: error code {resp.error_code}", resp.error_code)
+                self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+        finally:
+            await conn.close()
+
+    async def stop(self) -> None:
+        """Send what is queued, wait for what is in flight, disconnect."""
+        if self._pending:
+            self._flush()
+        if self._in_flight:
+            await asyncio.wait(list(self._in_flight), timeout=self.request_timeout_s)
+        self._closed = True
+        for conn in self._conns.values():
+            await conn.close()
+        self._conns.clear()
+
+    # -- sending --------------------------------------------------------------------------------
+    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
+                   partition: int) -> asyncio.Future:
+        """Queue a record; the returned future gets its RecordMetadata (or the failure)."""
+        if self._closed:
+            raise StateProduceError("the state producer is stopped")
+        if topic != self.topic:
+            raise ValueError(f"this producer writes to {self.topic}, not {topic}")
+        size = len(key or b"") + len(value or b"")
+        if size > MAX_REQUEST_BYTES:
+            # refused here, before it takes a sequence number: the records after it still land
+            raise StateProduceError(f"a state record of {size} bytes is larger than {MAX_REQUEST_BYTES}")
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(partition, []).append((key, value, fut))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        """Everything queued in this turn of the loop: one batch per partition, one request per
+        broker (or per MAX_BATCH_BYTES of them)."""
+        self._scheduled = False
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        task = asyncio.get_running_loop().create_task(self._send_all(pending))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _send_all(self, pending: dict[int, list]) -> None:
+        # In the order of the calls (the lock is fair): find the leaders (which may wait for
+        # Metadata or a connection), then give every batch its sequence numbers and write its
+        # request without yielding, so a partition's batches reach its broker in sequence order.
+        async with self._order:
+            # Until the request timeout, a cluster that cannot be reached (a broker restarting, a
+            # leader being elected) is asked again: nothing was sent, nothing is lost by waiting.
+            deadline = time.monotonic() + self.request_timeout_s
+            delay = RETRY_FIRST_S
+            while True:
+                try:
+                    by_node = await self._route(pending)
+                    break
+                except Exception as exc:  # noqa: BLE001 - retried, then reported to every caller
+                    self._stale_metadata = True
+                    if self._closed or time.monotonic() + delay > deadline:
+                        _fail_all(pending.values(), StateProduceError(f"no leader for the state topic: {exc!r}"))
+                        return
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+            sent: list[tuple[asyncio.Future | None, list, str]] = []
+            for node, parts in by_node.items():
+                conn = self._conns[node]
+                # Kafka takes one batch per partition per request: a partition with more than
+                # MAX_BATCH_BYTES queued sends several requests, each with its next batch
+                chunks = [_chunks(pending[p]) for p in parts]
+                while any(chunks):
+                    batch: list[tuple[int, bytes, list]] = []
+                    size = 0
+                    for p, left in zip(parts, chunks, strict=True):
+                        if left:
+                            chunk = left.pop(0)
+                            data = self._batch(p, chunk)
+                            if batch and size + len(data) > MAX_REQUEST_BYTES:
+                                sent.append(self._produce(conn, batch))
+                                batch, size = [], 0
+                            batch.append((p, data, chunk))
+                            size += len(data)
+                    if batch:
+                        sent.append(self._produce(conn, batch))
+        for fut, batch, where in sent:
+            await self._settle(fut, batch, where)
+
+    def _produce(self, conn: KafkaConnection, batch: list[tuple[int, bytes, list]]) -> tuple:
+        Req = messages.message_class("ProduceRequest")
+        req = Req(transactional_id=None, acks=-1, timeout_ms=int(self.request_timeout_s * 1000), topic_data=[
+            Req.TopicProduceData(name=self.topic, partition_data=[
+                Req.PartitionProduceData(index=p, records=data) for p, data, _ in batch])])
+        try:
+            fut = conn.send(PRODUCE, conn.best_version(PRODUCE, hi=9), req)
+        except Exception as exc:  # noqa: BLE001 - closed meanwhile
+            self._stale_metadata = True
+            _fail_all((recs for _, _, recs in batch), StateProduceError(f"state produce not sent: {exc!r}"))
+            return None, batch, f"{conn.host}:{conn.port}"
+        return fut, batch, f"{conn.host}:{conn.port}"
+
+    async def _settle(self, fut: asyncio.Future | None, batch: list, where: str) -> None:
+        if fut is None:
+            return
+        try:
+            resp = await asyncio.wait_for(fut, self.request_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the connection failed or timed out: every record of it
+            self._stale_metadata = True
+            _fail_all((recs for _, _, recs in batch), StateProduceError(f"state produce to {where} failed: {exc!r}"))
+            return
+        answers = {pr.index: pr for t in resp.responses for pr in t.partition_responses}
+        for p, _, recs in batch:
+            pr = answers.get(p)
+            if pr is None:
+                _fail_all([recs], StateProduceError(f"no answer for partition {p}"))
+            elif pr.error_code:
+                if pr.error_code in _NOT_LEADER:
+                    self._stale_metadata = True
+                _fail_all([recs], StateProduceError(
+                    f"partition {p}: error code {pr.error_code} {pr.error_message or ''}".strip(), pr.error_code))
+            else:
+                for i, (_, _, f) in enumerate(recs):
+                    if not f.done():
+                        f.set_result(RecordMetadata(pr.base_offset + i))
+
+    async def _route(self, pending: dict[int, list]) -> dict[int, list[int]]:
+        if self._stale_metadata or any(p not in self._leaders for p in pending):
+            conn = await self._bootstrap()
+            try:
+                await self._refresh(conn)
+            finally:
+                await conn.close()
+        by_node: dict[int, list[int]] = {}
+        for p in sorted(pending):
+            node = self._leaders.get(p, -1)
+            if node < 0:
+                raise StateProduceError(f"partition {p} of {self.topic} has no leader")
+            by_node.setdefault(node, []).append(p)
+        for node in by_node:
+            if node not in self._conns or self._conns[node].closed:
+                await self._connect(node)
+        return by_node
+
+    def _batch(self, partition: int, recs: list) -> bytes:
+        from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+        seq = self._sequence.get(partition, 0) if self.idempotent else -1
+        builder = DefaultRecordBatchBuilder(
+            magic=2, compression_type=0, is_transactional=0, producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch, base_sequence=seq, batch_size=1 << 30)
+        now = int(time.time() * 1000)
+        for i, (key, value, _) in enumerate(recs):
+            builder.append(i, timestamp=now, key=key, value=value, headers=[])
+        if self.idempotent:
+            self._sequence[partition] = (seq + len(recs)) & 0x7FFFFFFF
+        return bytes(builder.build())
+
+    # -- cluster --------------------------------------------------------------------------------
+    async def _bootstrap(self) -> KafkaConnection:
+        last: Exception | None = None
+        for server in self.bootstrap_servers:
+            host, _, port = server.rpartition(":")
+            try:
+                return await KafkaConnection.open(host, int(port), f"{self.client_id}-meta",
+                                                  timeout=self.request_timeout_s, security=self.security)
+            except Exception as exc:  # noqa: BLE001 - try the next one
+                last = exc
+        raise StateProduceError(f"cannot reach the cluster at {','.join(self.bootstrap_servers)}: {last!r}")
+
+    async def _refresh(self, conn: KafkaConnection) -> None:
+        Req = messages.message_class("MetadataRequest")
+        version = conn.best_version(METADATA, hi=12)
+        topic = Req.MetadataRequestTopic(name=self.topic)
+        if version >= 10:
+            topic.topic_id = b"\x00" * 16
+        resp = await asyncio.wait_for(conn.request(METADATA, version, Req(topics=[topic])), self.request_timeout_s)
+        self._brokers = {b.node_id: (b.host, b.port) for b in resp.brokers}
+        for t in resp.topics:
+            if t.name == self.topic:
+                for part in t.partitions:
+                    self._leaders[part.partition_index] = part.leader_id if not part.error_code else -1
+        self._stale_metadata = False
+
+    async def _leaders_answer(self) -> bool:
+        """Whether every partition's leader, as Metadata names it, answers as the leader (a broker
+        named leader of a partition just created may still say NOT_LEADER_OR_FOLLOWER for a moment:
+        the first writes would fail)."""
+        if not self._leaders or any(leader < 0 for leader in self._leaders.values()):
+            return False
+        Req = messages.message_class("ListOffsetsRequest")
+        for node in set(self._leaders.values()):
+            parts = [p for p, n in self._leaders.items() if n == node]
+            try:
+                await self._connect(node)
+                conn = self._conns[node]
+                req = Req(replica_id=-1, isolation_level=0, topics=[Req.ListOffsetsTopic(name=self.topic, partitions=[
+                    Req.ListOffsetsPartition(partition_index=p, timestamp=-1, current_leader_epoch=-1)
+                    for p in parts])])
+                resp = await asyncio.wait_for(conn.request(LIST_OFFSETS, conn.best_version(LIST_OFFSETS, lo=1, hi=7),
+                                                           req), self.request_timeout_s)
+            except (OSError, ConnectionError, TimeoutError):
+                return False
+            if any(p.error_code for t in resp.topics for p in t.partitions):
+                return False
+        return True
+
+    async def _connect(self, node: int) -> None:
+        task = self._connecting.get(node)
+        if task is None:
+            host, port = self._brokers[node]
+            task = asyncio.get_running_loop().create_task(KafkaConnection.open(
+                host, port, self.client_id, timeout=self.request_timeout_s, security=self.security))
+            self._connecting[node] = task
+        try:
+            conn = await asyncio.shield(task)
+        finally:
+            self._connecting.pop(node, None)
+        old = self._conns.get(node)
+        if old is not None and old is not conn:
+            await old.close()
+        self._conns[node] = conn
+
+
+def _chunks(recs: list) -> list[list]:
+    """A partition's queued records in batches of at most MAX_BATCH_BYTES of keys and values."""
+    out: list[list] = [[]]
+    size = 0
+    for rec in recs:
+        n = len(rec[0] or b"") + len(rec[1] or b"") + 32
+        if out[-1] and size + n > MAX_BATCH_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(rec)
+        size += n
+    return out
+
+
+def _fail_all(groups: Any, exc: Exception) -> None:
+    for recs in groups:
+        for _, _, fut in recs:
+            if not fut.done():
+                fut.set_exception(exc)
