@@ -54,6 +54,8 @@ SLOW_FINDER_PAUSE = 1.0
 # Brokers that hold a long poll although data arrived (see PartitionLog._learn)
 QUICK_WAIT_MS = 2
 QUICK_MAX_WAIT_MS = 64
+# When the logs together exceed the cache budget, they give up batches down to this share of it.
+RECLAIM_TO = 0.9
 # Read ahead while the cached data after a read holds fewer than this many reads of its size.
 READ_AHEAD_READS = 2
 # The smallest Fetch a log with a small share of the record cache still asks for.
@@ -130,9 +132,43 @@ class ReadResult:
     whole: memoryview | bytes | None = None
 
 
+class CachePool:
+    """One budget for the record cache of every partition log: each log keeps within its share of
+    it (``PartitionLog.trim``), and when the logs together go over it anyway (each keeps at least
+    its last fetch, and with thousands of logs those alone exceed any share) the least recently
+    used logs give up their oldest batches first, so memory stays within the budget whatever the
+    number of partitions read."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.total = 0  # cached bytes of every log (with BATCH_OVERHEAD per batch)
+        self.logs: set[PartitionLog] = set()
+
+    def remove(self, log: PartitionLog) -> None:
+        if log in self.logs:
+            self.logs.discard(log)
+            self.total -= log.cached_bytes
+
+    def reclaim(self, keep: PartitionLog, protect: list[tuple[_Run, int]]) -> None:
+        """Back under the budget (to RECLAIM_TO of it, so that this is rare): the other logs' oldest
+        batches first, least recently used log first; then ``keep``'s, except ``protect``."""
+        target = int(self.budget_bytes * RECLAIM_TO)
+        for log in sorted(self.logs, key=_last_used):
+            if self.total <= target:
+                return
+            if log is not keep and log.cached_bytes:
+                log._evict([], max(0, log.cached_bytes - (self.total - target)))
+        if self.total > self.budget_bytes:
+            keep._evict(protect, max(0, keep.cached_bytes - (self.total - target)))
+
+
+def _last_used(log: PartitionLog) -> float:
+    return log.last_used
+
+
 class PartitionLog:
     def __init__(self, upstream: UpstreamCluster, topic: TopicInfo, partition: int, read_committed: bool,
-                 *, fetch_bytes: int = 1 << 20, budget_bytes: int = 16 << 20) -> None:
+                 *, fetch_bytes: int = 1 << 20, budget_bytes: int = 16 << 20, pool: CachePool | None = None) -> None:
         self.upstream = upstream
         self.topic = topic
         self.partition = partition
@@ -159,6 +195,9 @@ class PartitionLog:
         self._paced = asyncio.Lock()
         self._fetching: dict[int, asyncio.Task] = {}
         self.last_used = 0.0  # loop time a share fetch last read or waited here (set by the service)
+        self.pool = pool
+        if pool is not None:
+            pool.logs.add(self)
 
     # -- reads --------------------------------------------------------------------------------------
     def _cached(self, offset: int, max_bytes: int, until: int | None = None) -> ReadResult | None:
@@ -244,6 +283,8 @@ class PartitionLog:
         end = self._end_after(served_end - 1)
         if end >= self._readable_end() or end - served_end >= READ_AHEAD_READS * (served_end - offset):
             return
+        if 2 * self.fetch_bytes > self.budget_bytes:
+            return  # this log's share of the cache holds less than the read and the fetch ahead
         if end in self._fetching or self._slow_finder:
             return
         if self._poll is not None and not self._poll.done() and self._poll_offset == end:
@@ -336,6 +377,7 @@ class PartitionLog:
         start = min(offset, batches[0].base_offset)
         end = batches[-1].last_offset + 1
         lasts = [b.last_offset for b in batches]
+        before = self.cached_bytes
         runs, starts = self._runs, self._starts
         i = bisect_right(starts, start) - 1
         prev: _Run | None = None  # the run the next new batches continue, if any
@@ -381,21 +423,28 @@ class PartitionLog:
                 prev = runs[i]
                 cursor = max(cursor, prev.end)
                 i += 1
+        pool = self.pool
+        if pool is not None:
+            pool.total += self.cached_bytes - before
         if self.cached_bytes > self.budget_bytes:
             self._evict(protect)
+        if pool is not None and pool.total > pool.budget_bytes:
+            pool.reclaim(self, protect)
 
-    def _evict(self, protect: list[tuple[_Run, int]]) -> None:
-        """Drop the oldest (lowest) cached batches until within budget. Never the batches just
-        stored: a reader behind the cached data (another group, an old redelivery) fetched them to
-        read them, and would otherwise fetch them again forever."""
+    def _evict(self, protect: list[tuple[_Run, int]], target: int | None = None) -> None:
+        """Drop the oldest (lowest) cached batches until within budget (or ``target`` bytes). Never
+        the batches just stored: a reader behind the cached data (another group, an old
+        redelivery) fetched them to read them, and would otherwise fetch them again forever."""
+        limit_bytes = self.budget_bytes if target is None else target
+        before = self.cached_bytes
         guarded = {id(run): first for run, first in protect}
         runs, starts = self._runs, self._starts
         r = 0
-        while self.cached_bytes > self.budget_bytes and r < len(runs):
+        while self.cached_bytes > limit_bytes and r < len(runs):
             run = runs[r]
             limit = guarded.get(id(run), len(run.batches))
             h = run.head
-            while h < limit and self.cached_bytes > self.budget_bytes:
+            while h < limit and self.cached_bytes > limit_bytes:
                 b = run.batches[h]
                 self.cached_bytes -= _size(b)
                 self.cached_batches -= 1
@@ -411,6 +460,8 @@ class PartitionLog:
                 if id(run) in guarded:
                     guarded[id(run)] -= h
             r += 1
+        if self.pool is not None:
+            self.pool.total -= before - self.cached_bytes
 
     def trim(self, budget_bytes: int) -> None:
         """A new budget (the service divides one among the logs in use): evict down to it now.

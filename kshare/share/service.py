@@ -28,7 +28,7 @@ from .instance_group import InstanceGroup
 from .instance_service import InstanceGroupMember
 from .ownership import LocalOwnership, Ownership
 from .partition import SharePartition
-from .partition_log import PartitionLog
+from .partition_log import CachePool, PartitionLog
 from .peers import PeerClient
 from .sessions import ShareSessionCache
 from .state_fence import expect_fencing
@@ -91,6 +91,7 @@ class ShareGroupService(InstanceGroupMember):
         # One budget for the raw batches cached by every PartitionLog, divided among the logs in
         # use; a log nobody read for LOG_IDLE_S is dropped (see _sweep_logs).
         self.record_cache_bytes = record_cache_bytes
+        self.cache_pool = CachePool(record_cache_bytes)  # one budget for every partition log's cache
         self.store = store
         self.upstream = upstream
         self.limits = limits or BrokerLimits()
@@ -377,7 +378,7 @@ class ShareGroupService(InstanceGroupMember):
         plog = self.logs.get(k)
         if plog is None:
             plog = self.logs[k] = PartitionLog(self.upstream, topic, partition, read_committed,
-                                               budget_bytes=self.record_cache_bytes)
+                                               budget_bytes=self.record_cache_bytes, pool=self.cache_pool)
             self._share_cache()
         plog.last_used = time.monotonic()
         return plog
@@ -391,7 +392,7 @@ class ShareGroupService(InstanceGroupMember):
                     plog.trim(share)
 
     def record_cache_size(self) -> int:
-        return sum(plog.cached_bytes for plog in self.logs.values())
+        return self.cache_pool.total
 
     def _sweep_logs(self) -> None:
         """Drop the logs nobody used for LOG_IDLE_S (their cache with them) and give the others an
@@ -401,6 +402,7 @@ class ShareGroupService(InstanceGroupMember):
         for k, plog in list(self.logs.items()):
             if now - plog.last_used > LOG_IDLE_S and not plog.busy():
                 plog.close()
+                self.cache_pool.remove(plog)
                 del self.logs[k]
         self._share_cache()
 

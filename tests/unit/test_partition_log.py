@@ -296,6 +296,34 @@ def test_sequential_reads_find_the_next_data_fetched_ahead() -> None:
     asyncio.run(main())
 
 
+def test_many_logs_stay_within_one_budget_least_recently_used_first() -> None:
+    """Each log keeps at least its last fetch, so 400 logs of 64 KiB fetches alone would hold
+    25 MB: with one CachePool of 4 MB they hold no more than that together, the logs read longest
+    ago give up their batches first, and the one just read keeps what it fetched."""
+    async def main() -> None:
+        budget = 4 << 20
+        pool = pl.CachePool(budget)
+        logs = []
+        for i in range(400):
+            up = FakeUpstream()
+            for _ in range(20):
+                up.append(count=10, payload=8000)
+            plog = PartitionLog(up, TopicInfo(f"t{i}", bytes([i % 256]) * 16, [1]), 0, False,  # type: ignore[arg-type]
+                                fetch_bytes=64 << 10, budget_bytes=budget // 4, pool=pool)
+            plog.last_used = float(i)
+            read = await plog.read(0, 1 << 20)
+            assert read.batches
+            logs.append(plog)
+            assert pool.total == sum(lg.cached_bytes for lg in logs)
+            assert pool.total <= budget
+        assert logs[-1].cached_bytes > 0  # the one just read keeps its fetch
+        assert logs[0].cached_bytes == 0  # the least recently used gave theirs up
+        pool.remove(logs[-1])
+        assert pool.total == sum(lg.cached_bytes for lg in logs[:-1])
+
+    asyncio.run(main())
+
+
 def test_a_read_in_a_gap_is_served_from_the_cache_next_time() -> None:
     async def main() -> None:
         up = FakeUpstream()
