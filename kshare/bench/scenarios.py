@@ -759,10 +759,13 @@ async def _ack_run(bootstrap: str, topic: str, members: int, acks_per_member: in
             taken.add(parts[-1])
         out: list[float] = []
 
+        # Until the run has its samples, not per member: members that had to share a partition
+        # (the assignor may give every member every partition) may find theirs drained early.
+        wanted = acks_per_member * members
+
         async def run(i: int, m: clients.Member) -> None:
-            done = 0
             part = parts[i]
-            while done < acks_per_member:
+            while len(out) < wanted:
                 got = await m.fetch([part], max_records=batch)
                 acks: dict[int, list] = {}
                 for p, ranges in got.items():
@@ -771,7 +774,6 @@ async def _ack_run(bootstrap: str, topic: str, members: int, acks_per_member: in
                 if not acks:
                     continue
                 out.append(await m.acknowledge(acks))
-                done += 1
 
         async with clients.keepalive(ms):
             await asyncio.wait_for(asyncio.gather(*(run(i, m) for i, m in enumerate(ms))), 300)
