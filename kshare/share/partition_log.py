@@ -56,6 +56,8 @@ QUICK_WAIT_MS = 2
 QUICK_MAX_WAIT_MS = 64
 # When the logs together exceed the cache budget, they give up batches down to this share of it.
 RECLAIM_TO = 0.9
+# A read-ahead Fetch asks for up to this much (within half the log's share of the cache).
+READ_AHEAD_MAX_BYTES = 4 << 20
 # Read ahead while the cached data after a read holds fewer than this many reads of its size.
 READ_AHEAD_READS = 2
 # The smallest Fetch a log with a small share of the record cache still asks for.
@@ -262,14 +264,14 @@ class PartitionLog:
             return ReadResult(res.error_code, fetch_offset=offset, log_start_offset=res.log_start_offset)
         return self._cached(offset, max_bytes, until) or ReadResult(ErrorCode.NONE, fetch_offset=offset)
 
-    def _fetch_at(self, offset: int) -> asyncio.Task:
+    def _fetch_at(self, offset: int, max_bytes: int | None = None) -> asyncio.Task:
         """The Fetch at ``offset``: the one running already, or a new one."""
         task = self._fetching.get(offset)
         if task is None:
             # no wait: the cluster answers at once with what it has (a broker that does not find
             # the data that fast, once seen, gets the time it needs to find it at once)
             wait = self._find_wait if self._slow_finder and self._readable_end() > offset else 0
-            task = asyncio.get_running_loop().create_task(self._fetch(offset, wait, ""))
+            task = asyncio.get_running_loop().create_task(self._fetch(offset, wait, "", max_bytes))
             self._fetching[offset] = task
             task.add_done_callback(lambda _t, o=offset: self._fetching.pop(o, None))
         return task
@@ -289,17 +291,21 @@ class PartitionLog:
             return
         if self._poll is not None and not self._poll.done() and self._poll_offset == end:
             return
-        task = self._fetch_at(end)
+        # Several reads' worth at once where the log's share of the cache holds it: the next
+        # read-ahead then starts reads before this data runs out, not at its end.
+        ahead = max(self.fetch_bytes, min(READ_AHEAD_MAX_BYTES, self.budget_bytes // 2))
+        task = self._fetch_at(end, ahead)
         task.add_done_callback(_retrieve)
 
     def _readable_end(self) -> int:
         """Where the data a Fetch may return ends, as last heard (-1 unknown)."""
         return self.last_stable_offset if self.read_committed else self.high_watermark
 
-    async def _fetch(self, offset: int, max_wait_ms: int, lane: str) -> tuple[_Fetched, list[Batch]]:
+    async def _fetch(self, offset: int, max_wait_ms: int, lane: str,
+                     max_bytes: int | None = None) -> tuple[_Fetched, list[Batch]]:
         """A Fetch at ``offset``, its batches cached; (the result, the batches it brought)."""
         known = self._readable_end()
-        res = await self._fetch_once(offset, max_wait_ms, lane)
+        res = await self._fetch_once(offset, max_wait_ms, lane, max_bytes)
         retried = False
         while (res.error_code == ErrorCode.NONE and not res.batches and max_wait_ms < DATA_WAIT_MS
                and self._readable_end() > offset):
@@ -322,12 +328,13 @@ class PartitionLog:
                 self._find_wait = min(DATA_WAIT_MS, int(self._find_wait * FIND_WAIT_GROW) + 1)
             retried = True
             max_wait_ms = self._find_wait
-            res = await self._fetch_once(offset, max_wait_ms, lane)
+            res = await self._fetch_once(offset, max_wait_ms, lane, max_bytes)
         if res.batches and self._slow_finder and max_wait_ms >= self._find_wait:
             self._find_wait = max(FIND_WAIT_MIN_MS, int(self._find_wait * FIND_WAIT_SHRINK))
         return res, res.batches
 
-    async def _fetch_once(self, offset: int, max_wait_ms: int, lane: str) -> _Fetched:
+    async def _fetch_once(self, offset: int, max_wait_ms: int, lane: str, max_bytes: int | None = None) -> _Fetched:
+        max_bytes = max_bytes or self.fetch_bytes
         if self._slow_finder:
             async with self._paced:  # one at a time, each after a pause
                 loop = asyncio.get_running_loop()
@@ -336,14 +343,14 @@ class PartitionLog:
                     await asyncio.sleep(delay)
                 started = loop.time()
                 try:
-                    res = await self.upstream.fetch(self.topic, self.partition, offset, max_bytes=self.fetch_bytes,
+                    res = await self.upstream.fetch(self.topic, self.partition, offset, max_bytes=max_bytes,
                                                     max_wait_ms=max_wait_ms, read_committed=self.read_committed,
                                                     lane=lane)
                 finally:
                     now = loop.time()
                     self._next_fetch_at = now + (now - started) * SLOW_FINDER_PAUSE
         else:
-            res = await self.upstream.fetch(self.topic, self.partition, offset, max_bytes=self.fetch_bytes,
+            res = await self.upstream.fetch(self.topic, self.partition, offset, max_bytes=max_bytes,
                                             max_wait_ms=max_wait_ms, read_committed=self.read_committed, lane=lane)
         batches: list[Batch] = []
         if res.error_code == ErrorCode.NONE:
