@@ -297,7 +297,7 @@ class PipelinedProducer:
                     for p in parts])])
                 resp = await asyncio.wait_for(conn.request(LIST_OFFSETS, conn.best_version(LIST_OFFSETS, lo=1, hi=7),
                                                            req), self.request_timeout_s)
-            except (OSError, ConnectionError, TimeoutError):
+            except (OSError, ConnectionError, TimeoutError, KeyError):  # KeyError: a leader Metadata did not list
                 return False
             if any(p.error_code for t in resp.topics for p in t.partitions):
                 return False
