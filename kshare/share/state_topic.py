@@ -541,8 +541,8 @@ class TopicStateStore:
             # expected on Tansu (the embedded broker): one line each at start-up, nothing to act on
             refusal, no_pruning = await _cluster_refusals(self.bootstrap_servers, self.topic, self.security)
             if refusal is not None:
-                log.info("the cluster %s; state writes use acks=all without idempotence (a retried write may "
-                         "repeat on the state topic; replaying a repeated record gives the same state)", refusal)
+                log.info("the cluster %s; state writes use acks=all without idempotence (a write the cluster "
+                         "did not confirm may still have landed; replaying it gives the same state)", refusal)
             if no_pruning is not None:
                 log.info("the cluster %s: the state topic %s is not pruned (it keeps every state record written; "
                          "replay stays short through re-snapshots)", no_pruning, self.topic)
@@ -552,8 +552,8 @@ class TopicStateStore:
             except Exception as exc:  # noqa: BLE001 - a cluster that grants producer ids and then fails
                 log.warning(
                     "the idempotent producer could not start (%r): state writes use acks=all without "
-                    "idempotence, so a retried write may repeat on the topic; "
-                    "replaying a repeated record gives the same state",
+                    "idempotence (a write the cluster did not confirm may still have landed; "
+                    "replaying it gives the same state)",
                     exc,
                 )
                 await self._start_producer(idempotent=False)
