@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..protocol import messages
-from .ownership import GroupOwnership, Instance, OwnershipMap
+from .ownership import GroupOwnership, Instance, OwnershipMap, plan_claims
 
 if TYPE_CHECKING:
     from .coordinator import ShareGroup
@@ -66,13 +66,15 @@ class InstanceGroupMember:
     async def _apply_ownership(self: ShareGroupService, decision: OwnershipMap) -> None:
         ownership = self.ownership
         assert isinstance(ownership, GroupOwnership)
+        plan = plan_claims(ownership.map, decision, ownership.me, ownership.claimed)
+        if plan.again:
+            log.warning("instance group: missed ownership epoch(s) %d..%d; claiming state partition(s) %s again, "
+                        "since another proxy may have written them meanwhile", ownership.epoch + 1,
+                        decision.epoch - 1, ",".join(map(str, plan.again)))
+            await self._give_up(plan.again)
         ownership.map = decision
         ownership.partitions = len(decision.owners)
-        # Against what this proxy has claimed, not against the previous map: a partition fenced
-        # away meanwhile (``fenced``) and now given back must be claimed again.
-        mine = set(decision.partitions_of(ownership.me))
-        gained = sorted(mine - ownership.claimed)
-        lost = sorted(ownership.claimed - mine)
+        gained, lost = plan.gained, plan.lost
         self.store.leader_epoch = decision.epoch  # the ownership epoch is written with the state
         if lost:
             await self._give_up(lost)

@@ -182,6 +182,30 @@ def assign(candidates: dict[str, Candidate], partitions: int) -> OwnershipMap:
     return OwnershipMap(epoch, instances, owners)
 
 
+@dataclass(frozen=True)
+class ClaimPlan:
+    """What a proxy does with a new map: give up ``again`` (it missed a map, so what it holds may be
+    stale) and ``lost``, then claim ``gained``, which includes ``again``."""
+
+    again: list[int]
+    lost: list[int]
+    gained: list[int]
+
+
+def plan_claims(previous: OwnershipMap | None, decision: OwnershipMap, me: str,
+                claimed: frozenset[int]) -> ClaimPlan:
+    """Against what this proxy has claimed, not against the previous map: a partition fenced away
+    meanwhile and now given back is claimed again. Epochs go up by one per map (:func:`assign`),
+    so a gap means this proxy missed a map (paused or cut off past its session): what it still
+    holds may have been another proxy's meanwhile, and that proxy's fence shows only at our
+    writer's next write. All of it is claimed again: a new writer fences whoever wrote last, and
+    the replay reads what they wrote."""
+    mine = set(decision.partitions_of(me))
+    again = sorted(mine & claimed) if previous is not None and decision.epoch > previous.epoch + 1 else []
+    held = claimed - set(again)
+    return ClaimPlan(again, sorted(held - mine), sorted(mine - held))
+
+
 class GroupOwnership:
     """This proxy's share of an instance group: what it serves is what its store has claimed (so
     nothing is served before its state is replayed), while clients are routed by the latest map."""

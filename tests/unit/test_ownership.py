@@ -12,6 +12,7 @@ from kshare.share.ownership import (
     Instance,
     OwnershipMap,
     assign,
+    plan_claims,
     split_node,
     state_partition_of,
     virtual_node,
@@ -111,3 +112,44 @@ def test_balanced_and_sticky_over_membership_changes(partitions, before, after) 
             kept = set(prior[k][0]) & set(second.partitions_of(k))
             assert len(kept) >= min(len(prior[k][0]), quota_low)
             assert next(i for i in second.instances if i.id == k).slot == prior[k][1]
+
+
+def test_a_proxy_that_missed_a_map_claims_what_it_still_holds_again() -> None:
+    """The CI failure this guards against: proxy a, paused past its session, misses the map in
+    which b and c took its partitions (their writers fenced a's, which a learns only at its next
+    write). Given some of them back, it must claim them again, not keep serving its stale copy."""
+    first = assign({k: cand(k) for k in "abc"}, 6)
+    held = frozenset(first.partitions_of("a"))
+    during = assign({"b": cand("b", first.partitions_of("b"), epoch=first.epoch),
+                     "c": cand("c", first.partitions_of("c"), epoch=first.epoch)}, 6)
+    # back to the split before the pause (as assign may well decide): a gets what it held
+    after = OwnershipMap(during.epoch + 1, first.instances, first.owners)
+    assert after.epoch == first.epoch + 2
+    mine = set(after.partitions_of("a"))
+    plan = plan_claims(first, after, "a", held)
+    assert plan.again == sorted(mine & held) and plan.again  # a gets some of what it held back
+    assert set(plan.gained) == mine and not set(plan.lost) & mine
+    # b saw every map: nothing it holds is claimed twice
+    plan_b = plan_claims(during, after, "b", frozenset(during.partitions_of("b")))
+    assert plan_b.again == [] and not set(plan_b.gained) & set(during.partitions_of("b"))
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(partitions=st.integers(1, 12), owners=st.lists(st.integers(-1, 2), min_size=12, max_size=12),
+       claimed=st.frozensets(st.integers(0, 11)), prev_epoch=st.integers(1, 5), step=st.integers(1, 3),
+       first=st.booleans())
+def test_claim_plan_ends_with_exactly_what_the_map_gives(partitions, owners, claimed, prev_epoch, step,
+                                                          first) -> None:
+    instances = [Instance(k, f"{k}.example", 9192, {1: 9193}, i) for i, k in enumerate("abc")]
+    decision = OwnershipMap(prev_epoch + step, instances, owners[:partitions])
+    previous = None if first else OwnershipMap(prev_epoch, instances, [-1] * partitions)
+    claimed = frozenset(p for p in claimed if p < partitions)
+    plan = plan_claims(previous, decision, "a", claimed)
+    mine = set(decision.partitions_of("a"))
+    assert (claimed - set(plan.again) - set(plan.lost)) | set(plan.gained) == mine
+    assert set(plan.again) <= claimed & mine and set(plan.again) <= set(plan.gained)
+    assert not set(plan.lost) & mine
+    if previous is not None and step > 1:
+        assert set(plan.again) == claimed & mine  # a missed map: nothing held is trusted
+    else:
+        assert plan.again == [] and not set(plan.gained) & claimed  # nothing held is claimed twice
