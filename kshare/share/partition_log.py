@@ -262,7 +262,13 @@ class PartitionLog:
         res, _ = await asyncio.shield(self._fetch_at(offset))
         if res.error_code:
             return ReadResult(res.error_code, fetch_offset=offset, log_start_offset=res.log_start_offset)
-        return self._cached(offset, max_bytes, until) or ReadResult(ErrorCode.NONE, fetch_offset=offset)
+        cached = self._cached(offset, max_bytes, until)
+        if cached is None or not cached.batches:
+            return ReadResult(ErrorCode.NONE, fetch_offset=offset)
+        # after a miss too: a reader taking exactly what each Fetch brings would otherwise never
+        # hit the cache, and so never start a read-ahead (every share fetch waiting for a Fetch)
+        self._read_ahead(offset, cached.batches[-1][0].last_offset + 1)
+        return cached
 
     def _fetch_at(self, offset: int, max_bytes: int | None = None) -> asyncio.Task:
         """The Fetch at ``offset``: the one running already, or a new one."""
