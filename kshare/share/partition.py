@@ -120,6 +120,7 @@ class InFlightRange(NamedTuple):
     delivery_count: int
     member_id: str | None
     deadline_ms: int | None
+    available_at_ms: int | None = None  # Available, in its redelivery backoff until then
 
 
 class SharePartition:
@@ -140,6 +141,8 @@ class SharePartition:
         max_record_locks: int = DEFAULT_MAX_RECORD_LOCKS,
         record_lock_duration_ms: int = DEFAULT_RECORD_LOCK_DURATION_MS,
         renew_enabled: bool = False,
+        redelivery_backoff_ms: int = 0,
+        redelivery_backoff_max_ms: int = 0,
     ) -> None:
         if start_offset < 0:
             raise ValueError("start offset must be resolved (auto.offset.reset) before building the engine")
@@ -149,6 +152,9 @@ class SharePartition:
         self._ranges: list[StateRange] = []
         # Lock deadlines: (deadline, first, last) entries, stale ones dropped lazily.
         self._locks: list[tuple[int, int, int]] = []
+        # Ends of redelivery backoffs: (available at, first, last), stale ones dropped lazily.
+        self._delays: list[tuple[int, int, int]] = []
+        self._now = 0  # clock ms of the operation under way (set by _expire, which each one calls)
         # No Available record exists below this offset (cheap next_fetch_offset).
         self._available_from = start_offset
         # Per-operation scratch: offsets touched (for merging) and durable changes.
@@ -163,6 +169,8 @@ class SharePartition:
         self.max_record_locks = max_record_locks
         self.record_lock_duration_ms = record_lock_duration_ms
         self.renew_enabled = renew_enabled
+        self.redelivery_backoff_ms = redelivery_backoff_ms
+        self.redelivery_backoff_max_ms = redelivery_backoff_max_ms
 
     # ------------------------------------------------------------------ configuration
 
@@ -176,6 +184,17 @@ class SharePartition:
         if value < 1:
             raise ValueError("delivery count limit must be at least 1")
         self._limit = value
+
+    def backoff_ms(self, delivery_count: int) -> int:
+        """How long a record delivered ``delivery_count`` times waits before it may be acquired
+        again after a release or a lock timeout: the backoff, doubled for every delivery after
+        the first, at most the maximum (0: no backoff)."""
+        base = self.redelivery_backoff_ms
+        if base <= 0:
+            return 0
+        top = max(base, self.redelivery_backoff_max_ms)
+        shift = max(0, delivery_count - 1)
+        return top if shift >= 40 else min(top, base << shift)
 
     # ------------------------------------------------------------------ queries
 
@@ -219,13 +238,20 @@ class SharePartition:
             return self._speo
         i = index_of(ranges, start)
         n = len(ranges)
+        now = self._clock() if self._delays else 0
+        waiting = -1  # the first Available offset still in its redelivery backoff
         while i < n:
             r = ranges[i]
             if r.state == _AVAILABLE:
-                self._available_from = r.first
+                if r.deadline > now:
+                    if waiting < 0:
+                        waiting = r.first
+                    i += 1
+                    continue
+                self._available_from = r.first if waiting < 0 else waiting
                 return max(r.first, start)
             i += 1
-        self._available_from = self._speo
+        self._available_from = self._speo if waiting < 0 else waiting
         return self._speo
 
     def has_available(self) -> bool:
@@ -237,14 +263,37 @@ class SharePartition:
         return self.has_available() or self._speo - self._spso < self.max_record_locks
 
     def next_deadline(self) -> int | None:
-        """Earliest lock deadline (clock ms) of an acquired record, None when nothing is acquired."""
+        """When the state next changes by itself (clock ms): the earliest lock deadline of an
+        acquired record, or the end of a redelivery backoff if sooner; None when neither."""
         heap = self._locks
+        lock = None
         while heap:
             deadline, first, last = heap[0]
             if last >= self._spso and self._holds_lock(deadline, first, last):
-                return deadline
+                lock = deadline
+                break
             heapq.heappop(heap)
-        return None
+        delays = self._delays
+        while delays:
+            at, first, last = delays[0]
+            if last >= self._spso and self._waits_until(at, first, last):
+                return at if lock is None or at < lock else lock
+            heapq.heappop(delays)
+        return lock
+
+    def _waits_until(self, at: int, first: int, last: int) -> bool:
+        ranges = self._ranges
+        if not ranges:
+            return False
+        i = index_of(ranges, max(first, self._spso))
+        while i < len(ranges):
+            r = ranges[i]
+            if r.first > last:
+                break
+            if r.state == _AVAILABLE and r.deadline == at:
+                return True
+            i += 1
+        return False
 
     def in_flight(self) -> list[InFlightRange]:
         """The state ranges of the window, in offset order."""
@@ -256,6 +305,7 @@ class SharePartition:
                 r.count,
                 r.member,
                 r.deadline if r.state == _ACQUIRED else None,
+                r.deadline if r.state == _AVAILABLE and r.deadline else None,
             )
             for r in self._ranges
         ]
@@ -298,7 +348,13 @@ class SharePartition:
                 ranges.append(StateRange(cursor, b.first_offset - 1, _AVAILABLE, 0))
             # A persisted Acquired state (not written by this engine) cannot hold a lock any more.
             st = _AVAILABLE if b.delivery_state == _ACQUIRED else RecordState(b.delivery_state)
-            ranges.append(StateRange(b.first_offset, b.last_offset, st, b.delivery_count))
+            # A backoff is not stored: a record delivered before waits its backoff again from
+            # now (never sooner than the backoff after its last delivery, maybe later).
+            delay = engine.backoff_ms(b.delivery_count) if st == _AVAILABLE and b.delivery_count else 0
+            at = engine._clock() + delay if delay else 0
+            ranges.append(StateRange(b.first_offset, b.last_offset, st, b.delivery_count, None, at))
+            if at:
+                heapq.heappush(engine._delays, (at, b.first_offset, b.last_offset))
             cursor = b.last_offset + 1
         engine._speo = cursor
         merge_between(ranges, 0, len(ranges))
@@ -458,7 +514,7 @@ class SharePartition:
             r = ranges[i]
             if r.first > hi:
                 break
-            if r.state != _AVAILABLE:
+            if r.state != _AVAILABLE or r.deadline > self._now:  # or still in its backoff
                 i += 1
                 continue
             a = r.first if r.first > lo else lo
@@ -633,8 +689,26 @@ class SharePartition:
         return self._finish(old_start)
 
     def _expire(self, now: int) -> None:
-        heap = self._locks
+        self._now = now
         ranges = self._ranges
+        delays = self._delays
+        while delays and delays[0][0] <= now:  # backoffs that ended: plain Available again
+            at, first, last = heapq.heappop(delays)
+            if last < self._spso:
+                continue
+            i = index_of(ranges, max(first, self._spso))
+            while i < len(ranges):
+                r = ranges[i]
+                if r.first > last:
+                    break
+                if r.state == _AVAILABLE and r.deadline == at:
+                    r.deadline = 0
+                    if r.first < self._touch_lo:
+                        self._touch_lo = r.first
+                    if r.last > self._touch_hi:
+                        self._touch_hi = r.last
+                i += 1
+        heap = self._locks
         while heap and heap[0][0] <= now:
             _, first, last = heapq.heappop(heap)
             if last < self._spso:
@@ -708,6 +782,7 @@ class SharePartition:
         self._changes = []
         self._ranges.clear()
         self._locks.clear()
+        self._delays.clear()
         self._spso = self._speo = self._available_from = offset
         return ResetResult(int(ErrorCode.NONE), ShareSnapshot(offset, ()), None)
 
@@ -741,8 +816,13 @@ class SharePartition:
         else:
             r.member = None
             r.deadline = 0
-            if target == _AVAILABLE and r.first < self._available_from:
-                self._available_from = r.first
+            if target == _AVAILABLE:
+                delay = self.backoff_ms(r.count) if t.backoff else 0
+                if delay:
+                    r.deadline = self._now + delay
+                    heapq.heappush(self._delays, (r.deadline, r.first, r.last))
+                if r.first < self._available_from:
+                    self._available_from = r.first
         if target == _ACQUIRED:
             self._hold(r.member, r.last - r.first + 1)
         after = durable_view(target, r.count)
@@ -797,9 +877,9 @@ class SharePartition:
         if k:
             self._spso = ranges[k].first if k < n else self._speo
             del ranges[:k]
-            heap = self._locks
-            while heap and heap[0][2] < self._spso:
-                heapq.heappop(heap)
+            for heap in (self._locks, self._delays):
+                while heap and heap[0][2] < self._spso:
+                    heapq.heappop(heap)
 
     def _durable_state_remains(self) -> bool:
         for r in self._ranges:

@@ -32,7 +32,9 @@ class StateRange:
         self.state = state
         self.count = count
         self.member = member  # acquiring member id, only while Acquired
-        self.deadline = deadline  # lock deadline in clock milliseconds, only while Acquired
+        # Acquired: lock deadline in clock milliseconds. Available: not to be acquired before it
+        # (a redelivery backoff; 0 = at once). Terminal: 0.
+        self.deadline = deadline
 
     def copy(self) -> StateRange:
         return StateRange(self.first, self.last, self.state, self.count, self.member, self.deadline)

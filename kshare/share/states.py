@@ -64,12 +64,16 @@ class Transition(NamedTuple):
     looked up at decision time so a changed limit applies to later decisions, KIP-1240).
     ``delivery_increment`` is added to the delivery count when the target is reached.
     ``new_lock`` says the target holds an acquisition lock with a fresh deadline.
+    ``backoff`` says an Available target may be acquired again only once the group's redelivery
+    backoff (``kshare.share.redelivery.backoff.ms``, growing with the delivery count) has passed;
+    with the backoff off (the default) it is Available at once, as in Apache Kafka.
     """
 
     target: RecordState
     at_limit: RecordState
     delivery_increment: int = 0
     new_lock: bool = False
+    backoff: bool = False  # back to Available only after the group's redelivery backoff (kshare)
 
 
 _AVAILABLE = RecordState.AVAILABLE
@@ -86,11 +90,11 @@ TRANSITIONS: dict[tuple[RecordState, Event], Transition] = {
     (_AVAILABLE, Event.ACQUIRE): Transition(_ACQUIRED, _ARCHIVED, delivery_increment=1, new_lock=True),
     (_AVAILABLE, Event.SKIP): Transition(_ARCHIVED, _ARCHIVED),
     (_ACQUIRED, Event.ACCEPT): Transition(_ACKNOWLEDGED, _ACKNOWLEDGED),
-    (_ACQUIRED, Event.RELEASE): Transition(_AVAILABLE, _ARCHIVED),
+    (_ACQUIRED, Event.RELEASE): Transition(_AVAILABLE, _ARCHIVED, backoff=True),
     (_ACQUIRED, Event.REJECT): Transition(_ARCHIVED, _ARCHIVED),
     (_ACQUIRED, Event.GAP): Transition(_ARCHIVED, _ARCHIVED),
     (_ACQUIRED, Event.RENEW): Transition(_ACQUIRED, _ACQUIRED, new_lock=True),
-    (_ACQUIRED, Event.LOCK_TIMEOUT): Transition(_AVAILABLE, _ARCHIVED),
+    (_ACQUIRED, Event.LOCK_TIMEOUT): Transition(_AVAILABLE, _ARCHIVED, backoff=True),
     # Since KAFKA-19972 a session release counts as a delivery attempt (a crashing consumer
     # must not loop on a poison record forever).
     (_ACQUIRED, Event.MEMBER_GONE): Transition(_AVAILABLE, _ARCHIVED),

@@ -43,6 +43,7 @@ class Rec:
     count: int
     member: str | None = None
     deadline: int | None = None
+    available_at: int | None = None  # Available, in its redelivery backoff until then
 
 
 def durable(rec: Rec) -> tuple[int, int] | None:
@@ -85,6 +86,8 @@ class Model:
     lock_ms: int
     renew: bool = False
     now: int = 0
+    backoff: int = 0  # kshare.share.redelivery.backoff.ms
+    backoff_max: int = 0
     speo: int = -1
     recs: dict[int, Rec] = field(default_factory=dict)
     archived: list[tuple[int, int]] = field(default_factory=list)  # (offset, count) this operation
@@ -97,20 +100,35 @@ class Model:
     def _archive(self, o: int) -> None:
         """A delivered record ends its life here (not a skip of something gone upstream)."""
         self.recs[o].state = ARCHIVED
+        self.recs[o].available_at = None
         self.archived.append((o, self.recs[o].count))
 
-    def _release(self, o: int) -> None:
+    def delay(self, count: int) -> int:
+        """The backoff after a release or a lock timeout: doubled per delivery, capped."""
+        if not self.backoff:
+            return 0
+        return min(max(self.backoff, self.backoff_max), self.backoff * 2 ** max(0, count - 1))
+
+    def _release(self, o: int, backoff: bool = False) -> None:
         r = self.recs[o]
         if r.count >= self.limit:
             self._archive(o)
         else:
             r.state = AVAILABLE
+            d = self.delay(r.count) if backoff else 0
+            r.available_at = self.now + d if d else None
         r.member = r.deadline = None
 
     def _expire(self) -> None:
+        for r in self.recs.values():
+            if r.available_at is not None and r.available_at <= self.now:
+                r.available_at = None
         for o, r in self.recs.items():
             if r.state == ACQUIRED and r.deadline <= self.now:  # type: ignore[operator]
-                self._release(o)
+                self._release(o, backoff=True)
+
+    def _waiting(self, r: Rec) -> bool:
+        return r.available_at is not None and r.available_at > self.now
 
     def _begin(self) -> tuple[int, dict[int, tuple[int, int] | None]]:
         self.archived = []
@@ -149,6 +167,7 @@ class Model:
             if o < self.speo:
                 if self.recs[o].state == AVAILABLE:
                     self.recs[o].state = ARCHIVED
+                    self.recs[o].available_at = None
             else:
                 self._put_new(o, Rec(ARCHIVED, 0))
 
@@ -188,7 +207,7 @@ class Model:
                 cut = False
                 for o in range(lo, min(hi, self.speo - 1) + 1):
                     r = self.recs[o]
-                    if r.state != AVAILABLE:
+                    if r.state != AVAILABLE or self._waiting(r):
                         continue
                     if r.count >= self.limit:
                         self._archive(o)
@@ -228,7 +247,7 @@ class Model:
                 if t == 1:
                     r.state = ACKED
                 elif t == 2:
-                    self._release(o)
+                    self._release(o, backoff=True)
                 elif t in (0, 3):
                     self._archive(o)
                 elif t == 4:
@@ -302,22 +321,27 @@ class Model:
 
     def next_fetch_offset(self) -> int:
         for o in range(self.spso, self.speo):
-            if self.recs[o].state == AVAILABLE:
+            if self.recs[o].state == AVAILABLE and not self._waiting(self.recs[o]):
                 return o
         return self.speo
 
     def next_deadline(self) -> int | None:
         deadlines = [r.deadline for r in self.recs.values() if r.state == ACQUIRED]
+        deadlines += [r.available_at for r in self.recs.values() if r.available_at is not None]
         return min(deadlines) if deadlines else None  # type: ignore[type-var]
 
     def restarted(self) -> Model:
         """What a restart from the durable state looks like: locks gone, counts as last written."""
-        m = Model(self.spso, self.limit, self.max_locks, self.lock_ms, self.renew, self.now)
+        m = Model(self.spso, self.limit, self.max_locks, self.lock_ms, self.renew, self.now, backoff=self.backoff,
+                  backoff_max=self.backoff_max)
         durable_offsets = [o for o, r in self.recs.items() if durable(r) is not None]
         end = max(durable_offsets) + 1 if durable_offsets else self.spso
         for o in range(self.spso, end):
             v = durable(self.recs[o])
             m.recs[o] = Rec(AVAILABLE, 0) if v is None else Rec(v[0], v[1])
+            if m.recs[o].state == AVAILABLE and m.recs[o].count and m.delay(m.recs[o].count):
+                # a backoff is not stored: it starts again at the restart
+                m.recs[o].available_at = self.now + m.delay(m.recs[o].count)
         m.speo = end
         return m
 
@@ -385,7 +409,7 @@ def expand(sp: SharePartition) -> dict[int, Rec]:
     out: dict[int, Rec] = {}
     for r in sp.in_flight():
         for o in range(r.first_offset, r.last_offset + 1):
-            out[o] = Rec(int(r.state), r.delivery_count, r.member_id, r.deadline_ms)
+            out[o] = Rec(int(r.state), r.delivery_count, r.member_id, r.deadline_ms, r.available_at_ms)
     return out
 
 
@@ -396,17 +420,21 @@ class EngineVersusModel(RuleBasedStateMachine):
         limit=st.integers(2, 5),
         max_locks=st.sampled_from([8, 20, 2000]),
         read_committed=st.booleans(),
+        backoff=st.sampled_from([0, 0, 100, 400]),
+        backoff_max=st.sampled_from([0, 1_000, 100_000]),
     )
     def setup(
-        self, data: st.DataObject, start: int, limit: int, max_locks: int, read_committed: bool
+        self, data: st.DataObject, start: int, limit: int, max_locks: int, read_committed: bool, backoff: int,
+        backoff_max: int,
     ) -> None:
         self.log = data.draw(logs(start))
         self.read_committed = read_committed
         self.clock = Clock()
-        config = dict(delivery_count_limit=limit, max_record_locks=max_locks, record_lock_duration_ms=1_000)
+        config = dict(delivery_count_limit=limit, max_record_locks=max_locks, record_lock_duration_ms=1_000,
+                      redelivery_backoff_ms=backoff, redelivery_backoff_max_ms=backoff_max)
         self.config = config
         self.sp = SharePartition(start, clock=self.clock, **config)
-        self.model = Model(start, limit, max_locks, 1_000)
+        self.model = Model(start, limit, max_locks, 1_000, backoff=backoff, backoff_max=backoff_max)
         self.base = self.sp.snapshot()
         self.writes: list[ShareUpdate] = []
 
@@ -578,11 +606,12 @@ class EngineVersusModel(RuleBasedStateMachine):
             cursor = r.last_offset + 1
             if k:
                 p = ranges[k - 1]
-                assert (p.state, p.delivery_count, p.member_id, p.deadline_ms) != (
+                assert (p.state, p.delivery_count, p.member_id, p.deadline_ms, p.available_at_ms) != (
                     r.state,
                     r.delivery_count,
                     r.member_id,
                     r.deadline_ms,
+                    r.available_at_ms,
                 )
         assert cursor == self.sp.end_offset
         if ranges:
