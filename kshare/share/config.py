@@ -155,6 +155,12 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
                   "Topic archived records are copied to (empty: none)"),
         ConfigDef("errors.deadletterqueue.copy.record.enable", "boolean", "false", _bool,
                   "Copy the key and value of dead-lettered records, not only context headers"),
+        # kshare's own (docs/ordering-and-backoff.md): off by default, behaviour as Apache Kafka's
+        ConfigDef("kshare.share.redelivery.backoff.ms", "int", "0", _int_in(0, 3_600_000),
+                  "kshare: a released or timed-out record is delivered again only after this long, doubled "
+                  "for every delivery after the first (0: at once, as Apache Kafka)"),
+        ConfigDef("kshare.share.redelivery.backoff.max.ms", "int", "60000", _int_in(0, 86_400_000),
+                  "kshare: the longest redelivery backoff, however many deliveries"),
     )
 }
 
@@ -198,6 +204,14 @@ class GroupConfig:
     @property
     def renew_enabled(self) -> bool:
         return self.bool("share.renew.acknowledge.enable")
+
+    @property
+    def redelivery_backoff_ms(self) -> int:
+        return self.int("kshare.share.redelivery.backoff.ms")
+
+    @property
+    def redelivery_backoff_max_ms(self) -> int:
+        return self.int("kshare.share.redelivery.backoff.max.ms")
 
     @property
     def read_committed(self) -> bool:

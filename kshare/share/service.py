@@ -339,8 +339,10 @@ class ShareGroupService(InstanceGroupMember):
         sp.engine = SharePartition.from_snapshot(
             durable, clock=self.clock, delivery_count_limit=cfg.delivery_count_limit,
             max_record_locks=cfg.max_record_locks, record_lock_duration_ms=cfg.record_lock_duration_ms,
-            renew_enabled=cfg.renew_enabled)
+            renew_enabled=cfg.renew_enabled, redelivery_backoff_ms=cfg.redelivery_backoff_ms,
+            redelivery_backoff_max_ms=cfg.redelivery_backoff_max_ms)
         sp.broken = False
+        self.watch_locks(sp)  # records waiting out a redelivery backoff come back when it ends
         return ErrorCode.NONE, sp.engine
 
     async def _initial_offset(self, group: ShareGroup, topic: TopicInfo, partition: int) -> tuple[int, int]:
@@ -372,6 +374,8 @@ class ShareGroupService(InstanceGroupMember):
                 sp.engine.max_record_locks = cfg.max_record_locks
                 sp.engine.record_lock_duration_ms = cfg.record_lock_duration_ms
                 sp.engine.renew_enabled = cfg.renew_enabled
+                sp.engine.redelivery_backoff_ms = cfg.redelivery_backoff_ms
+                sp.engine.redelivery_backoff_max_ms = cfg.redelivery_backoff_max_ms
 
     def partition_log(self, topic: TopicInfo, partition: int, read_committed: bool) -> PartitionLog:
         k = (topic.topic_id, partition, read_committed)

@@ -122,6 +122,7 @@ async def apply_acknowledgements(
         if result.update is not None:
             write = service.persist_with_dead_letters(sp, result.update, batches, member_id, list(engine.archived))
             sp.wake()  # released records can go to another member now
+            service.watch_locks(sp)  # or, with a redelivery backoff, when it ends
         outcomes.append(AckOutcome(topic_id, partition, result.error_code, write))
     return outcomes
 
