@@ -276,24 +276,10 @@ class SharePartition:
         delays = self._delays
         while delays:
             at, first, last = delays[0]
-            if last >= self._spso and self._waits_until(at, first, last):
+            if last >= self._spso and self._has_range(_AVAILABLE, at, first, last):
                 return at if lock is None or at < lock else lock
             heapq.heappop(delays)
         return lock
-
-    def _waits_until(self, at: int, first: int, last: int) -> bool:
-        ranges = self._ranges
-        if not ranges:
-            return False
-        i = index_of(ranges, max(first, self._spso))
-        while i < len(ranges):
-            r = ranges[i]
-            if r.first > last:
-                break
-            if r.state == _AVAILABLE and r.deadline == at:
-                return True
-            i += 1
-        return False
 
     def in_flight(self) -> list[InFlightRange]:
         """The state ranges of the window, in offset order."""
@@ -723,6 +709,11 @@ class SharePartition:
                 i += 1
 
     def _holds_lock(self, deadline: int, first: int, last: int) -> bool:
+        return self._has_range(_ACQUIRED, deadline, first, last)
+
+    def _has_range(self, state: int, deadline: int, first: int, last: int) -> bool:
+        """True when a range of ``state`` with this ``deadline`` (a lock's, or a backoff's end)
+        lies in first..last: the heap entry that named it still stands."""
         ranges = self._ranges
         if not ranges:
             return False
@@ -731,7 +722,7 @@ class SharePartition:
             r = ranges[i]
             if r.first > last:
                 break
-            if r.state == _ACQUIRED and r.deadline == deadline:
+            if r.state == state and r.deadline == deadline:
                 return True
             i += 1
         return False
