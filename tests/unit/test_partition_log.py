@@ -109,6 +109,14 @@ class FakeUpstream:
         return ErrorCode.NONE, self.start
 
 
+class SlowUpstream(FakeUpstream):
+    """Each Fetch takes 20 ms: a read that waits for one shows."""
+
+    async def _fetch(self, offset, max_bytes, max_wait_ms):
+        await asyncio.sleep(0.02)
+        return await super()._fetch(offset, max_bytes, max_wait_ms)
+
+
 TOPIC = TopicInfo("t", b"\x01" * 16, [1])
 
 
@@ -260,11 +268,6 @@ def test_sequential_reads_find_the_next_data_fetched_ahead() -> None:
     """A consumer reading as fast as it can must not wait for a Fetch round trip every few share
     fetches: when the cached data after a read runs low and the cluster has more, the next Fetch
     starts in the background. Only the first read waits; the cache stays within its budget."""
-    class SlowUpstream(FakeUpstream):
-        async def _fetch(self, offset, max_bytes, max_wait_ms):
-            await asyncio.sleep(0.02)
-            return await super()._fetch(offset, max_bytes, max_wait_ms)
-
     async def main() -> None:
         up = SlowUpstream()
         for _ in range(120):
@@ -300,11 +303,6 @@ def test_a_reader_taking_whole_fetches_gets_reads_ahead_too() -> None:
     """A share consumer asking for as many bytes as one Fetch brings (1 KiB records: ~1 MB either
     way) takes all of each Fetch: its reads never find data cached past them, so read-ahead must
     start after a read that waited as well, not only after cache hits (it waited for every one)."""
-    class SlowUpstream(FakeUpstream):
-        async def _fetch(self, offset, max_bytes, max_wait_ms):
-            await asyncio.sleep(0.02)
-            return await super()._fetch(offset, max_bytes, max_wait_ms)
-
     async def main() -> None:
         up = SlowUpstream()
         for _ in range(64):
