@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import heapq
 import time
+from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from kshare.share.errors import ErrorCode
 from kshare.share.ranges import StateRange, index_of, isolate, merge_between
@@ -72,6 +74,13 @@ _ACK_TRANSITIONS: dict[int, Transition] = {
 _VALID_ACK_TYPES = bytes(sorted(ACK_TYPE_EVENTS))
 
 
+# An Available record of a key-ordered group whose key has an earlier record not yet finished: it is
+# not acquired (nor fetched for) until that record is acknowledged or archived. Kept in the range's
+# deadline, as a redelivery backoff that ends when its key's turn comes, not at a time.
+_WAITS_FOR_KEY = 1 << 62
+_NO_KEY = -1  # record_keys.NULL_KEY: a record without a key
+
+
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
@@ -84,6 +93,15 @@ class FetchedBatch(NamedTuple):
     is_control: bool = False
     is_transactional: bool = False
     producer_id: int = -1
+
+
+class RecordKeys(Protocol):
+    """The records of one fetched batch for key-ordered groups (``record_keys.KeyedBatch``):
+    ``offsets`` ascending, ``keys[i]`` the identity of the key of the record at ``offsets[i]``
+    (equal keys, equal identities; -1 for a record without a key)."""
+
+    offsets: Sequence[int]
+    keys: Sequence[int]
 
 
 class AcquiredRange(NamedTuple):
@@ -121,6 +139,7 @@ class InFlightRange(NamedTuple):
     member_id: str | None
     deadline_ms: int | None
     available_at_ms: int | None = None  # Available, in its redelivery backoff until then
+    waits_for_key: bool = False  # Available, behind an unfinished earlier record of its key
 
 
 class SharePartition:
@@ -143,6 +162,7 @@ class SharePartition:
         renew_enabled: bool = False,
         redelivery_backoff_ms: int = 0,
         redelivery_backoff_max_ms: int = 0,
+        key_ordered: bool = False,
     ) -> None:
         if start_offset < 0:
             raise ValueError("start offset must be resolved (auto.offset.reset) before building the engine")
@@ -171,6 +191,18 @@ class SharePartition:
         self.renew_enabled = renew_enabled
         self.redelivery_backoff_ms = redelivery_backoff_ms
         self.redelivery_backoff_max_ms = redelivery_backoff_max_ms
+        # Key-ordered sharing (docs/ordering-and-backoff.md). Keys are learnt from fetched batches
+        # (``acquire``'s record_keys) for every offset below _keyed_to; at and past it they are not
+        # known yet and nothing is acquired there. _key_of: key of each unfinished offset learnt
+        # (keyless ones left out); _key_queue: per key its learnt offsets, ascending, where entries
+        # no longer in _key_of are finished and dropped when they reach the front. The front is
+        # the key's head: the only record of the key that may be acquired.
+        self._key_ordered = False
+        self._keyed_to = start_offset
+        self._key_of: dict[int, int] = {}
+        self._key_queue: dict[int, deque[int]] = {}
+        self._keys_left = 0  # keyed records the acquire under way may still take
+        self.key_ordered = key_ordered
 
     # ------------------------------------------------------------------ configuration
 
@@ -184,6 +216,32 @@ class SharePartition:
         if value < 1:
             raise ValueError("delivery count limit must be at least 1")
         self._limit = value
+
+    @property
+    def key_ordered(self) -> bool:
+        """``kshare.share.ordering=key``: records of one key are acquired one at a time, in offset order."""
+        return self._key_ordered
+
+    @key_ordered.setter
+    def key_ordered(self, value: bool) -> None:
+        if value == self._key_ordered:
+            return
+        self._key_ordered = value
+        self._key_of.clear()
+        self._key_queue.clear()
+        # Turned on: keys are learnt again from the SPSO (records acquired before stay acquired).
+        # Turned off: records waiting for their key are plain Available.
+        self._keyed_to = self._spso
+        if not value:
+            for r in self._ranges:
+                if r.state == _AVAILABLE and r.deadline == _WAITS_FOR_KEY:
+                    r.deadline = 0
+            self._available_from = self._spso
+            merge_between(self._ranges, 0, len(self._ranges))
+
+    def ordered_key_count(self) -> int:
+        """Keys with an unfinished record learnt (key-ordered groups; 0 otherwise)."""
+        return len(self._key_queue)
 
     def backoff_ms(self, delivery_count: int) -> int:
         """How long a record delivered ``delivery_count`` times waits before it may be acquired
@@ -229,8 +287,17 @@ class SharePartition:
 
         The first Available offset in the window (a record to redeliver, or a hole never
         delivered); its upstream batch is re-read and only the Available offsets are
-        acquired. With nothing Available it is the SPEO.
+        acquired. With nothing Available it is the SPEO. In a key-ordered group, no later
+        than the first offset of the window whose key is not known yet (after a restart).
         """
+        offset = self._next_available()
+        if self._key_ordered:
+            keyed_to = max(self._keyed_to, self._spso)
+            if keyed_to < offset:
+                return keyed_to
+        return offset
+
+    def _next_available(self) -> int:
         ranges = self._ranges
         start = max(self._available_from, self._spso)
         if start >= self._speo:
@@ -291,7 +358,8 @@ class SharePartition:
                 r.count,
                 r.member,
                 r.deadline if r.state == _ACQUIRED else None,
-                r.deadline if r.state == _AVAILABLE and r.deadline else None,
+                r.deadline if r.state == _AVAILABLE and 0 < r.deadline < _WAITS_FOR_KEY else None,
+                r.state == _AVAILABLE and r.deadline == _WAITS_FOR_KEY,
             )
             for r in self._ranges
         ]
@@ -360,6 +428,8 @@ class SharePartition:
         lso: int | None = None,
         aborted_transactions: Iterable[tuple[int, int]] | None = None,
         lock_duration_ms: int | None = None,
+        record_keys: Sequence[RecordKeys | None] | None = None,
+        max_keys: int | None = None,
     ) -> AcquireResult:
         """Acquire records of ``fetched_batches`` (sorted by offset) for ``member_id``.
 
@@ -376,10 +446,20 @@ class SharePartition:
         pairs of the Fetch response) is given, records of aborted transactions are
         archived, never delivered. With ``lso`` (read_committed) nothing at or past the
         last stable offset is touched.
+
+        Key-ordered groups (``key_ordered``) also need ``record_keys``, one entry per fetched
+        batch (None: a batch whose keys could not be read, taken as keyless): a record is
+        acquired only when every earlier record of its key is finished, records waiting for
+        their key are set aside until then, and ``max_keys`` bounds how many keyed records
+        (so how many keys) this member takes, so that the keys spread over the members.
         """
         now = self._clock()
         old_start = self._begin()
         self._expire(now)
+        if self._key_ordered:
+            if record_keys is not None:
+                self._learn_keys(fetched_batches, record_keys, fetch_offset)
+            self._keys_left = (1 << 62) if max_keys is None else max_keys
         pieces: list[list[int]] = []  # [first, last, delivery count], merged as they come
         total = 0
         if max_records > 0 and fetched_batches:
@@ -445,6 +525,14 @@ class SharePartition:
                 continue
             if budget <= 0:
                 break  # only skipped batches may follow the last acquired one
+            if self._key_ordered:
+                got, stop = self._acquire_keyed(lo, hi, member_id, deadline, budget if record_limit else None,
+                                                pieces)
+                acquired += got
+                budget -= got
+                if stop or (lso is not None and last >= lso):
+                    break
+                continue
             speo = self._speo
             # 1. Offsets already in the window: take the Available ones.
             if lo < speo:
@@ -520,6 +608,244 @@ class SharePartition:
             i += 1
         return got, False
 
+    # ------------------------------------------------------------------ key order
+
+    def _learn_keys(
+        self,
+        fetched_batches: Sequence[FetchedBatch],
+        record_keys: Sequence[RecordKeys | None],
+        fetch_offset: int | None,
+    ) -> None:
+        """Learn the keys of the fetched records from _keyed_to on, while the batches run on
+        from it without a gap of unknown offsets (gaps after fetch_offset are offsets missing
+        upstream: nothing to learn there)."""
+        cursor = max(self._keyed_to, self._spso)
+        known = fetch_offset is not None and fetch_offset <= cursor
+        key_of = self._key_of
+        queues = self._key_queue
+        ranges = self._ranges
+        speo = self._speo
+        i = index_of(ranges, cursor) if cursor < speo else len(ranges)
+        for batch, keys in zip(fetched_batches, record_keys, strict=True):
+            last = batch[1]
+            if last < cursor:
+                continue
+            if batch[0] > cursor and not known:
+                break
+            known = True
+            if keys is not None:
+                offsets = keys.offsets
+                ids = keys.keys
+                for j in range(bisect_left(offsets, cursor), len(offsets)):
+                    k = ids[j]
+                    if k != _NO_KEY:
+                        o = offsets[j]
+                        if o < speo:  # in the window (relearning after a restart): finished ones not
+                            while ranges[i].last < o:
+                                i += 1
+                            if ranges[i].state in TERMINAL_STATES:
+                                continue
+                        key_of[o] = k
+                        q = queues.get(k)
+                        if q is None:
+                            queues[k] = deque((o,))
+                        else:
+                            q.append(o)
+            cursor = last + 1
+        self._keyed_to = cursor
+
+    def _is_head(self, offset: int, key: int) -> bool:
+        """True when ``offset`` (unfinished, key ``key``) is the first unfinished record of its key."""
+        q = self._key_queue[key]
+        key_of = self._key_of
+        while q[0] != offset and q[0] not in key_of:
+            q.popleft()
+        return q[0] == offset
+
+    def _acquire_keyed(
+        self,
+        lo: int,
+        hi: int,
+        member_id: str,
+        deadline: int,
+        cap: int | None,
+        pieces: list[list[int]],
+    ) -> tuple[int, bool]:
+        """Key-ordered acquisition of the offsets lo..hi of one batch; returns (offsets
+        acquired, whether to stop: cap, key budget, window full or keys not known).
+
+        First every acquirable offset is decided in offset order (take / wait for its key),
+        then the decisions are applied run by run.
+        """
+        top = min(hi, max(self._keyed_to, self._spso) - 1)  # keys past it are not known yet
+        runs: list[list[int]] = []  # [first, last, take?]
+        key_of = self._key_of
+        limit = self._limit
+        taken = 0
+
+        def decide(o: int, at_limit: bool) -> bool | None:
+            nonlocal taken
+            k = key_of.get(o)
+            if k is None:
+                take = True
+            elif not self._is_head(o, k):
+                take = False
+            elif at_limit:  # archived rather than acquired: uses no budget
+                take = True
+            elif self._keys_left <= 0:
+                return None
+            else:
+                self._keys_left -= 1
+                take = True
+            if take and not at_limit:
+                if cap is not None and taken >= cap:
+                    return None
+                taken += 1
+            if runs and runs[-1][2] == take and runs[-1][1] == o - 1:
+                runs[-1][1] = o
+            else:
+                runs.append([o, o, take])
+            return take
+
+        speo = self._speo
+        ranges = self._ranges
+        now = self._now
+        halt = False
+        w = min(top, speo - 1)
+        if lo <= w:  # offsets already in the window: the Available ones
+            i = index_of(ranges, lo)
+            while i < len(ranges) and not halt:
+                r = ranges[i]
+                if r.first > w:
+                    break
+                if r.state == _AVAILABLE and (r.deadline <= now or r.deadline == _WAITS_FOR_KEY):
+                    at_limit = r.count >= limit
+                    for o in range(max(r.first, lo), min(r.last, w) + 1):
+                        if decide(o, at_limit) is None:
+                            halt = True
+                            break
+                i += 1
+        if not halt and max(lo, speo) <= top:  # new offsets, while the window has room
+            if self.max_record_locks - (speo - self._spso) <= 0:
+                halt = True
+            else:
+                for o in range(max(lo, speo), top + 1):
+                    if decide(o, False) is None:
+                        halt = True
+                        break
+        got = 0
+        for first, last, take in runs:
+            if first < speo:
+                end = min(last, speo - 1)
+                if take:
+                    self._clear_waits(first, end)
+                    got += self._acquire_span(first, end, member_id, deadline, None, pieces)[0]
+                else:
+                    self._set_waiting(first, end)
+                if last < speo:
+                    continue
+                first = speo
+            if first > self._speo:  # unknown offsets before (no fetch_offset given): fetch again later
+                self._append(StateRange(self._speo, first - 1, _AVAILABLE, 0))
+            if take:
+                self._append(StateRange(first, last, _ACQUIRED, 1, member_id, deadline))
+                _add_piece(pieces, first, last, 1)
+                got += last - first + 1
+            else:
+                for a, b, waits in self._waiting_runs(first, last):
+                    self._append(StateRange(a, b, _AVAILABLE, 0, None, _WAITS_FOR_KEY if waits else 0))
+        return got, halt or top < hi
+
+    def _waiting_runs(self, first: int, last: int) -> list[tuple[int, int, bool]]:
+        """first..last decided 'wait for the key' split by whether that still holds: a record
+        archived on the way (at the delivery limit) makes the next one of its key the head."""
+        key_of = self._key_of
+        out: list[tuple[int, int, bool]] = []
+        for o in range(first, last + 1):
+            k = key_of.get(o)
+            waits = k is not None and not self._is_head(o, k)
+            if out and out[-1][2] == waits:
+                out[-1] = (out[-1][0], o, waits)
+            else:
+                out.append((o, o, waits))
+        return out
+
+    def _set_waiting(self, first: int, last: int) -> None:
+        """Mark the Available offsets of first..last (in the window) as waiting for their key."""
+        ranges = self._ranges
+        for a, b, waits in self._waiting_runs(first, last):
+            if not waits:
+                continue
+            i = index_of(ranges, a)
+            while i < len(ranges):
+                r = ranges[i]
+                if r.first > b:
+                    break
+                if r.state == _AVAILABLE and r.deadline != _WAITS_FOR_KEY:
+                    i = isolate(ranges, i, max(r.first, a), min(r.last, b))
+                    r = ranges[i]
+                    r.deadline = _WAITS_FOR_KEY
+                    self._touch(r.first, r.last)
+                i += 1
+
+    def _clear_waits(self, first: int, last: int) -> None:
+        """Offsets of first..last that may be acquired (heads, keyless) wait for nothing."""
+        ranges = self._ranges
+        i = index_of(ranges, first)
+        while i < len(ranges):
+            r = ranges[i]
+            if r.first > last:
+                break
+            if r.state == _AVAILABLE and r.deadline == _WAITS_FOR_KEY:
+                i = isolate(ranges, i, max(r.first, first), min(r.last, last))
+                r = ranges[i]
+                r.deadline = 0
+                self._touch(r.first, r.last)
+            i += 1
+
+    def _finish_keys(self, first: int, last: int) -> None:
+        """Records first..last are finished: the next record of each of their keys may go."""
+        top = min(last, self._keyed_to - 1)
+        if top < first or not self._key_of:
+            return
+        key_of = self._key_of
+        keys = set()
+        for o in range(first, top + 1):
+            k = key_of.pop(o, None)
+            if k is not None:
+                keys.add(k)
+        for k in keys:
+            self._next_of_key(k)
+
+    def _next_of_key(self, key: int) -> None:
+        """Drop the key's finished records from its front; its new head stops waiting."""
+        q = self._key_queue.get(key)
+        if q is None:
+            return
+        key_of = self._key_of
+        while q and q[0] not in key_of:
+            q.popleft()
+        if not q:
+            del self._key_queue[key]
+            return
+        h = q[0]
+        if self._spso <= h < self._speo:
+            ranges = self._ranges
+            i = index_of(ranges, h)
+            r = ranges[i]
+            if r.state == _AVAILABLE and r.deadline == _WAITS_FOR_KEY:
+                i = isolate(ranges, i, h, h)
+                ranges[i].deadline = 0
+                self._touch(h, h)
+                if h < self._available_from:
+                    self._available_from = h
+
+    def _touch(self, first: int, last: int) -> None:
+        if first < self._touch_lo:
+            self._touch_lo = first
+        if last > self._touch_hi:
+            self._touch_hi = last
+
     def _skip_span(self, lo: int, hi: int) -> None:
         """Archive lo..hi without delivering it (control, aborted or missing offsets)."""
         if lo > hi:
@@ -542,6 +868,8 @@ class SharePartition:
             if start > self._speo:
                 self._append(StateRange(self._speo, start - 1, _AVAILABLE, 0))
             self._append(StateRange(start, hi, _ARCHIVED, 0))
+            if self._key_ordered:
+                self._finish_keys(start, hi)
 
     def _append(self, r: StateRange) -> None:
         """Add a range at the SPEO (new offsets entering the window)."""
@@ -774,7 +1102,9 @@ class SharePartition:
         self._ranges.clear()
         self._locks.clear()
         self._delays.clear()
-        self._spso = self._speo = self._available_from = offset
+        self._key_of.clear()
+        self._key_queue.clear()
+        self._spso = self._speo = self._available_from = self._keyed_to = offset
         return ResetResult(int(ErrorCode.NONE), ShareSnapshot(offset, ()), None)
 
     # ------------------------------------------------------------------ internals
@@ -799,6 +1129,8 @@ class SharePartition:
         r.state = target
         if target == _ARCHIVED and r.count > 0 and t is not _T_SKIP:
             self._archived.append((r.first, r.last, r.count))
+        if self._key_ordered and target in TERMINAL_STATES:
+            self._finish_keys(r.first, r.last)
         if target == _ACQUIRED:
             if t.new_lock:
                 r.deadline = deadline

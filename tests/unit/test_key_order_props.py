@@ -1,0 +1,213 @@
+"""Property tests: key-ordered sharing in the engine (``kshare.share.ordering=key``).
+
+A hypothesis state machine drives one key-ordered ``SharePartition`` with random acquisitions
+by three members from a random upstream log (records with a few keys, keyless records, control
+batches, offsets missing upstream), acknowledgements of every type, lock timeouts, member
+releases, key budgets and crash/restarts. After every step it checks the guarantees from the
+record keys of the log (never from the engine's own bookkeeping):
+
+* no two records with the same key are acquired at once;
+* a record is acquired only when every earlier record of its key is finished;
+* a record set aside as waiting for its key has an earlier unfinished record of that key (no
+  record waits for nothing, which would strand it);
+* an acquire under a key budget takes at most that many keyed records;
+* the durable writes replay to the engine's snapshot;
+
+and at the end that draining with one member finishes every record (nothing is lost or stuck).
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from kshare.share.partition import FetchedBatch, SharePartition
+from kshare.share.states import AcknowledgeType, RecordState, ShareSnapshot, ShareUpdate, replay
+
+MEMBERS = ("a", "b", "c")
+NO_KEY = -1
+
+
+@dataclass
+class Keys:
+    offsets: array
+    keys: array
+
+
+class Log:
+    """Batches of the upstream log with the key of every record."""
+
+    def __init__(self, batches: list[tuple[FetchedBatch, Keys]]) -> None:
+        self.batches = batches
+        self.key_of = {o: k for _, keys in batches for o, k in zip(keys.offsets, keys.keys, strict=True)
+                       if k != NO_KEY}
+        self.end = batches[-1][0].last_offset + 1 if batches else 0
+
+    def __repr__(self) -> str:
+        return "Log(" + ", ".join(
+            f"{b.base_offset}-{b.last_offset}" + ("C" if b.is_control else str(dict(zip(k.offsets, k.keys, strict=True))))
+            for b, k in self.batches) + ")"
+
+    def fetch(self, offset: int, count: int) -> tuple[list[FetchedBatch], list[Keys]]:
+        got = [(b, k) for b, k in self.batches if b.last_offset >= offset][:count]
+        return [b for b, _ in got], [k for _, k in got]
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> Log:
+    batches: list[tuple[FetchedBatch, Keys]] = []
+    offset = 0
+    for _ in range(draw(st.integers(1, 14))):
+        offset += draw(st.sampled_from([0, 0, 0, 0, 1, 2]))  # offsets missing upstream (compacted)
+        if draw(st.integers(0, 9)) == 0:
+            batches.append((FetchedBatch(offset, offset, is_control=True), Keys(array("q"), array("q"))))
+            offset += 1
+            continue
+        n = draw(st.integers(1, 5))
+        keys = [draw(st.sampled_from([NO_KEY, 1, 2, 2, 3, 3, 4])) for _ in range(n)]
+        # a compacted batch keeps its offset span but not every record
+        present = [i for i in range(n) if i in (0, n - 1) or draw(st.integers(0, 5))]
+        batches.append((FetchedBatch(offset, offset + n - 1),
+                        Keys(array("q", [offset + i for i in present]), array("q", [keys[i] for i in present]))))
+        offset += n
+    return Log(batches)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class KeyOrderMachine(RuleBasedStateMachine):
+    @initialize(log=logs(), limit=st.integers(2, 4), locks=st.integers(3, 30),
+                backoff=st.sampled_from([0, 0, 50]))
+    def setup(self, log: Log, limit: int, locks: int, backoff: int) -> None:
+        self.log = log
+        self.clock = Clock()
+        self.config = dict(clock=self.clock, delivery_count_limit=limit, max_record_locks=locks,
+                           record_lock_duration_ms=100, redelivery_backoff_ms=backoff,
+                           redelivery_backoff_max_ms=200, key_ordered=True)
+        self.sp = SharePartition(0, **self.config)
+        self.snapshot = ShareSnapshot(0, ())
+        self.updates: list[ShareUpdate] = []
+
+    def _record(self, update: ShareUpdate | None) -> None:
+        if update is not None:
+            self.updates.append(update)
+
+    def _acquired_by(self, member: str) -> list[int]:
+        return [o for r in self.sp.in_flight() if r.state == RecordState.ACQUIRED and r.member_id == member
+                for o in range(r.first_offset, r.last_offset + 1)]
+
+    @rule(member=st.sampled_from(MEMBERS), batches=st.integers(1, 6), max_records=st.integers(1, 12),
+          record_limit=st.booleans(), max_keys=st.sampled_from([None, 0, 1, 2]))
+    def acquire(self, member: str, batches: int, max_records: int, record_limit: bool, max_keys: int | None) -> None:
+        offset = self.sp.next_fetch_offset()
+        fetched, keys = self.log.fetch(offset, batches)
+        result = self.sp.acquire(member, fetched, max_records, int(record_limit), fetch_offset=offset,
+                                 record_keys=keys, max_keys=max_keys)
+        self._record(result.update)
+        got = [o for a in result.records for o in range(a.first_offset, a.last_offset + 1)]
+        if max_keys is not None:
+            assert sum(1 for o in got if o in self.log.key_of) <= max_keys
+        if record_limit:
+            assert len(got) <= max_records
+
+    @rule(member=st.sampled_from(MEMBERS), data=st.data())
+    def acknowledge(self, member: str, data: st.DataObject) -> None:
+        held = self._acquired_by(member)
+        if not held:
+            return
+        chosen = sorted(data.draw(st.sets(st.sampled_from(held), min_size=1)))
+        ack = data.draw(st.sampled_from([AcknowledgeType.ACCEPT, AcknowledgeType.ACCEPT,
+                                         AcknowledgeType.RELEASE, AcknowledgeType.REJECT]))
+        result = self.sp.acknowledge(member, [(o, o, int(ack)) for o in chosen])
+        assert result.error_code == 0
+        self._record(result.update)
+
+    @rule(ms=st.sampled_from([10, 60, 101, 250]))
+    def tick(self, ms: int) -> None:
+        self.clock.now += ms
+        self._record(self.sp.expire_locks())
+
+    @rule(member=st.sampled_from(MEMBERS))
+    def release_member(self, member: str) -> None:
+        self._record(self.sp.release_member(member))
+
+    @rule()
+    def restart(self) -> None:
+        self.snapshot = self.sp.snapshot()
+        self.updates = []
+        self.sp = SharePartition.from_snapshot(self.snapshot, **self.config)
+
+    # ---------------------------------------------------------------- guarantees
+
+    def _unfinished(self) -> set[int]:
+        return {o for r in self.sp.in_flight() if r.state in (RecordState.AVAILABLE, RecordState.ACQUIRED)
+                for o in range(r.first_offset, r.last_offset + 1)}
+
+    @invariant()
+    def one_record_per_key_in_order(self) -> None:
+        unfinished = self._unfinished() | set(range(self.sp.end_offset, self.log.end))
+        held: dict[int, int] = {}
+        for r in self.sp.in_flight():
+            if r.state != RecordState.ACQUIRED:
+                continue
+            for o in range(r.first_offset, r.last_offset + 1):
+                k = self.log.key_of.get(o)
+                if k is None:
+                    continue
+                assert k not in held, f"key {k} acquired twice: offsets {held[k]} and {o}"
+                held[k] = o
+                earlier = [p for p in unfinished if p < o and self.log.key_of.get(p) == k]
+                assert not earlier, f"offset {o} acquired before earlier records {earlier} of key {k}"
+
+    @invariant()
+    def nothing_waits_for_nothing(self) -> None:
+        unfinished = self._unfinished()
+        for r in self.sp.in_flight():
+            if not r.waits_for_key:
+                continue
+            for o in range(r.first_offset, r.last_offset + 1):
+                k = self.log.key_of.get(o)
+                assert k is not None, f"keyless offset {o} set aside for a key"
+                assert any(p < o and self.log.key_of.get(p) == k for p in unfinished), (
+                    f"offset {o} waits although no earlier record of key {k} is unfinished")
+
+    @invariant()
+    def durable_writes_replay_to_the_snapshot(self) -> None:
+        assert replay(self.snapshot, self.updates) == replay(self.sp.snapshot(), ())
+
+    def teardown(self) -> None:
+        if not hasattr(self, "sp"):
+            return
+        # Drain with one member accepting everything: every record ends finished.
+        for _ in range(4 * (self.log.end + 10)):
+            if self.sp.start_offset >= self.log.end:
+                break
+            self.clock.now += 1_000  # past every lock and backoff
+            self.sp.expire_locks()
+            offset = self.sp.next_fetch_offset()
+            fetched, keys = self.log.fetch(offset, 3)
+            result = self.sp.acquire("z", fetched, 50, fetch_offset=offset, record_keys=keys)
+            if result.records:
+                self.sp.acknowledge("z", [(a.first_offset, a.last_offset, int(AcknowledgeType.ACCEPT))
+                                          for a in result.records])
+        assert self.sp.start_offset >= self.log.end, f"stuck: {self.sp!r}"
+
+
+KeyOrderMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("KSHARE_PROPERTY_EXAMPLES", "150")),
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestKeyOrder = KeyOrderMachine.TestCase
