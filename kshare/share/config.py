@@ -161,6 +161,9 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
                   "for every delivery after the first (0: at once, as Apache Kafka)"),
         ConfigDef("kshare.share.redelivery.backoff.max.ms", "int", "60000", _int_in(0, 86_400_000),
                   "kshare: the longest redelivery backoff, however many deliveries"),
+        ConfigDef("kshare.share.ordering", "string", "none", _one_of("none", "key"),
+                  "kshare: key: records of one key are acquired one at a time, in offset order "
+                  "(none: no order, as Apache Kafka)"),
     )
 }
 
@@ -212,6 +215,10 @@ class GroupConfig:
     @property
     def redelivery_backoff_max_ms(self) -> int:
         return self.int("kshare.share.redelivery.backoff.max.ms")
+
+    @property
+    def key_ordered(self) -> bool:
+        return self.get("kshare.share.ordering") == "key"
 
     @property
     def read_committed(self) -> bool:

@@ -239,6 +239,12 @@ class SharePartition:
             self._available_from = self._spso
             merge_between(self._ranges, 0, len(self._ranges))
 
+    @property
+    def keys_known_to(self) -> int:
+        """Key-ordered groups: the keys of the records from here on are not known yet, so the
+        batches of a fetch ending before it need no keys read (``acquire``'s record_keys)."""
+        return max(self._keyed_to, self._spso)
+
     def ordered_key_count(self) -> int:
         """Keys with an unfinished record learnt (key-ordered groups; 0 otherwise)."""
         return len(self._key_queue)
@@ -458,7 +464,7 @@ class SharePartition:
         self._expire(now)
         if self._key_ordered:
             if record_keys is not None:
-                self._learn_keys(fetched_batches, record_keys, fetch_offset)
+                self.learn_keys(fetched_batches, record_keys, fetch_offset)
             self._keys_left = (1 << 62) if max_keys is None else max_keys
         pieces: list[list[int]] = []  # [first, last, delivery count], merged as they come
         total = 0
@@ -610,15 +616,17 @@ class SharePartition:
 
     # ------------------------------------------------------------------ key order
 
-    def _learn_keys(
+    def learn_keys(
         self,
         fetched_batches: Sequence[FetchedBatch],
         record_keys: Sequence[RecordKeys | None],
         fetch_offset: int | None,
     ) -> None:
-        """Learn the keys of the fetched records from _keyed_to on, while the batches run on
-        from it without a gap of unknown offsets (gaps after fetch_offset are offsets missing
-        upstream: nothing to learn there)."""
+        """Key-ordered groups: learn the keys of fetched records (``acquire`` does it with its
+        record_keys; call it first to size ``max_keys`` on the keys known).
+
+        Keys are learnt from ``keys_known_to`` on, while the batches run on from it without a
+        gap of unknown offsets (gaps after fetch_offset are offsets missing upstream)."""
         cursor = max(self._keyed_to, self._spso)
         known = fetch_offset is not None and fetch_offset <= cursor
         key_of = self._key_of

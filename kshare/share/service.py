@@ -68,6 +68,7 @@ class SharePartitionState:
     pending: list[ShareUpdate | ShareSnapshot] = field(default_factory=list)
     pending_done: asyncio.Future | None = None
     writing: bool = False
+    writing_done: asyncio.Future | None = None  # the write under way resolves it
     broken: bool = False  # a write failed: rebuild from durable state before serving again
     fair: FairShare = field(default_factory=FairShare)  # the members fetching here, their shares
     lock_timer: int | None = None  # the earliest lock-expiry check queued for it (ms), if any
@@ -75,6 +76,7 @@ class SharePartitionState:
     # write archiving their records (a failed one fails the write, and nothing is archived)
     gates: list[asyncio.Future] = field(default_factory=list)
     write_failing: bool = False  # the last write failed (logged once until one succeeds again)
+    key_warned: int = 0  # batches whose keys could not be read, warned about (key-ordered groups)
 
     def wake(self) -> None:
         for fut in self.waiters:
@@ -340,7 +342,7 @@ class ShareGroupService(InstanceGroupMember):
             durable, clock=self.clock, delivery_count_limit=cfg.delivery_count_limit,
             max_record_locks=cfg.max_record_locks, record_lock_duration_ms=cfg.record_lock_duration_ms,
             renew_enabled=cfg.renew_enabled, redelivery_backoff_ms=cfg.redelivery_backoff_ms,
-            redelivery_backoff_max_ms=cfg.redelivery_backoff_max_ms)
+            redelivery_backoff_max_ms=cfg.redelivery_backoff_max_ms, key_ordered=cfg.key_ordered)
         sp.broken = False
         self.watch_locks(sp)  # records waiting out a redelivery backoff come back when it ends
         return ErrorCode.NONE, sp.engine
@@ -376,6 +378,7 @@ class ShareGroupService(InstanceGroupMember):
                 sp.engine.renew_enabled = cfg.renew_enabled
                 sp.engine.redelivery_backoff_ms = cfg.redelivery_backoff_ms
                 sp.engine.redelivery_backoff_max_ms = cfg.redelivery_backoff_max_ms
+                sp.engine.key_ordered = cfg.key_ordered
 
     def partition_log(self, topic: TopicInfo, partition: int, read_committed: bool) -> PartitionLog:
         k = (topic.topic_id, partition, read_committed)
@@ -415,9 +418,11 @@ class ShareGroupService(InstanceGroupMember):
         """Queue a durable write; the future resolves once the cluster acknowledged it (and every
         earlier write of this share-partition). Raises WriteFailed on failure."""
         loop = asyncio.get_running_loop()
-        if change is None:
+        if change is None:  # a barrier: every write queued so far, the one under way included
             if sp.pending_done is not None and not sp.pending_done.done():
                 return sp.pending_done
+            if sp.writing_done is not None and not sp.writing_done.done():
+                return sp.writing_done
             fut = loop.create_future()
             fut.set_result(None)
             return fut
@@ -437,6 +442,7 @@ class ShareGroupService(InstanceGroupMember):
                 gates = sp.gates
                 sp.pending, sp.pending_done, sp.gates = [], None, []
                 assert done is not None
+                sp.writing_done = done
                 started = time.perf_counter()
                 try:
                     if gates:

@@ -17,6 +17,8 @@ from ...protocol import messages
 from ..authorization import Operation
 from ..errors import ErrorCode
 from ..partition import FetchedBatch
+from ..record_keys import BadBatch, KeyedBatch, batch_keys
+from ..records import Batch
 from ..sessions import FINAL_EPOCH
 from ..states import AcquireMode
 from ..store import SharePartitionKey
@@ -207,16 +209,27 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
             continue
         fetched = [FetchedBatch(b.base_offset, b.last_offset, b.is_control, b.is_transactional, b.producer_id)
                    for b, _ in read.batches]
+        max_keys = None
+        if engine.key_ordered:
+            # each member takes its share of the keys (at most one record of a key is out at a
+            # time, so a member taking every key would leave the others idle)
+            engine.learn_keys(fetched, _record_keys(read.batches, engine.keys_known_to, sp), read.fetch_offset)
+            members = max(1, len(group.assigned_members(topic_id, partition)))
+            max_keys = max(0, -(-engine.ordered_key_count() // members) - engine.acquired_count(member_id))
         result = engine.acquire(member_id, fetched, want, acquire_mode,
                                 fetch_offset=read.fetch_offset, lso=read.lso if rc else None,
                                 aborted_transactions=read.aborted if rc else None,
-                                lock_duration_ms=cfg.record_lock_duration_ms)
+                                lock_duration_ms=cfg.record_lock_duration_ms, max_keys=max_keys)
         if result.update is not None:
             # lock expiries processed on the way may archive records at the delivery count limit
             writes.append((topic_id, partition, service.persist_with_dead_letters(sp, result.update, (), None,
                                                                                   list(engine.archived))))
         if not result.records:
             continue
+        if max_keys is not None:
+            # A record may go out because the one before it of its key was just acknowledged: not
+            # before that acknowledgement is durable, or a crash could deliver the two out of order.
+            writes.append((topic_id, partition, service.persist(sp, None)))
         sp.fair.acquired(member_id, result.count, now)
         service.watch_locks(sp)
         chunks = []
@@ -239,6 +252,27 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         out.record_bytes += len(records)
         service.stats.deliveries[(group_id, topic.name)] += result.count
     return states
+
+
+def _record_keys(batches: list[tuple[Batch, memoryview]], known_to: int,
+                 sp: SharePartitionState) -> list[KeyedBatch | None]:
+    """Keys of the fetched records a key-ordered engine does not know yet (None: nothing to read,
+    or a batch whose keys cannot be read, whose records are then delivered as keyless)."""
+    out: list[KeyedBatch | None] = []
+    for b, data in batches:
+        if b.last_offset < known_to or b.is_control:
+            out.append(None)
+            continue
+        try:
+            out.append(batch_keys(data))
+        except BadBatch as exc:
+            out.append(None)
+            if sp.key_warned < 1:
+                sp.key_warned += 1
+                log.warning("share group %s, %s-%d: cannot read the keys of the batch at offset %d (%s); its "
+                            "records are delivered without key order", sp.key.group_id, sp.topic.name,
+                            sp.key.partition, b.base_offset, exc)
+    return out
 
 
 class _ResponseBuilder:

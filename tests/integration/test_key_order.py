@@ -1,0 +1,251 @@
+"""Key-ordered sharing (``kshare.share.ordering=key``, docs/ordering-and-backoff.md), end to end
+with confluent-kafka ShareConsumers through kshare in front of Apache Kafka 3.9.
+
+Within a share-partition no two records of one key are out at once and the records of a key are
+delivered in offset order, whatever the number of consumers; records without a key are not held
+back; a consumer killed while it holds a key's record blocks that key only until the lock expires;
+a restart of the proxy keeps the order. Off by default (the differential suite runs without it).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+
+import pytest
+from confluent_kafka import AcknowledgeType
+
+from tests.integration import share_helpers
+from tests.integration.share_helpers import (
+    ConsumerLoop,
+    HolderProcess,
+    ShareProxyThread,
+    describe_group_configs,
+    produce,
+    records_of,
+    share_group,
+    stop_all,
+    subscribed,
+    wait_until,
+)
+
+pytestmark = pytest.mark.kafka
+
+kshare39 = share_helpers.kshare39
+
+KEYS = 20
+RECORDS = 300
+
+
+@dataclass(frozen=True)
+class Processed:
+    consumer: str
+    key: bytes | None
+    offset: int
+    delivery_count: int
+    start: float
+    end: float
+
+
+class Worker:
+    """An explicit-mode ConsumerLoop that 'processes' each record for a random 2-12 ms (seeded)
+    and notes when, then accepts it."""
+
+    def __init__(self, name: str, bootstrap: str, group: str, topic: str, log: list[Processed],
+                 lock: threading.Lock, seed: int) -> None:
+        rng = random.Random(seed)
+
+        def action(m):
+            start = time.monotonic()
+            time.sleep(rng.uniform(0.002, 0.012))
+            with lock:
+                log.append(Processed(name, m.key(), m.offset(), m.delivery_count(), start, time.monotonic()))
+            return AcknowledgeType.ACCEPT
+
+        self.loop = ConsumerLoop(name, bootstrap, group, topic, explicit=True, action=action, poll_timeout=0.2)
+
+
+def _keyed_records(n: int, keys: int, seed: int = 7) -> tuple[list[bytes], list[bytes | None]]:
+    rng = random.Random(seed)
+    ks = [f"key-{rng.randrange(keys):02d}".encode() for _ in range(n)]
+    return [f"v{i}".encode() for i in range(n)], ks
+
+
+def _run(bootstrap: str, group: str, topic: str, consumers: int, expected: int,
+         timeout: float = 90) -> tuple[list[Processed], float]:
+    log: list[Processed] = []
+    lock = threading.Lock()
+    workers = [Worker(f"c{i}", bootstrap, group, topic, log, lock, seed=i) for i in range(consumers)]
+    for w in workers:
+        w.loop.start()
+    try:
+        wait_until(lambda: len({p.offset for p in log}) >= expected, timeout, f"{expected} records processed")
+    finally:
+        stop_all(w.loop for w in workers)
+    first = min(p.start for p in log)
+    last = max(p.end for p in log)
+    return log, last - first
+
+
+def assert_key_order(log: list[Processed]) -> None:
+    """Per key: processing intervals never overlap, and records come in offset order (a record
+    processed again, after a redelivery, only before any later record of its key)."""
+    by_key: dict[bytes, list[Processed]] = defaultdict(list)
+    for p in log:
+        if p.key is not None:
+            by_key[p.key].append(p)
+    for key, items in by_key.items():
+        items.sort(key=lambda p: p.start)
+        for a, b in zip(items, items[1:], strict=False):
+            assert b.start >= a.end, f"{key!r}: offset {b.offset} ({b.consumer}) began before offset {a.offset} " \
+                                     f"({a.consumer}) was done"
+            assert b.offset >= a.offset, f"{key!r}: offset {b.offset} delivered before offset {a.offset}"
+
+
+def test_eight_consumers_keep_every_key_in_order_and_go_faster_than_one(kshare39, kafka39):
+    """8 consumers, 1 partition, 20 keys, random processing times: per key no overlap and offset
+    order; every record processed once; 8 consumers finish well before 1 consumer does. Then an
+    unordered group on the same records: it does overlap keys (so the check can fail), and its
+    time gives the ordered/unordered throughput ratio."""
+    topic = f"keyorder-{uuid.uuid4().hex[:10]}"
+    kafka39.create_topic(topic, partitions=1)
+    vals, keys = _keyed_records(RECORDS, KEYS)
+    produce(kafka39.bootstrap, topic, vals, keys=keys, per_batch=25)
+
+    times = {}
+    for label, consumers, ordering in (("one", 1, "key"), ("eight", 8, "key"), ("eight-unordered", 8, "none")):
+        group = f"keyorder-{label}-{uuid.uuid4().hex[:8]}"
+        share_group(kshare39.bootstrap, group, **{"kshare.share.ordering": ordering})
+        log, took = _run(kshare39.bootstrap, group, topic, consumers, RECORDS)
+        times[label] = took
+        assert sorted(p.offset for p in log) == list(range(RECORDS)), "each record processed exactly once"
+        if ordering == "key":
+            assert_key_order(log)
+            assert describe_group_configs(kshare39.bootstrap, group)["kshare.share.ordering"] == "key"
+        else:  # the check can fail: unordered, records of a key are processed at once by several
+            with pytest.raises(AssertionError):
+                assert_key_order(log)
+        if consumers > 1:
+            assert len({p.consumer for p in log}) >= 4, "the keys spread over the consumers"
+    print(f"\nkey-ordered, 1 consumer {times['one']:.2f} s; 8 consumers {times['eight']:.2f} s; "
+          f"8 consumers unordered {times['eight-unordered']:.2f} s; "
+          f"ordered/unordered throughput {times['eight-unordered'] / times['eight']:.2f}")
+    # 300 records of ~7 ms: ~2.1 s of work; 8 consumers on 20 keys get at least twice as far
+    assert times["eight"] * 2 < times["one"], times
+
+
+def test_keyless_records_are_not_held_back(kshare39, kafka39):
+    """A record without a key waits for nothing: with one key's record held, keyless records and
+    other keys go to a second consumer at once, the held key's later records do not."""
+    topic = f"keyorder-nokey-{uuid.uuid4().hex[:10]}"
+    kafka39.create_topic(topic, partitions=1)
+    produce(kafka39.bootstrap, topic, [b"a0", b"a1", b"n0", b"b0", b"n1", b"a2"],
+            keys=[b"A", b"A", None, b"B", None, b"A"], per_batch=1)
+    group = f"keyorder-nokey-{uuid.uuid4().hex[:8]}"
+    share_group(kshare39.bootstrap, group, **{"kshare.share.ordering": "key"})
+    with subscribed(kshare39.bootstrap, group, topic, explicit=True) as holder:
+        held = []
+        deadline = time.monotonic() + 30
+        while not held and time.monotonic() < deadline:
+            held = records_of(holder, 0.3)
+        # the holder, alone in the group, took one record of each key and the keyless ones
+        assert sorted(m.value() for m in held) == [b"a0", b"b0", b"n0", b"n1"], [m.value() for m in held]
+        for m in held:
+            if m.key() != b"A":
+                holder.acknowledge(m, AcknowledgeType.ACCEPT)
+        holder.commit_sync(30)
+        with subscribed(kshare39.bootstrap, group, topic, explicit=True) as other:
+            got = []
+            end = time.monotonic() + 3
+            while time.monotonic() < end:
+                got += [m.value() for m in records_of(other, 0.3)]
+            assert got == [], f"key A's later records went out while a0 was held: {got}"
+            holder.acknowledge(next(m for m in held if m.key() == b"A"), AcknowledgeType.ACCEPT)
+            holder.commit_sync(30)
+            # now a1, and a2 only once a1 is accepted, whichever consumer gets them
+            end = time.monotonic() + 20
+            while len(got) < 2 and time.monotonic() < end:
+                for c in (other, holder):
+                    for m in records_of(c, 0.2):
+                        got.append(m.value())
+                        c.acknowledge(m, AcknowledgeType.ACCEPT)
+                    c.commit_sync(30)
+            assert got == [b"a1", b"a2"], got
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigstop"])
+def test_a_lost_consumer_blocks_its_key_only_until_the_lock_expires(kshare39, kafka39, how):
+    """A consumer holding key A's first record is lost: key B's records go to the live consumer
+    at once; key A's come back at the latest when the lock (3 s) expires, the held one first (its
+    second delivery), then the rest in offset order. SIGKILL closes its connection, which gives its
+    records back at once (as Apache Kafka does); SIGSTOP keeps the connection open, so the key
+    waits for the lock to expire."""
+    topic = f"keyorder-{how}-{uuid.uuid4().hex[:10]}"
+    kafka39.create_topic(topic, partitions=1)
+    produce(kafka39.bootstrap, topic, [b"a0", b"a1", b"a2"], keys=[b"A"] * 3, per_batch=3)
+    group = f"keyorder-{how}-{uuid.uuid4().hex[:8]}"
+    lock_s = 3.0
+    share_group(kshare39.bootstrap, group, **{"kshare.share.ordering": "key",
+                                              "share.record.lock.duration.ms": int(lock_s * 1000),
+                                              "share.session.timeout.ms": 60000})
+    with HolderProcess(kshare39.bootstrap, group, topic) as holder:
+        assert [v for _, v, _ in holder.held] == [b"a0"], holder.held  # one record of key A, no more
+        acquired = time.monotonic()
+        if how == "sigkill":
+            holder.kill()
+        else:
+            assert holder.proc is not None
+            holder.proc.send_signal(signal.SIGSTOP)
+        produce(kafka39.bootstrap, topic, [b"b0", b"b1"], keys=[b"B"] * 2, per_batch=1)
+        seen: list[tuple[bytes, int, float]] = []
+        with subscribed(kshare39.bootstrap, group, topic) as live:
+            deadline = time.monotonic() + lock_s + 30
+            while len(seen) < 5 and time.monotonic() < deadline:
+                for m in records_of(live, 0.2):
+                    seen.append((m.value(), m.delivery_count(), time.monotonic() - acquired))
+    assert sorted(v for v, _, _ in seen) == [b"a0", b"a1", b"a2", b"b0", b"b1"], seen
+    a = [(v, dc, t) for v, dc, t in seen if v.startswith(b"a")]
+    assert [v for v, _, _ in a] == [b"a0", b"a1", b"a2"], a
+    assert a[0][1] == 2, a  # the held record, delivered again first
+    assert a[0][2] < lock_s + 3, a  # blocked at most until the lock expired (3 s: slack for polls)
+    if how == "sigstop":
+        assert a[0][2] >= lock_s, a  # and with the connection open, not before
+        b_times = [t for v, _, t in seen if v.startswith(b"b")]
+        assert max(b_times) < a[0][2], seen  # key B was never held back by key A
+
+
+def test_order_holds_across_a_restart_of_the_proxy(kafka39):
+    """Half the records through one proxy, which then stops with records acquired; the rest through
+    a new proxy on the same state: per key still no overlap and offset order (a record in flight at
+    the stop is processed again, before the later records of its key), nothing lost."""
+    state_topic = f"__kshare_state_keyorder_{uuid.uuid4().hex[:8]}"
+    topic = f"keyorder-restart-{uuid.uuid4().hex[:10]}"
+    kafka39.create_topic(topic, partitions=1)
+    vals, keys = _keyed_records(200, 10, seed=11)
+    produce(kafka39.bootstrap, topic, vals, keys=keys, per_batch=20)
+    group = f"keyorder-restart-{uuid.uuid4().hex[:8]}"
+    log: list[Processed] = []
+    lock = threading.Lock()
+    with ShareProxyThread(kafka39.bootstrap, state_topic=state_topic) as first:
+        share_group(first.bootstrap, group, **{"kshare.share.ordering": "key"})
+        workers = [Worker(f"a{i}", first.bootstrap, group, topic, log, lock, seed=i) for i in range(4)]
+        for w in workers:
+            w.loop.start()
+        wait_until(lambda: len(log) >= 80, 60, "80 records processed")
+        for w in workers:
+            w.loop.stop(close=False)  # no leave, no final acknowledgements: records stay acquired
+    with ShareProxyThread(kafka39.bootstrap, state_topic=state_topic) as second:
+        workers = [Worker(f"b{i}", second.bootstrap, group, topic, log, lock, seed=10 + i) for i in range(4)]
+        for w in workers:
+            w.loop.start()
+        try:
+            wait_until(lambda: len({p.offset for p in log}) >= 200, 90, "every record processed")
+        finally:
+            stop_all(w.loop for w in workers)
+    assert {p.offset for p in log} == set(range(200))
+    assert_key_order(log)
