@@ -726,7 +726,7 @@ class SharePartition:
                 r = ranges[i]
                 if r.first > w:
                     break
-                if r.state == _AVAILABLE and (r.deadline <= now or r.deadline == _WAITS_FOR_KEY):
+                if r.state == _AVAILABLE and r.deadline <= now:  # not waiting (backoff, key)
                     at_limit = r.count >= limit
                     for o in range(max(r.first, lo), min(r.last, w) + 1):
                         if decide(o, at_limit) is None:
@@ -746,7 +746,6 @@ class SharePartition:
             if first < speo:
                 end = min(last, speo - 1)
                 if take:
-                    self._clear_waits(first, end)
                     got += self._acquire_span(first, end, member_id, deadline, None, pieces)[0]
                 else:
                     self._set_waiting(first, end)
@@ -795,21 +794,6 @@ class SharePartition:
                     r.deadline = _WAITS_FOR_KEY
                     self._touch(r.first, r.last)
                 i += 1
-
-    def _clear_waits(self, first: int, last: int) -> None:
-        """Offsets of first..last that may be acquired (heads, keyless) wait for nothing."""
-        ranges = self._ranges
-        i = index_of(ranges, first)
-        while i < len(ranges):
-            r = ranges[i]
-            if r.first > last:
-                break
-            if r.state == _AVAILABLE and r.deadline == _WAITS_FOR_KEY:
-                i = isolate(ranges, i, max(r.first, first), min(r.last, last))
-                r = ranges[i]
-                r.deadline = 0
-                self._touch(r.first, r.last)
-            i += 1
 
     def _finish_keys(self, first: int, last: int) -> None:
         """Records first..last are finished: the next record of each of their keys may go."""

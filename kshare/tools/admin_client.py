@@ -20,6 +20,10 @@ from ..security import ClientSecurity
 
 LIST_OFFSETS, METADATA, FIND_COORDINATOR, LIST_GROUPS, DELETE_GROUPS = 2, 3, 10, 16, 42
 SHARE_GROUP_DESCRIBE, DESCRIBE_OFFSETS, ALTER_OFFSETS, DELETE_OFFSETS = 77, 90, 91, 92
+DESCRIBE_CONFIGS = 32
+GROUP_RESOURCE = 32  # ConfigResource.Type.GROUP
+# DescribeConfigs ConfigSource values a group config can have
+_CONFIG_SOURCES = {5: "default", 8: "dynamic", 4: "static broker", 1: "dynamic topic"}
 EARLIEST, LATEST = -2, -1
 
 # error codes this client reacts to
@@ -522,6 +526,28 @@ class ShareGroupAdmin:
         return GroupDescription(group_id=g.group_id, state=g.group_state, group_epoch=g.group_epoch,
                                 assignment_epoch=g.assignment_epoch, assignor=g.assignor_name,
                                 coordinator=self._coordinators[group], members=members)
+
+    # -- DescribeConfigs (GROUP resource) ----------------------------------------------------------
+    async def describe_configs(self, group: str) -> list[tuple[str, str | None, str]]:
+        """The group's configs as (name, value, source: 'default' or 'dynamic'), by name."""
+        cls = messages.message_class("DescribeConfigsRequest")
+        conn = await self._any()
+        version = self._version(conn, DESCRIBE_CONFIGS, hi=4)
+        req = cls(resources=[cls.DescribeConfigsResource(resource_type=GROUP_RESOURCE, resource_name=group,
+                                                         configuration_keys=None)])
+        resp = await self._request(conn, DESCRIBE_CONFIGS, version, req)
+        if not resp.results:
+            raise AdminError(f"DescribeConfigs returned no answer for group {group}")
+        r = resp.results[0]
+        if r.error_code:
+            raise AdminError(f"cannot describe the configs of group {group}: {error_name(r.error_code)}"
+                             + (f" ({r.error_message})" if r.error_message else ""))
+        out = []
+        for c in r.configs:
+            source = _CONFIG_SOURCES.get(c.config_source, str(c.config_source)) if version >= 1 else (
+                "default" if c.is_default else "dynamic")
+            out.append((c.name, c.value, source))
+        return sorted(out)
 
     async def _topic_name(self, topic_id: bytes) -> str:
         for t in self.topics.values():

@@ -172,7 +172,7 @@ ACTION_FLAGS = "--list, --describe, --delete, --reset-offsets, --delete-offsets"
                    "sasl.password or sasl.jaas.config, ssl.ca.location, ssl.certificate.location, ssl.key.location.")
 @click.option("--list", "list_", is_flag=True, help="List all share groups.")
 @click.option("--describe", is_flag=True,
-              help="Describe share groups: offsets and lag (default), --members or --state.")
+              help="Describe share groups: offsets and lag (default), --members, --configs or --state.")
 @click.option("--reset-offsets", is_flag=True,
               help="Reset the start offsets of one share group (its consumers must be stopped).")
 @click.option("--delete-offsets", is_flag=True,
@@ -185,6 +185,8 @@ ACTION_FLAGS = "--list, --describe, --delete, --reset-offsets, --delete-offsets"
                    "With --describe: the group state.")
 @click.option("--members", is_flag=True, help="With --describe: the members of the group.")
 @click.option("--offsets", is_flag=True, help="With --describe: partitions with start offset and lag (default).")
+@click.option("--configs", is_flag=True,
+              help="With --describe: the group's configs (kshare's own, such as kshare.share.ordering, included).")
 @click.option("--verbose", is_flag=True, help="With --describe: more columns (epochs).")
 @click.option("--topic", "topics", multiple=True, metavar="TOPIC[:P,P]",
               help="Topic (optionally only some partitions) to reset, or whose offsets to delete (repeatable).")
@@ -202,7 +204,7 @@ ACTION_FLAGS = "--list, --describe, --delete, --reset-offsets, --delete-offsets"
               help="Aligned tables, or one JSON document for scripts.")
 def groups(bootstrap_server: str, command_config: str | None, list_: bool, describe: bool, reset_offsets: bool,
            delete_offsets: bool, delete: bool, groups_: tuple[str, ...], all_groups: bool, state: str | None,
-           members: bool, offsets: bool, verbose: bool, topics: tuple[str, ...], all_topics: bool,
+           members: bool, offsets: bool, configs: bool, verbose: bool, topics: tuple[str, ...], all_topics: bool,
            to_earliest: bool, to_latest: bool, to_datetime: str | None, to_offset: int | None, dry_run: bool,
            execute: bool, timeout_ms: int, output: str) -> None:
     """List, describe, reset and delete share groups (like kafka-share-groups.sh).
@@ -211,6 +213,7 @@ def groups(bootstrap_server: str, command_config: str | None, list_: bool, descr
     Examples:
       kshare groups --bootstrap-server localhost:9192 --list --state
       kshare groups --bootstrap-server localhost:9192 --describe --group G --members
+      kshare groups --bootstrap-server localhost:9192 --describe --group G --configs
       kshare groups --bootstrap-server localhost:9192 --reset-offsets --group G --topic T --to-earliest --execute
       kshare groups --bootstrap-server localhost:9192 --delete-offsets --group G --topic T
       kshare groups --bootstrap-server localhost:9192 --delete --group G
@@ -225,10 +228,10 @@ def groups(bootstrap_server: str, command_config: str | None, list_: bool, descr
         if flag_on:
             raise click.UsageError(f"Option {name} can only be used with {allowed}.")
 
-    describe_views = [n for n, on in (("--members", members), ("--offsets", offsets),
+    describe_views = [n for n, on in (("--members", members), ("--offsets", offsets), ("--configs", configs),
                                       ("--state", state is not None and action == "describe")) if on]
-    only_with(action != "describe" and (members or offsets or verbose), "--members/--offsets/--verbose",
-              "--describe")
+    only_with(action != "describe" and (members or offsets or configs or verbose),
+              "--members/--offsets/--configs/--verbose", "--describe")
     only_with(action not in ("list", "describe") and state is not None, "--state", "--list or --describe")
     only_with(action != "reset_offsets" and (all_topics or to_earliest or to_latest or dry_run or execute
                                              or to_datetime is not None or to_offset is not None),
@@ -239,7 +242,7 @@ def groups(bootstrap_server: str, command_config: str | None, list_: bool, descr
     if action == "list" and groups_:
         raise click.UsageError("Option --group cannot be used with --list.")
     if len(describe_views) > 1:
-        raise click.UsageError("Options --members, --offsets and --state are mutually exclusive.")
+        raise click.UsageError("Options --members, --offsets, --configs and --state are mutually exclusive.")
     if action == "describe" and state:
         raise click.UsageError("With --describe, --state takes no value.")
     if action in ("describe", "delete") and not groups_ and not all_groups:
@@ -387,6 +390,14 @@ async def do_describe(admin: ShareGroupAdmin, names: list[str], view: str, *, ve
             else:
                 print_table(["GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"],
                             [(name, _coordinator_text(d), d.state, len(d.members))])
+        elif view == "--configs":
+            rows = await admin.describe_configs(name)
+            if json_out:
+                docs.append({"group": name, "configs": [{"name": n, "value": v, "source": src}
+                                                        for n, v, src in rows]})
+                continue
+            gap()
+            print_table(["GROUP", "CONFIG", "VALUE", "SOURCE"], [(name, n, v, src) for n, v, src in rows])
         elif view == "--members":
             if json_out:
                 docs.append({"group": name, "state": d.state, "members": [_member_doc(m) for m in d.members]})

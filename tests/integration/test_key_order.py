@@ -9,6 +9,7 @@ a restart of the proxy keeps the order. Off by default (the differential suite r
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import threading
@@ -249,3 +250,26 @@ def test_order_holds_across_a_restart_of_the_proxy(kafka39):
             stop_all(w.loop for w in workers)
     assert {p.offset for p in log} == set(range(200))
     assert_key_order(log)
+
+
+def test_kshare_groups_describe_configs_shows_the_ordering(kshare39):
+    """``kshare groups --describe --configs``: every group config with its value and source, the
+    kshare ones included, as a table and as JSON."""
+    from click.testing import CliRunner
+
+    from kshare.cli import main as kshare_main
+
+    group = f"keyorder-cli-{uuid.uuid4().hex[:8]}"
+    share_group(kshare39.bootstrap, group, **{"kshare.share.ordering": "key"})
+    base = ["groups", "--bootstrap-server", kshare39.bootstrap, "--describe", "--configs", "--group", group]
+    r = CliRunner().invoke(kshare_main, base, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rows = [line.split() for line in r.stdout.strip().splitlines()]
+    assert rows[0] == ["GROUP", "CONFIG", "VALUE", "SOURCE"]
+    assert [group, "kshare.share.ordering", "key", "dynamic"] in rows
+    assert [group, "kshare.share.redelivery.backoff.ms", "0", "default"] in rows
+    r = CliRunner().invoke(kshare_main, [*base, "--output", "json"], catch_exceptions=False)
+    [doc] = json.loads(r.stdout)
+    assert {"name": "kshare.share.ordering", "value": "key", "source": "dynamic"} in doc["configs"]
+    r = CliRunner().invoke(kshare_main, ["groups", "--bootstrap-server", kshare39.bootstrap, "--list", "--configs"])
+    assert r.exit_code == 2 and "--configs" in r.output and "Traceback" not in r.output
