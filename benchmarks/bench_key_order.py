@@ -5,9 +5,10 @@
 1. The engine alone (no I/O): CPU µs per record of acquire + accept cycles of 500-record
    batches, unordered against key-ordered with 20 and with 10,000 distinct keys.
 2. End to end, through a kshare proxy process in front of Apache Kafka 3.9 (started as
-   ``kshare bench`` starts them): one partition, ``--records`` records with 20 keys (100-byte
-   values, 10 records per producer batch), 8 confluent ShareConsumers each "processing" every
-   record for 2 ms; the group unordered and key-ordered, alternated, ``--repeats`` times each.
+   ``kshare bench`` starts them): one partition, ``--records`` records with ``--keys`` keys (20;
+   100-byte values, 10 records per producer batch), 8 confluent ShareConsumers each "processing"
+   every record for ``--work-ms`` (2 ms); the group unordered and key-ordered, alternated,
+   ``--repeats`` times each.
    Prints records/s and the ordered/unordered ratio (medians).
 
 Ratios are what to read: the machine is shared and absolute figures move by +-30 %.
@@ -133,6 +134,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--records", type=int, default=4000)
+    ap.add_argument("--keys", type=int, default=20, help="distinct keys end to end (default 20)")
+    ap.add_argument("--work-ms", type=float, default=2.0, help="processing per record end to end (default 2)")
     ap.add_argument("--no-e2e", action="store_true", help="the engine figures only")
     args = ap.parse_args()
 
@@ -156,12 +159,13 @@ def main() -> None:
         rates: dict[str, list[float]] = {"none": [], "key": []}
         for r in range(args.repeats):
             for ordering in (("none", "key") if r % 2 == 0 else ("key", "none")):
-                rate = end_to_end(proxy.bootstrap, env.upstream(), args.records, ordering)
+                rate = end_to_end(proxy.bootstrap, env.upstream(), args.records, ordering, keys=args.keys,
+                                  work_ms=args.work_ms)
                 rates[ordering].append(rate)
                 print(f"  run {r + 1} {ordering}: {rate:,.0f} rec/s", file=sys.stderr)
         none, key = statistics.median(rates["none"]), statistics.median(rates["key"])
         print()
-        print("| 8 consumers, 1 partition, 20 keys, 2 ms per record | records/s (median) |")
+        print(f"| 8 consumers, 1 partition, {args.keys} keys, {args.work_ms:g} ms per record | records/s (median) |")
         print("| --- | ---: |")
         print(f"| unordered | {none:,.0f} |")
         print(f"| key-ordered | {key:,.0f} |")
