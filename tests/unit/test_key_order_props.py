@@ -211,3 +211,27 @@ KeyOrderMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestKeyOrder = KeyOrderMachine.TestCase
+
+
+def test_turning_ordering_off_frees_the_records_waiting_for_their_key_and_on_relearns():
+    keys = Keys(array("q", [0, 1, 2, 3]), array("q", [7, 7, 8, 7]))
+    batch = [FetchedBatch(0, 3)]
+    sp = SharePartition(0, key_ordered=True)
+    got = sp.acquire("a", batch, 10, fetch_offset=0, record_keys=[keys])
+    assert [(r.first_offset, r.last_offset) for r in got.records] == [(0, 0), (2, 2)]
+    assert [o for r in sp.in_flight() if r.waits_for_key for o in range(r.first_offset, r.last_offset + 1)] == [1, 3]
+    assert not sp.has_available()
+    sp.key_ordered = False
+    assert not any(r.waits_for_key for r in sp.in_flight())
+    got = sp.acquire("b", batch, 10, fetch_offset=sp.next_fetch_offset())
+    assert [(r.first_offset, r.last_offset) for r in got.records] == [(1, 1), (3, 3)]
+    # on again: keys are relearnt from the SPSO; records of key 7 already out stay out, and nothing
+    # more of a key goes while one of its records is out
+    sp.acknowledge("b", [(1, 1, int(AcknowledgeType.RELEASE)), (3, 3, int(AcknowledgeType.RELEASE))])
+    sp.key_ordered = True
+    assert sp.next_fetch_offset() == 0  # to read the keys again
+    got = sp.acquire("c", batch, 10, fetch_offset=0, record_keys=[keys])
+    assert got.records == []  # 1 and 3 wait for 0 (key 7, still acquired by a)
+    sp.acknowledge("a", [(0, 0, int(AcknowledgeType.ACCEPT))])
+    got = sp.acquire("c", batch, 10, fetch_offset=sp.next_fetch_offset(), record_keys=[keys])
+    assert [(r.first_offset, r.last_offset) for r in got.records] == [(1, 1)]
