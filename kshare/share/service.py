@@ -76,7 +76,7 @@ class SharePartitionState:
     # write archiving their records (a failed one fails the write, and nothing is archived)
     gates: list[asyncio.Future] = field(default_factory=list)
     write_failing: bool = False  # the last write failed (logged once until one succeeds again)
-    key_warned: int = 0  # batches whose keys could not be read, warned about (key-ordered groups)
+    keys_warned: bool = False  # a batch whose keys could not be read was warned about (key-ordered groups)
 
     def wake(self) -> None:
         for fut in self.waiters:

@@ -324,3 +324,28 @@ def test_random_records_sections_raise_only_bad_batch(codec: int, count: int, bo
     _only_bad_batch(_seal(header + body))
     if codec == SNAPPY:
         _only_bad_batch(_seal(header + b"\x82SNAPPY\x00\x00\x00\x00\x01\x00\x00\x00\x01" + body))
+
+
+def test_share_fetch_delivers_a_batch_whose_keys_cannot_be_read_as_keyless_and_warns_once(caplog):
+    """ShareFetch of a key-ordered group: a corrupt batch (here: a zstd frame that is not one) gives
+    no keys (its records go out unordered, nothing is lost) and one warning per share-partition;
+    batches the engine already knows the keys of are not read again."""
+    from types import SimpleNamespace
+
+    from kshare.share.handlers.share_fetch import _record_keys
+
+    good = build([(0, 0, b"k", b"v", []), (1, 0, b"k", b"w", [])], base_offset=10)
+    bad = bytearray(build([(0, 0, b"k", b"v", [])], base_offset=12))
+    struct.pack_into(">h", bad, 21, struct.unpack_from(">h", bad, 21)[0] | ZSTD)
+    bad = _seal(bad)
+    batches = [(b, memoryview(good if b.base_offset == 10 else bad)) for b in
+               split_batches(memoryview(good)) + split_batches(memoryview(bad))]
+    sp = SimpleNamespace(keys_warned=False, key=SimpleNamespace(group_id="g", partition=0),
+                         topic=SimpleNamespace(name="t"))
+    with caplog.at_level("WARNING", logger="kshare.share"):
+        keys = _record_keys(batches, 0, sp)
+        again = _record_keys(batches, 0, sp)
+    assert list(keys[0].offsets) == [10, 11] and keys[1] is None and again[1] is None
+    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
+    assert "cannot read the keys of the batch at offset 12" in caplog.records[0].getMessage()
+    assert _record_keys(batches, 12, sp)[0] is None  # known already: not read

@@ -267,8 +267,8 @@ def _record_keys(batches: list[tuple[Batch, memoryview]], known_to: int,
             out.append(batch_keys(data))
         except BadBatch as exc:
             out.append(None)
-            if sp.key_warned < 1:
-                sp.key_warned += 1
+            if not sp.keys_warned:
+                sp.keys_warned = True
                 log.warning("share group %s, %s-%d: cannot read the keys of the batch at offset %d (%s); its "
                             "records are delivered without key order", sp.key.group_id, sp.topic.name,
                             sp.key.partition, b.base_offset, exc)
