@@ -74,7 +74,8 @@ class PipelinedProducer:
         self._connecting: dict[int, asyncio.Task] = {}
         self._pending: dict[int, list[tuple[bytes | None, bytes | None, asyncio.Future]]] = {}
         self._scheduled = False
-        self._in_flight: set[asyncio.Task] = set()
+        self._in_flight: set[asyncio.Future] = set()  # routing tasks and requests awaiting an answer
+        self._routing = 0  # _send_all tasks not done: while any, batches queue behind them
         self._order = asyncio.Lock()
         self._stale_metadata = True
         self._closed = False
@@ -105,8 +106,9 @@ class PipelinedProducer:
         """Send what is queued, wait for what is in flight, disconnect."""
         if self._pending:
             self._flush()
-        if self._in_flight:
-            await asyncio.wait(list(self._in_flight), timeout=self.request_timeout_s)
+        deadline = time.monotonic() + self.request_timeout_s
+        while self._in_flight and time.monotonic() < deadline:  # routing tasks add requests as they go
+            await asyncio.wait(list(self._in_flight), timeout=max(0.0, deadline - time.monotonic()))
         self._closed = True
         for conn in self._conns.values():
             await conn.close()
@@ -116,6 +118,11 @@ class PipelinedProducer:
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
                    partition: int) -> asyncio.Future:
         """Queue a record; the returned future gets its RecordMetadata (or the failure)."""
+        return self.enqueue(topic, value, key, partition=partition)
+
+    def enqueue(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
+                partition: int) -> asyncio.Future:
+        """``send`` without the coroutine: queue a record for this turn of the event loop's batch."""
         if self._closed:
             raise StateProduceError("the state producer is stopped")
         if topic != self.topic:
@@ -131,21 +138,52 @@ class PipelinedProducer:
             asyncio.get_running_loop().call_soon(self._flush)
         return fut
 
+    def flush(self) -> None:
+        """Send what is queued now instead of at the end of this turn of the event loop (a caller
+        that queued a whole round saves the loop a turn)."""
+        if self._pending:
+            self._flush()
+
     def _flush(self) -> None:
-        """Everything queued in this turn of the loop: one batch per partition, one request per
-        broker (or per MAX_BATCH_BYTES of them)."""
+        """Everything queued: one batch per partition, one request per broker (or per
+        MAX_BATCH_BYTES of them). Written at once when the leaders and their connections are
+        known and no earlier batch is still finding its way; otherwise a task finds them first."""
         self._scheduled = False
         pending, self._pending = self._pending, {}
         if not pending:
             return
+        if self._routing == 0:
+            by_node = self._known_routes(pending)
+            if by_node is not None:
+                self._write(pending, by_node)
+                return
+        self._routing += 1
         task = asyncio.get_running_loop().create_task(self._send_all(pending))
         self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
+        task.add_done_callback(self._routed)
+
+    def _routed(self, task: asyncio.Task) -> None:
+        self._routing -= 1
+        self._in_flight.discard(task)
+
+    def _known_routes(self, pending: dict[int, list]) -> dict[int, list[int]] | None:
+        """The partitions by leader, if every leader and its connection are at hand (else None)."""
+        if self._stale_metadata:
+            return None
+        by_node: dict[int, list[int]] = {}
+        for p in sorted(pending):
+            node = self._leaders.get(p, -1)
+            conn = self._conns.get(node)
+            if conn is None or conn.closed:
+                return None
+            by_node.setdefault(node, []).append(p)
+        return by_node
 
     async def _send_all(self, pending: dict[int, list]) -> None:
         # In the order of the calls (the lock is fair): find the leaders (which may wait for
         # Metadata or a connection), then give every batch its sequence numbers and write its
         # request without yielding, so a partition's batches reach its broker in sequence order.
+        # (_flush writes without this task only while no such task exists.)
         async with self._order:
             # Until the request timeout, a cluster that cannot be reached (a broker restarting, a
             # leader being elected) is asked again: nothing was sent, nothing is lost by waiting.
@@ -162,51 +200,62 @@ class PipelinedProducer:
                         return
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX_S)
-            sent: list[tuple[asyncio.Future | None, list, str]] = []
-            for node, parts in by_node.items():
-                conn = self._conns[node]
-                # Kafka takes one batch per partition per request: a partition with more than
-                # MAX_BATCH_BYTES queued sends several requests, each with its next batch
-                chunks = [_chunks(pending[p]) for p in parts]
-                while any(chunks):
-                    batch: list[tuple[int, bytes, list]] = []
-                    size = 0
-                    for p, left in zip(parts, chunks, strict=True):
-                        if left:
-                            chunk = left.pop(0)
-                            data = self._batch(p, chunk)
-                            if batch and size + len(data) > MAX_REQUEST_BYTES:
-                                sent.append(self._produce(conn, batch))
-                                batch, size = [], 0
-                            batch.append((p, data, chunk))
-                            size += len(data)
-                    if batch:
-                        sent.append(self._produce(conn, batch))
-        for fut, batch, where in sent:
-            await self._settle(fut, batch, where)
+            self._write(pending, by_node)
 
-    def _produce(self, conn: KafkaConnection, batch: list[tuple[int, bytes, list]]) -> tuple:
+    def _write(self, pending: dict[int, list], by_node: dict[int, list[int]]) -> None:
+        """Give every batch its sequence numbers and write the requests (without yielding)."""
+        for node, parts in by_node.items():
+            conn = self._conns[node]
+            # Kafka takes one batch per partition per request: a partition with more than
+            # MAX_BATCH_BYTES queued sends several requests, each with its next batch
+            chunks = [_chunks(pending[p]) for p in parts]
+            while any(chunks):
+                batch: list[tuple[int, bytes, list]] = []
+                size = 0
+                for p, left in zip(parts, chunks, strict=True):
+                    if left:
+                        chunk = left.pop(0)
+                        data = self._batch(p, chunk)
+                        if batch and size + len(data) > MAX_REQUEST_BYTES:
+                            self._produce(conn, batch)
+                            batch, size = [], 0
+                        batch.append((p, data, chunk))
+                        size += len(data)
+                if batch:
+                    self._produce(conn, batch)
+
+    def _produce(self, conn: KafkaConnection, batch: list[tuple[int, bytes, list]]) -> None:
+        """Write one Produce request; its answer settles the records' futures (a callback, not a
+        task: one turn of the event loop fewer between the broker's answer and the callers)."""
         Req = messages.message_class("ProduceRequest")
         req = Req(transactional_id=None, acks=-1, timeout_ms=int(self.request_timeout_s * 1000), topic_data=[
             Req.TopicProduceData(name=self.topic, partition_data=[
                 Req.PartitionProduceData(index=p, records=data) for p, data, _ in batch])])
+        where = f"{conn.host}:{conn.port}"
         try:
             fut = conn.send(PRODUCE, conn.best_version(PRODUCE, hi=9), req)
         except Exception as exc:  # noqa: BLE001 - closed meanwhile
             self._stale_metadata = True
             _fail_all((recs for _, _, recs in batch), StateProduceError(f"state produce not sent: {exc!r}"))
-            return None, batch, f"{conn.host}:{conn.port}"
-        return fut, batch, f"{conn.host}:{conn.port}"
-
-    async def _settle(self, fut: asyncio.Future | None, batch: list, where: str) -> None:
-        if fut is None:
             return
-        try:
-            resp = await asyncio.wait_for(fut, self.request_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - the connection failed or timed out: every record of it
+        timer = asyncio.get_running_loop().call_later(self.request_timeout_s, self._timed_out, fut, batch, where)
+        self._in_flight.add(fut)
+        fut.add_done_callback(lambda f: self._settle(f, batch, where, timer))
+
+    def _timed_out(self, fut: asyncio.Future, batch: list, where: str) -> None:
+        if not fut.done():
+            fut.cancel()  # settled as a failure by its callback (a late answer is dropped)
+
+    def _settle(self, fut: asyncio.Future, batch: list, where: str, timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        self._in_flight.discard(fut)
+        if fut.cancelled() or fut.exception() is not None:
+            # the connection failed or the request timed out: every record of it
+            exc = fut.exception() if not fut.cancelled() else TimeoutError(f"no answer within {self.request_timeout_s} s")
             self._stale_metadata = True
             _fail_all((recs for _, _, recs in batch), StateProduceError(f"state produce to {where} failed: {exc!r}"))
             return
+        resp = fut.result()
         answers = {pr.index: pr for t in resp.responses for pr in t.partition_responses}
         for p, _, recs in batch:
             pr = answers.get(p)

@@ -849,13 +849,25 @@ class TopicStateStore:
         self._rounds.add(r)
         for ref in refs:
             self._busy[ref] = self._busy.get(ref, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._run_round(r), name="kshare-state-round")
+        # An ordinary round is encoded and written now, in the caller's turn of the event loop; the
+        # task only waits for the answers (each turn between an acknowledgement and its Produce
+        # request costs a queue wait when the proxy is busy). Exclusive and claimed rounds may have
+        # to wait first (a producer to replace, the instance group's claim), so their task does all.
+        sent: tuple[list[_Out], list[asyncio.Future | None]] | Exception | None = None
+        if not exclusive and not self.claims and self._producers:
+            try:
+                sent = self._send_round(r)
+            except Exception as exc:  # noqa: BLE001 - reported by the round's task
+                sent = exc
+        task = asyncio.get_running_loop().create_task(self._run_round(r, sent), name="kshare-state-round")
         self._round_tasks.add(task)
         task.add_done_callback(self._round_tasks.discard)
 
-    async def _run_round(self, r: _Round) -> None:
+    async def _run_round(self, r: _Round, sent: Any = None) -> None:
         try:
-            await self._round(r)
+            if isinstance(sent, Exception):
+                raise sent
+            await self._round(r, sent)
         except Exception as exc:  # noqa: BLE001 - reported to the callers
             log.exception("state store: produce round failed")
             for ref in list(r.undo):
@@ -874,7 +886,30 @@ class TopicStateStore:
                     del self._busy[ref]
             self._wake.set()
 
-    async def _round(self, r: _Round) -> None:
+    def _send_round(self, r: _Round) -> tuple[list[_Out], list[asyncio.Future | None]]:
+        """Encode an ordinary round and hand its records to the producers, who write them now."""
+        out = self._encode_round(r)
+        producers = self._producers
+        n = len(producers)
+        sends: list[asyncio.Future | None] = []
+        for rec in out:
+            try:
+                fut: asyncio.Future | None = producers[rec.partition % n].enqueue(
+                    self.topic, value=rec.value, key=rec.key, partition=rec.partition
+                )
+            except Exception as exc:  # noqa: BLE001 - reported to the caller
+                rec.error = StateWriteError(f"state record not sent: {exc!r}")
+                fut = None
+            sends.append(fut)
+        for producer in producers:
+            producer.flush()
+        return out, sends
+
+    async def _round(self, r: _Round, sent: tuple[list[_Out], list[asyncio.Future | None]] | None = None) -> None:
+        if sent is not None:
+            out, sends = sent
+            await self._await_sends(r, out, sends, time.monotonic() + self.write_timeout_s)
+            return
         items = r.items
         if self.claims:
             async with self._round_lock:
@@ -922,6 +957,10 @@ class TopicStateStore:
         for rec in out[len(sends) :]:
             rec.error = StateWriteError(f"state record not sent within {self.write_timeout_s:.0f} s")
             sends.append(None)
+        await self._await_sends(r, out, sends, deadline)
+
+    async def _await_sends(self, r: _Round, out: list[_Out], sends: list[asyncio.Future | None],
+                           deadline: float) -> None:
         pending = [f for f in sends if f is not None]
         if pending:
             _, not_done = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
