@@ -265,6 +265,29 @@ async def topic_id(conn: Any, topic: str) -> bytes:
     raise RuntimeError(f"no topic id for {topic}")
 
 
+async def find_coordinator(bootstrap: str, group: str, timeout: float = 60.0) -> None:
+    """Ask for the group's coordinator until one answers. A fresh Kafka 4.4 broker creates its
+    offsets topic only when a FindCoordinator asks for one: members that go straight to
+    ShareGroupHeartbeat (as ``Member`` does) would be told "still loading" until then."""
+    from kshare.protocol import messages
+
+    Req = messages.message_class("FindCoordinatorRequest")
+    conn = await connect(bootstrap, "bench-find-coordinator")
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            version = conn.best_version(10, hi=4)
+            resp = await conn.request(10, version, Req(key_type=0, coordinator_keys=[group]))
+            codes = [c.error_code for c in resp.coordinators] if version >= 4 else [resp.error_code]
+            if not any(codes):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no coordinator for group {group}: error codes {codes}")
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+
+
 class Member:
     """A share-group member on its own connection: ShareGroupHeartbeat, ShareFetch, ShareAcknowledge."""
 

@@ -49,8 +49,8 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"rate": 5000.0, "seconds": 5.0, "warmup_s": 3.0},
     ),
     "ack": (
-        {"member_counts": [1, 4, 16, 64], "samples_per_run": 4000},
-        {"member_counts": [1, 4, 16, 64], "samples_per_run": 64},
+        {"member_counts": [1, 4, 16, 64], "samples_per_run": 3000, "paced_samples": 2000},
+        {"member_counts": [1, 4, 16, 64], "samples_per_run": 64, "paced_samples": 64},
     ),
     "cpu": ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 50_000, 1024: 20_000}}),
     "memory": (

@@ -15,6 +15,7 @@ import contextlib
 import math
 import multiprocessing as mp
 import queue
+import random
 import statistics
 import struct
 import threading
@@ -732,11 +733,26 @@ def latency(
 # 5a. ShareAcknowledge round trip with concurrent members
 
 
-async def _ack_run(bootstrap: str, topic: str, members: int, acks_per_member: int, batch: int) -> list[float]:
+async def _ack_run(
+    bootstrap: str,
+    topic: str,
+    members: int,
+    acks_per_member: int,
+    batch: int,
+    rate: float = 0.0,
+    seconds: list[float] | None = None,
+) -> list[float]:
+    """``members`` members of a fresh group fetch ``batch`` records and acknowledge them in one
+    ShareAcknowledge, until the run has ``acks_per_member * members`` round trips. ``rate`` 0: each
+    member as fast as it can (a closed loop: the machine's slowest part sets the pace). ``rate`` > 0:
+    the members together start about ``rate`` cycles a second, at random phases (the same load
+    however many members carry it). The run's wall-clock seconds are appended to ``seconds``."""
+    seconds = seconds if seconds is not None else []
     group = f"bench-ack-{uuid.uuid4().hex[:8]}"
     await asyncio.to_thread(
         clients.set_group_configs, bootstrap, group, {"share.auto.offset.reset": "earliest"}
     )
+    await clients.find_coordinator(bootstrap, group)
     conn = await clients.connect(bootstrap, "bench-ack")
     try:
         tid = await clients.topic_id(conn, topic)
@@ -762,10 +778,15 @@ async def _ack_run(bootstrap: str, topic: str, members: int, acks_per_member: in
         # Until the run has its samples, not per member: members that had to share a partition
         # (the assignor may give every member every partition) may find theirs drained early.
         wanted = acks_per_member * members
+        cycle = members / rate if rate > 0 else 0.0
 
         async def run(i: int, m: clients.Member) -> None:
             part = parts[i]
+            next_at = time.monotonic() + random.random() * cycle
             while len(out) < wanted:
+                if cycle:
+                    await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                    next_at += cycle * (0.5 + random.random())
                 got = await m.fetch([part], max_records=batch)
                 acks: dict[int, list] = {}
                 for p, ranges in got.items():
@@ -776,7 +797,9 @@ async def _ack_run(bootstrap: str, topic: str, members: int, acks_per_member: in
                 out.append(await m.acknowledge(acks))
 
         async with clients.keepalive(ms):
+            started = time.monotonic()
             await asyncio.wait_for(asyncio.gather(*(run(i, m) for i, m in enumerate(ms))), 300)
+            seconds.append(time.monotonic() - started)
         return out
     finally:
         await asyncio.gather(*(m.close() for m in ms), return_exceptions=True)
@@ -790,75 +813,108 @@ def ack(
     samples_per_run: int,
     repeats: int,
     batch: int = 50,
+    paced_rate: float = 400.0,
+    paced_samples: int = 2000,
+    systems: tuple[str, ...] = ("kshare", "native"),
 ) -> dict[str, Any]:
-    proxy = env.proxy()
-    progress.begin("ack", len(member_counts) * (1 + repeats) + 1)
-    topics = {}
-    for n in member_counts:
-        per_member = math.ceil(samples_per_run / n)
-        topic = clients.create_topic(env.upstream(), f"bench-ack-{n}-{uuid.uuid4().hex[:8]}", n)
-        # enough for every repeat (each with a fresh group) plus the warm-up, in batches of ``batch``
-        clients.produce_batches(env.upstream(), topic, n * (per_member + 5) * batch, n, batch)
-        topics[n] = topic
-        progress.step(f"{n} partition(s) produced")
+    """ShareAcknowledge round trips of 1..N concurrent members, kshare (on 3.9) and native Kafka
+    4.4, in two loads: a closed loop (every member as fast as it can) and ``paced_rate`` cycles a
+    second shared by the members (0: none)."""
+    boot = {"kshare": (env.proxy().bootstrap, env.upstream())} if "kshare" in systems else {}
+    if "native" in systems:
+        k4 = env.kafka4()
+        boot["native"] = (k4, k4)
+    loads = [0.0] + ([paced_rate] if paced_rate > 0 else [])
+    progress.begin("ack", len(boot) * (len(member_counts) * (1 + repeats * len(loads)) + 1))
+    topics: dict[tuple[str, int], str] = {}
     samples = []
     try:
-        warm = member_counts[min(1, len(member_counts) - 1)]
-        asyncio.run(_ack_run(proxy.bootstrap, topics[warm], warm, 5, batch))
-        progress.step(f"warm-up with {warm} members")
-        for r in range(repeats):
-            for n in alternate(member_counts, r):
-                lat = sorted(
-                    asyncio.run(
-                        _ack_run(proxy.bootstrap, topics[n], n, math.ceil(samples_per_run / n), batch)
-                    )
-                )
-                s = {
-                    "members": n,
-                    "acks": len(lat),
-                    "p50_ms": pct(lat, 0.5) * 1000,
-                    "p99_ms": pct(lat, 0.99) * 1000,
-                    "mean_ms": statistics.fmean(lat) * 1000,
-                }
-                samples.append(s)
-                progress.step(
-                    f"{n} member(s): p50 {s['p50_ms']:.2f} ms, p99 {s['p99_ms']:.2f} ms ({len(lat)} acks)"
-                )
+        for name, (_, admin) in boot.items():
+            for n in member_counts:
+                per_member = math.ceil(max(samples_per_run, paced_samples) / n)
+                topic = clients.create_topic(admin, f"bench-ack-{n}-{uuid.uuid4().hex[:8]}", n)
+                # every run has a fresh group starting at the earliest offset: enough for the longest
+                clients.produce_batches(admin, topic, n * (per_member + 5) * batch, n, batch)
+                topics[name, n] = topic
+                progress.step(f"{name}: {n} partition(s) produced")
+        for name, (bootstrap, _) in boot.items():
+            warm = member_counts[min(1, len(member_counts) - 1)]
+            asyncio.run(_ack_run(bootstrap, topics[name, warm], warm, 5, batch))
+            progress.step(f"{name}: warm-up with {warm} members")
+        for rate in loads:
+            wanted = samples_per_run if rate == 0 else paced_samples
+            for r in range(repeats):
+                for n in alternate(member_counts, r):
+                    for name in alternate(list(boot), r + n):
+                        took: list[float] = []
+                        lat = sorted(
+                            asyncio.run(
+                                _ack_run(
+                                    boot[name][0], topics[name, n], n, math.ceil(wanted / n), batch, rate, took
+                                )
+                            )
+                        )
+                        smp = {
+                            "system": name,
+                            "rate": rate,
+                            "members": n,
+                            "acks": len(lat),
+                            "acks_per_s": len(lat) / took[0] if took and took[0] > 0 else float("nan"),
+                            "p50_ms": pct(lat, 0.5) * 1000,
+                            "p99_ms": pct(lat, 0.99) * 1000,
+                            "mean_ms": statistics.fmean(lat) * 1000,
+                        }
+                        samples.append(smp)
+                        load_text = "closed loop" if rate == 0 else f"{rate:.0f} cycles/s"
+                        progress.step(
+                            f"{name}, {load_text}, {n} member(s): p50 {smp['p50_ms']:.2f} ms, "
+                            f"p99 {smp['p99_ms']:.2f} ms ({len(lat)} acks)"
+                        )
     finally:
-        for topic in topics.values():
-            clients.delete_topic(env.upstream(), topic)
+        for (name, _), topic in topics.items():
+            clients.delete_topic(boot[name][1], topic)
     rows = []
-    for n in member_counts:
-        ss = [s for s in samples if s["members"] == n]
-        rows.append(
-            {
-                "members": n,
-                "acks": sum(s["acks"] for s in ss),
-                "p50_ms": median([s["p50_ms"] for s in ss]),
-                "p99_ms": median([s["p99_ms"] for s in ss]),
-                "mean_ms": median([s["mean_ms"] for s in ss]),
-            }
-        )
-    by = {r["members"]: r for r in rows}
+    for rate in loads:
+        for name in boot:
+            for n in member_counts:
+                ss = [x for x in samples if x["members"] == n and x["system"] == name and x["rate"] == rate]
+                if ss:
+                    rows.append(
+                        {
+                            "system": name,
+                            "rate": rate,
+                            "members": n,
+                            "acks": sum(x["acks"] for x in ss),
+                            "acks_per_s": median([x["acks_per_s"] for x in ss]),
+                            "p50_ms": median([x["p50_ms"] for x in ss]),
+                            "p99_ms": median([x["p99_ms"] for x in ss]),
+                            "mean_ms": median([x["mean_ms"] for x in ss]),
+                        }
+                    )
+    by = {(r["system"], r["rate"], r["members"]): r for r in rows}
+    for r in rows:
+        one = by.get((r["system"], r["rate"], 1))
+        r["vs_one"] = r["p50_ms"] / one["p50_ms"] if one else float("nan")
     targets = []
-    if 1 in by and 16 in by:
+    if ("kshare", 0.0, 16) in by:
         targets.append(
             target(
                 "ack p50 with 16 concurrent members / p50 with one",
-                by[16]["p50_ms"] / by[1]["p50_ms"],
+                by["kshare", 0.0, 16]["vs_one"],
                 ACK_TARGET,
                 "<=",
             )
         )
-    for r in rows:
-        r["vs_one"] = r["p50_ms"] / by[1]["p50_ms"] if 1 in by else float("nan")
     progress.end()
     return {
         "config": {
             "members": member_counts,
             "samples_per_run": samples_per_run,
+            "paced_rate": paced_rate,
+            "paced_samples": paced_samples,
             "repeats": repeats,
             "records_per_ack": batch,
+            "systems": list(boot),
         },
         "rows": rows,
         "samples": samples,

@@ -90,6 +90,8 @@ def synthetic() -> dict:
     ]
     ack_rows = [
         {
+            "system": system,
+            "rate": rate,
             "members": n,
             "acks": 100,
             "p50_ms": 1.0 + n / 16,
@@ -97,6 +99,8 @@ def synthetic() -> dict:
             "mean_ms": 1.5,
             "vs_one": (1.0 + n / 16) / (1 + 1 / 16),
         }
+        for rate in (0.0, 400.0)
+        for system in ("kshare", "native")
         for n in (1, 4, 16, 64)
     ]
     mem_row = {
@@ -201,7 +205,8 @@ def test_markdown_has_every_section_and_marks_targets() -> None:
     assert "7 of 7 met." in text
     assert "**other failed**" in text
     assert "WARNING kshare: something" in text
-    assert "| 16 | 100 | 2.00 |" in text  # ack table
+    assert "| kshare | closed loop | 16 | 100 | - | 2.00 |" in text  # ack table
+    assert "| native | 400 cycles/s | 16 | 100 | - | 2.00 |" in text
     assert "| 4 on 4 | 800 | 760 | 95% | 600 | 75% | 4 / 4 |" in text  # scaling table
 
 
