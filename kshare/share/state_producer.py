@@ -238,11 +238,12 @@ class PipelinedProducer:
             self._stale_metadata = True
             _fail_all((recs for _, _, recs in batch), StateProduceError(f"state produce not sent: {exc!r}"))
             return
-        timer = asyncio.get_running_loop().call_later(self.request_timeout_s, self._timed_out, fut, batch, where)
+        timer = asyncio.get_running_loop().call_later(self.request_timeout_s, self._timed_out, fut)
         self._in_flight.add(fut)
         fut.add_done_callback(lambda f: self._settle(f, batch, where, timer))
 
-    def _timed_out(self, fut: asyncio.Future, batch: list, where: str) -> None:
+    @staticmethod
+    def _timed_out(fut: asyncio.Future) -> None:
         if not fut.done():
             fut.cancel()  # settled as a failure by its callback (a late answer is dropped)
 
