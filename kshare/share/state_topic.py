@@ -737,6 +737,12 @@ class TopicStateStore:
         state epoch goes up by one (0 for a share-partition the store has no state for). A
         ShareUpdate is a delta over the current state.
         """
+        await self.submit(writes)
+
+    def submit(self, writes: Sequence[StateWrite]) -> asyncio.Future:
+        """``write`` without the coroutine: the writes are queued (and, when the store is idle,
+        written) before this returns; the future resolves once they are durable. Invalid writes
+        raise here."""
         ops: list[tuple] = []
         for key, content in writes:
             _check_key(key)
@@ -750,8 +756,11 @@ class TopicStateStore:
                 raise TypeError(f"expected a ShareSnapshot or ShareUpdate, got {type(content).__name__}")
             _check_batches(content.state_batches, str(key))
             ops.append((_SP, key, content))
-        if ops:
-            await self._submit(ops)
+        if not ops:
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return fut
+        return self._enqueue(ops)
 
     async def write_group(self, record: GroupRecord) -> None:
         """Persist a group record (durable on return)."""
@@ -782,12 +791,25 @@ class TopicStateStore:
         await self._submit([])
 
     async def _submit(self, ops: list[tuple]) -> None:
+        await self._enqueue(ops)
+
+    def _enqueue(self, ops: list[tuple]) -> asyncio.Future:
         if not self._started or self._closing:
             raise StateStoreError("the state store is not running")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(ops, fut, refs=_refs_of(ops)))
-        self._wake.set()
-        await fut
+        if not self._rounds and len(self._queue) == 1 and not self.linger_s:
+            # An idle store writes at once: no turn of the event loop between the caller (an
+            # acknowledgement being applied) and its Produce request. Under load, rounds are in
+            # flight and the flusher gathers what queues meanwhile into the next round.
+            try:
+                self._start_round()
+            except Exception:  # noqa: BLE001 - the flusher tries again
+                log.exception("state store: cannot start a produce round")
+                self._wake.set()
+        else:
+            self._wake.set()
+        return fut
 
     # -- the flusher -----------------------------------------------------------------------------
 
