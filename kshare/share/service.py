@@ -9,6 +9,7 @@ the timers (member sessions, acquisition locks, topic changes). The per-API hand
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import logging
 import random
@@ -281,17 +282,19 @@ class ShareGroupService(InstanceGroupMember):
     async def release_member(self, group_id: str, member_id: str, only: Iterable[tuple[bytes, int]] | None) -> None:
         wanted = None if only is None else set(only)
         writes = []
-        for key, sp in list(self.partitions.items()):
-            if key.group_id != group_id or sp.engine is None:
-                continue
-            if wanted is not None and (key.topic_id, key.partition) not in wanted:
-                continue
-            sp.fair.leave(member_id)
-            update = sp.engine.release_member(member_id)
-            if update is not None:
-                # at the delivery count limit the records are archived: dead letters too
-                writes.append(self.persist_with_dead_letters(sp, update, (), None, list(sp.engine.archived)))
-                sp.wake()
+        with self.gathering_writes():
+            for key, sp in list(self.partitions.items()):
+                if key.group_id != group_id or sp.engine is None:
+                    continue
+                if wanted is not None and (key.topic_id, key.partition) not in wanted:
+                    continue
+                sp.fair.leave(member_id)
+                update = sp.engine.release_member(member_id)
+                if update is not None:
+                    # at the delivery count limit the records are archived: dead letters too
+                    archived = list(sp.engine.archived)
+                    writes.append(self.persist_with_dead_letters(sp, update, (), None, archived))
+                    sp.wake()
         for fut in writes:
             try:
                 await fut
@@ -414,6 +417,12 @@ class ShareGroupService(InstanceGroupMember):
         self._share_cache()
 
     # -- durable writes -------------------------------------------------------------------------------
+    def gathering_writes(self) -> contextlib.AbstractContextManager:
+        """A block whose share-partition writes go to the cluster together (one Produce round when
+        the store is idle) rather than the first alone: for requests touching several partitions."""
+        gathering = getattr(self.store, "gathering", None)
+        return gathering() if gathering is not None else contextlib.nullcontext()
+
     def persist(self, sp: SharePartitionState, change: ShareUpdate | ShareSnapshot | None) -> asyncio.Future:
         """Queue a durable write; the future resolves once the cluster acknowledged it (and every
         earlier write of this share-partition). Raises WriteFailed on failure."""

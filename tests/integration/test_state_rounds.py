@@ -165,3 +165,40 @@ def test_failed_round_while_later_rounds_are_in_flight(kafka39, topic_name) -> N
         # deleted: one ERROR line, the state is whole from k1's later snapshot)
 
     run(main())
+
+
+def test_writes_submitted_together_go_in_one_round(kafka39, topic_name) -> None:
+    """A request acknowledging several share-partitions submits one write each: inside
+    ``gathering()`` an idle store sends them as one round (one Produce request), where it would
+    otherwise write the first at once and the rest in a round after it."""
+    bs = kafka39.bootstrap
+    keys = [SharePartitionKey("g", TOPIC_ID, p) for p in range(4)]
+
+    async def main() -> None:
+        store = TopicStateStore(bs, topic=topic_name, partitions=1, prune_interval_s=3600)
+        await store.start()
+        try:
+            await store.write([(k, ShareSnapshot(0, ())) for k in keys])
+
+            async def four(offset: int, gathered: bool) -> int:
+                before = store.stats.rounds
+                b = StateBatch(offset, offset + 9, ACKED, 1)
+                if gathered:
+                    with store.gathering():
+                        futs = [store.submit([(k, ShareUpdate(-1, (b,)))]) for k in keys]
+                        assert not store._rounds  # nothing sent before the block ends
+                else:
+                    futs = [store.submit([(k, ShareUpdate(-1, (b,)))]) for k in keys]
+                await asyncio.gather(*futs)
+                return store.stats.rounds - before
+
+            assert await four(0, gathered=False) == 2  # the first alone, then the other three
+            assert await four(10, gathered=True) == 1
+            want = {k: ShareSnapshot(20, ()) for k in keys}  # 0-19 acknowledged: the start moved past
+            assert store.share_partitions() == want
+        finally:
+            await store.close()
+        fresh = await replayed(bs, topic_name)
+        assert fresh.share_partitions() == want
+
+    run(main())

@@ -96,34 +96,37 @@ async def apply_acknowledgements(
     """Apply each partition's acknowledgement batches atomically; durable writes are queued, not awaited.
     ``refused``: topic id -> the error of topics the client may not read (nothing is applied there)."""
     outcomes = []
-    for topic_id, partition, batches in acks:
-        if refused and topic_id in refused:
-            outcomes.append(AckOutcome(topic_id, partition, refused[topic_id]))
-            continue
-        topic = service.upstream.by_id.get(topic_id)
-        if topic is None:
-            outcomes.append(AckOutcome(topic_id, partition, ErrorCode.UNKNOWN_TOPIC_ID))
-            continue
-        if not renew_allowed and any(4 in b.acknowledge_types for b in batches):
-            outcomes.append(AckOutcome(topic_id, partition, ErrorCode.INVALID_REQUEST))
-            continue
-        if not service.owns_partition(topic_id, partition):
-            outcomes.append(AckOutcome(topic_id, partition, ErrorCode.NOT_LEADER_OR_FOLLOWER))
-            continue
-        sp = service.partition_state(group_id, topic, partition)
-        err, engine = await service.engine(sp)
-        if err or engine is None:
-            outcomes.append(AckOutcome(topic_id, partition, err or ErrorCode.COORDINATOR_NOT_AVAILABLE))
-            continue
-        result = engine.acknowledge(member_id, [(b.first_offset, b.last_offset, b.acknowledge_types) for b in batches])
-        if result.error_code == ErrorCode.NONE:
-            _count_acks(service, group_id, topic.name, batches)
-        write = None
-        if result.update is not None:
-            write = service.persist_with_dead_letters(sp, result.update, batches, member_id, list(engine.archived))
-            sp.wake()  # released records can go to another member now
-            service.watch_locks(sp)  # or, with a redelivery backoff, when it ends
-        outcomes.append(AckOutcome(topic_id, partition, result.error_code, write))
+    with service.gathering_writes():  # one Produce round for all of them, not the first alone
+        for topic_id, partition, batches in acks:
+            if refused and topic_id in refused:
+                outcomes.append(AckOutcome(topic_id, partition, refused[topic_id]))
+                continue
+            topic = service.upstream.by_id.get(topic_id)
+            if topic is None:
+                outcomes.append(AckOutcome(topic_id, partition, ErrorCode.UNKNOWN_TOPIC_ID))
+                continue
+            if not renew_allowed and any(4 in b.acknowledge_types for b in batches):
+                outcomes.append(AckOutcome(topic_id, partition, ErrorCode.INVALID_REQUEST))
+                continue
+            if not service.owns_partition(topic_id, partition):
+                outcomes.append(AckOutcome(topic_id, partition, ErrorCode.NOT_LEADER_OR_FOLLOWER))
+                continue
+            sp = service.partition_state(group_id, topic, partition)
+            err, engine = await service.engine(sp)
+            if err or engine is None:
+                outcomes.append(AckOutcome(topic_id, partition, err or ErrorCode.COORDINATOR_NOT_AVAILABLE))
+                continue
+            ranges = [(b.first_offset, b.last_offset, b.acknowledge_types) for b in batches]
+            result = engine.acknowledge(member_id, ranges)
+            if result.error_code == ErrorCode.NONE:
+                _count_acks(service, group_id, topic.name, batches)
+            write = None
+            if result.update is not None:
+                write = service.persist_with_dead_letters(sp, result.update, batches, member_id,
+                                                          list(engine.archived))
+                sp.wake()  # released records can go to another member now
+                service.watch_locks(sp)  # or, with a redelivery backoff, when it ends
+            outcomes.append(AckOutcome(topic_id, partition, result.error_code, write))
     return outcomes
 
 
