@@ -215,8 +215,10 @@ def test_appended_fetches_join_one_run_and_reads_cross_touching_runs() -> None:
         await plog2.read(10, 1 << 20)
         assert plog2.covered() == [(10, 15), (50, 100)]
         plog2.fetch_bytes = 1 << 20
-        await plog2.read(15, 1 << 20)  # fills the gap up to the next run
-        assert plog2.covered() == [(10, 50), (50, 100)]
+        await plog2.read(15, 1 << 20)  # 15..19, read ahead already; it reads ahead again
+        while plog2._fetching:
+            await asyncio.sleep(0)
+        assert plog2.covered() == [(10, 50), (50, 100)]  # the gap filled up to the next run
         assert offsets(await plog2.read(10, 1 << 20)) == [(k, k) for k in range(10, 100)]
 
     asyncio.run(main())
@@ -319,6 +321,40 @@ def test_a_reader_taking_whole_fetches_gets_reads_ahead_too() -> None:
             offset = read.batches[-1][0].last_offset + 1
             await asyncio.sleep(0.03)  # the consumer's work between share fetches
         assert waited == 1, f"{waited} of {len(up.fetches)} reads waited for a Fetch"
+
+    asyncio.run(main())
+
+
+def test_read_ahead_asks_one_fetch_and_keeps_a_fetch_worth_ahead_of_small_reads() -> None:
+    """A read-ahead asks for one Fetch's worth, never more (a large Fetch response in flight slows
+    the state writes share fetches wait for), and small reads start it while less than a Fetch's
+    worth is cached past them, so it arrives before they get there: only the first read waits."""
+    class Sized(SlowUpstream):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked: list[int] = []
+
+        async def _fetch(self, offset, max_bytes, max_wait_ms):
+            self.asked.append(max_bytes)
+            return await super()._fetch(offset, max_bytes, max_wait_ms)
+
+    async def main() -> None:
+        up = Sized()
+        for _ in range(400):
+            up.append(count=5, payload=400)  # ~2 KB batches
+        fetch = 64 << 10
+        plog = make_log(up, fetch_bytes=fetch, budget_bytes=4 << 20)
+        offset, waited = 0, 0
+        loop = asyncio.get_running_loop()
+        while offset < up.end:
+            t0 = loop.time()
+            read = await plog.read(offset, 4 << 10)  # two batches a read: 1/16 of a Fetch
+            if loop.time() - t0 >= 0.015:
+                waited += 1
+            offset = read.batches[-1][0].last_offset + 1
+            await asyncio.sleep(0.004)  # a Fetch (20 ms) takes five reads' time
+        assert waited == 1, f"{waited} of {len(up.asked)} reads waited for a Fetch"
+        assert max(up.asked) <= fetch, up.asked
 
     asyncio.run(main())
 
