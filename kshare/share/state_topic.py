@@ -47,7 +47,7 @@ import logging
 import time
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -813,7 +813,7 @@ class TopicStateStore:
         return fut
 
     @contextlib.contextmanager
-    def gathering(self):
+    def gathering(self) -> Iterator[None]:
         """Writes submitted inside this block go out together, in one round when the store is idle.
 
         A request that acknowledges several share-partitions (a ShareFetch over 4 partitions)
