@@ -40,6 +40,8 @@ MAX_REQUEST_BYTES = 1 << 20
 
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
+# COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
+_COORDINATOR_NOT_READY = frozenset({14, 15, 16})
 _NOT_LEADER = {6, 74, 75}  # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH: ask Metadata again
 
 
@@ -93,9 +95,18 @@ class PipelinedProducer:
             if self.idempotent:
                 Req = messages.message_class("InitProducerIdRequest")
                 version = conn.best_version(INIT_PRODUCER_ID, hi=4)
-                resp = await asyncio.wait_for(conn.request(INIT_PRODUCER_ID, version, Req(
-                    transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1)),
-                    self.request_timeout_s)
+                deadline = time.monotonic() + self.request_timeout_s
+                delay = RETRY_FIRST_S
+                while True:
+                    resp = await asyncio.wait_for(conn.request(INIT_PRODUCER_ID, version, Req(
+                        transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1)),
+                        self.request_timeout_s)
+                    # a broker just started is still loading (or creating) its transaction state:
+                    # ask again, as Kafka's own producer does, instead of giving up idempotence
+                    if resp.error_code not in _COORDINATOR_NOT_READY or time.monotonic() + delay > deadline:
+                        break
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
                 if resp.error_code:
                     raise StateProduceError(f"InitProducerId refused: error code {resp.error_code}", resp.error_code)
                 self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
