@@ -258,7 +258,7 @@ def _latency(res: dict[str, Any]) -> list[str]:
         for r in res.get("rows", [])
     ]
     text = [
-        f"One producer at {_num(cfg.get('rate'))} records/s ({cfg.get('value_size', 100)} B, linger.ms 0, "
+        f"One producer at {_num(cfg.get('rate'))} records/s ({cfg.get('value_size', 100)} B, linger.ms 5, "
         f"acks=all) and one consumer, each its own process, {cfg.get('seconds', '?')} s per run; latency = "
         "time `poll()` returned the record - time it was handed to `produce()` (one clock). The producer and "
         "consumer of kshare bootstrap from kshare.",
