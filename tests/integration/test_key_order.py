@@ -215,7 +215,9 @@ def test_a_lost_consumer_blocks_its_key_only_until_the_lock_expires(kshare39, ka
     assert a[0][1] == 2, a  # the held record, delivered again first
     assert a[0][2] < lock_s + 3, a  # blocked at most until the lock expired (3 s: slack for polls)
     if how == "sigstop":
-        assert a[0][2] >= lock_s, a  # and with the connection open, not before
+        # and with the connection open, not before. The lock started when the proxy acquired the
+        # record, a moment before the holder reported it and `acquired` was read (2.998 s seen)
+        assert a[0][2] >= lock_s - 0.25, a
         b_times = [t for v, _, t in seen if v.startswith(b"b")]
         assert max(b_times) < a[0][2], seen  # key B was never held back by key A
 
