@@ -301,6 +301,21 @@ def test_sequential_reads_find_the_next_data_fetched_ahead() -> None:
     asyncio.run(main())
 
 
+async def reads_that_waited(plog: PartitionLog, end: int, read_bytes: int, work_s: float) -> int:
+    """A consumer reading the log from 0 to ``end``, ``read_bytes`` a read with ``work_s`` between
+    reads: how many reads waited for a Fetch (SlowUpstream's 20 ms)."""
+    offset, waited = 0, 0
+    loop = asyncio.get_running_loop()
+    while offset < end:
+        t0 = loop.time()
+        read = await plog.read(offset, read_bytes)
+        if loop.time() - t0 >= 0.015:
+            waited += 1
+        offset = read.batches[-1][0].last_offset + 1
+        await asyncio.sleep(work_s)
+    return waited
+
+
 def test_a_reader_taking_whole_fetches_gets_reads_ahead_too() -> None:
     """A share consumer asking for as many bytes as one Fetch brings (1 KiB records: ~1 MB either
     way) takes all of each Fetch: its reads never find data cached past them, so read-ahead must
@@ -311,15 +326,8 @@ def test_a_reader_taking_whole_fetches_gets_reads_ahead_too() -> None:
             up.append(count=10, payload=8000)
         fetch = 64 << 10
         plog = make_log(up, fetch_bytes=fetch, budget_bytes=1 << 20)
-        offset, waited = 0, 0
-        loop = asyncio.get_running_loop()
-        while offset < up.end:
-            t0 = loop.time()
-            read = await plog.read(offset, fetch)  # exactly what one Fetch brings
-            if loop.time() - t0 >= 0.015:
-                waited += 1
-            offset = read.batches[-1][0].last_offset + 1
-            await asyncio.sleep(0.03)  # the consumer's work between share fetches
+        # exactly what one Fetch brings per read, 30 ms of the consumer's work between share fetches
+        waited = await reads_that_waited(plog, up.end, fetch, 0.03)
         assert waited == 1, f"{waited} of {len(up.fetches)} reads waited for a Fetch"
 
     asyncio.run(main())
@@ -344,15 +352,8 @@ def test_read_ahead_asks_one_fetch_and_keeps_a_fetch_worth_ahead_of_small_reads(
             up.append(count=5, payload=400)  # ~2 KB batches
         fetch = 64 << 10
         plog = make_log(up, fetch_bytes=fetch, budget_bytes=4 << 20)
-        offset, waited = 0, 0
-        loop = asyncio.get_running_loop()
-        while offset < up.end:
-            t0 = loop.time()
-            read = await plog.read(offset, 4 << 10)  # two batches a read: 1/16 of a Fetch
-            if loop.time() - t0 >= 0.015:
-                waited += 1
-            offset = read.batches[-1][0].last_offset + 1
-            await asyncio.sleep(0.004)  # a Fetch (20 ms) takes five reads' time
+        # two batches a read (1/16 of a Fetch); a Fetch (20 ms) takes five reads' time
+        waited = await reads_that_waited(plog, up.end, 4 << 10, 0.004)
         assert waited == 1, f"{waited} of {len(up.asked)} reads waited for a Fetch"
         assert max(up.asked) <= fetch, up.asked
 
