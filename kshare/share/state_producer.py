@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from ..client import KafkaConnection
 from ..protocol import messages
 from ..security import ClientSecurity
+from .errors import ErrorCode
 
 log = logging.getLogger("kshare.share")
 
@@ -40,8 +41,8 @@ MAX_REQUEST_BYTES = 1 << 20
 
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
-# COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
-_COORDINATOR_NOT_READY = frozenset({14, 15, 16})
+_COORDINATOR_NOT_READY = frozenset(
+    {ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR})
 _NOT_LEADER = {6, 74, 75}  # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH: ask Metadata again
 
 
