@@ -86,7 +86,7 @@ class _Run:
         self.end = end
         self.lasts: list[int] = []  # last offset of each batch, ascending (bisection)
         self.batches: list[tuple] = []  # each a ``Batch`` as a plain tuple (see _LAST)
-        self.bufs: list[memoryview | bytes] = []  # the fetched bytes each batch points into
+        self.bufs: list[memoryview | bytes | None] = []  # the fetched bytes each batch points into (None: evicted)
         self.head = 0  # batches before ``head`` are evicted (dropped from the lists in bulk)
         self.lso = -1  # the highest last stable offset any of its fetches reported
         # aborted transactions per fetch that added batches: (first offset, end, [(producer, first)])
@@ -471,10 +471,14 @@ class PartitionLog:
             run = runs[r]
             limit = guarded.get(id(run), len(run.batches))
             h = run.head
+            bufs = run.bufs
             while h < limit and self.cached_bytes > limit_bytes:
                 b = run.batches[h]
                 self.cached_bytes -= _size(b)
                 self.cached_batches -= 1
+                # the fetched buffer goes with its last batch, not at the next compaction: until
+                # then the evicted batches held up to as much memory again as the budget
+                bufs[h] = None
                 h += 1
                 run.start = b[_LAST] + 1
             run.head = h

@@ -14,6 +14,7 @@ import gc
 import random
 import struct
 import time
+import weakref
 
 import pytest
 
@@ -262,6 +263,42 @@ def test_eviction_drops_the_oldest_never_what_was_just_fetched() -> None:
         assert plog.covered()[0] == (3, 13)
         assert plog.cached_bytes <= 50 * size
         assert offsets(await plog.read(3, 1 << 20)) == [(k, k) for k in range(3, 13)]
+
+    asyncio.run(main())
+
+
+def test_evicted_batches_let_go_of_their_fetched_buffers_at_once() -> None:
+    """The record cache keeps slices of the Fetch responses. A response's buffer must be free as
+    soon as its last batch is evicted, not at a later compaction of the cache's lists: before,
+    evicted batches held up to as much memory again as the budget, and the buffers of new
+    Fetches came from fresh pages (page faults on the share fetch path)."""
+
+    class Tracking(FakeUpstream):
+        def __init__(self) -> None:
+            super().__init__()
+            self.responses: list[weakref.ref] = []
+
+        async def _fetch(self, offset, max_bytes, max_wait_ms):
+            res = await super()._fetch(offset, max_bytes, max_wait_ms)
+            self.responses.append(weakref.ref(res.records))
+            return res
+
+    async def main() -> None:
+        up = Tracking()
+        for _ in range(200):
+            up.append(payload=10_000)
+        fetch = 10 * len(up.batches[0][2])
+        assert fetch >= pl.COPY_BELOW  # cached as slices of the response, not copies
+        plog = make_log(up, budget_bytes=3 * fetch + 100, fetch_bytes=fetch)
+        offset = 0
+        while offset < 200:
+            read = await plog.read(offset, fetch)
+            offset = read.batches[-1][0].last_offset + 1
+            del read
+            alive = sum(1 for r in up.responses if r() is not None)
+            assert alive <= 5, f"{alive} of {len(up.responses)} fetched buffers still held at offset {offset}"
+            assert plog.cached_bytes <= 3 * fetch + 100
+        assert len(up.responses) >= 20
 
     asyncio.run(main())
 
