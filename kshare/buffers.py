@@ -82,19 +82,6 @@ class FrameBuffers:
                 del self._bufs[i]
         return memoryview(buf)[:size]
 
-    def trim(self) -> None:
-        """Let go of unused buffers beyond ``max_free_bytes`` now (a take does so too): for an
-        idle proxy, whose record cache was dropped, to give the memory back."""
-        free_bytes = 0
-        keep: list[bytearray] = []
-        for _i, buf in enumerate(self._bufs):  # the loop of _refs_when_free
-            if _getrefcount(buf) == _FREE_REFS:
-                free_bytes += len(buf)
-                if free_bytes > self.max_free_bytes:
-                    continue
-            keep.append(buf)
-        self._bufs = keep
-
     @property
     def tracked_bytes(self) -> int:
         return sum(len(b) for b in self._bufs)

@@ -18,7 +18,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..client import FRAME_BUFFERS
 from ..protocol import messages
 from . import dead_letter
 from .authorization import ShareAuthorizer
@@ -416,7 +415,6 @@ class ShareGroupService(InstanceGroupMember):
                 self.cache_pool.remove(plog)
                 del self.logs[k]
         self._share_cache()
-        FRAME_BUFFERS.trim()  # the fetched buffers the dropped caches held
 
     # -- durable writes -------------------------------------------------------------------------------
     def gathering_writes(self) -> contextlib.AbstractContextManager:
