@@ -13,7 +13,6 @@ import logging
 import struct
 from typing import Any
 
-from .buffers import FrameBuffers
 from .protocol import messages
 from .protocol.codegen import DecodeError
 from .security import ClientSecurity
@@ -25,8 +24,6 @@ _SIZE = struct.Struct(">i")
 # which the socket fills directly (a 1 MB Fetch response is copied once, by the kernel).
 _SCRATCH = 64 << 10
 _MAX_RESPONSE = 1 << 30
-# the large frames' buffers, shared by every connection of the process
-FRAME_BUFFERS = FrameBuffers()
 
 
 BROKER_NOT_AVAILABLE = 8
@@ -161,12 +158,12 @@ class _Responses(asyncio.BufferedProtocol):
         self.conn = conn
         self._scratch = bytearray(_SCRATCH)
         self._have = 0  # bytes in the scratch buffer not yet handed out
-        self._frame: memoryview | None = None  # a large response being filled
+        self._frame: bytearray | None = None  # a large response being filled
         self._filled = 0
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._frame is not None:
-            return self._frame[self._filled :]
+            return memoryview(self._frame)[self._filled :]
         return memoryview(self._scratch)[self._have :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -174,7 +171,7 @@ class _Responses(asyncio.BufferedProtocol):
             self._filled += nbytes
             if self._filled == len(self._frame):
                 frame, self._frame = self._frame, None
-                self.conn._deliver(frame)
+                self.conn._deliver(memoryview(frame))
             return
         self._have += nbytes
         buf, have, pos = self._scratch, self._have, 0
@@ -193,7 +190,7 @@ class _Responses(asyncio.BufferedProtocol):
                 pos = end
                 continue
             if 4 + size > len(buf):  # too large for the scratch buffer: a buffer of its own
-                frame = FRAME_BUFFERS.take(size)
+                frame = bytearray(size)
                 got = have - pos - 4
                 frame[:got] = buf[pos + 4 : have]
                 self._frame, self._filled = frame, got
