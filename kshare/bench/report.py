@@ -196,7 +196,16 @@ def _share(res: dict[str, Any]) -> list[str]:
         "(the group join included).",
         "",
     ]
-    return text + _table(head, rows) + [""]
+    after = [""]
+    if res.get("rss_peak_mb") is not None:
+        after = [
+            "",
+            f"Proxy resident memory: {_num(res.get('rss_before_mb'))} MB before these runs, at most "
+            f"{_num(res.get('rss_peak_mb'))} MB after any of them (record cache budget "
+            f"{_num(res.get('cache_budget_mb'))} MB).",
+            "",
+        ]
+    return text + _table(head, rows) + after
 
 
 def _scaling(res: dict[str, Any]) -> list[str]:

@@ -40,6 +40,7 @@ ACK_TARGET = 2.0  # p50 with 16 concurrent members / p50 with one
 LATENCY_TARGET_MS = 2.0  # kshare p99 - direct p99
 CPU_TARGET = 35.0  # proxy millicores per MB/s
 MEMORY_OVERHEAD_MB = 200  # RSS may exceed the idle proxy's by the record-cache budget plus this
+DEFAULT_CACHE_MB = 256  # kshare proxy --record-cache-mb's default
 
 
 def _size(b: int) -> str:
@@ -180,6 +181,12 @@ def share(
     proxy = env.proxy()
     configs = configs or ["classic", "kshare", "native"]
     k4 = env.kafka4() if "native" in configs else None
+    # The proxy's memory while it reads topics far larger than its record cache: the cache keeps
+    # slices of the Fetch responses, and evicted batches once kept theirs (1.6 GB resident with
+    # the default 256 MB budget, one consumer on 16 partitions of 1 KiB records).
+    budget_mb = _cache_budget_mb(env.proxy_args, DEFAULT_CACHE_MB)
+    rss_before = rss_bytes(proxy.pid)
+    rss_peak = rss_before
     sizes = sorted(records)
     combos = [(size, parts) for size in sizes for parts in partition_counts]
     progress.begin("share", len(combos) * (1 + repeats * len(configs)) + (len(configs) if warmup else 0))
@@ -205,6 +212,8 @@ def share(
                 else:
                     run = clients.consume_share(k4, topic, n)  # type: ignore[arg-type]
                 cpu = cpu_seconds(proxy.pid) - c0 if config == "kshare" else None
+                if config == "kshare":
+                    rss_peak = max(rss_peak, rss_bytes(proxy.pid))
                 if r is not None:
                     samples.append(
                         {
@@ -219,6 +228,7 @@ def share(
                 progress.step(
                     f"{'warm-up ' if r is None else ''}{config} {size} B x{parts}: {n / run.data_seconds:,.0f} rec/s, "
                     f"first record after {run.first_record_s:.2f} s"
+                    + (f", proxy RSS {rss_bytes(proxy.pid) / 2**20:.0f} MB" if config == "kshare" else "")
                 )
         finally:
             clients.delete_topic(env.upstream(), topic)
@@ -255,6 +265,16 @@ def share(
         if "classic" in configs:
             row["kshare_classic"] = row["kshare_rps"] / row["classic_rps"]
         rows.append(row)
+    if "kshare" in configs:
+        targets.append(
+            target(
+                f"proxy RSS after the share runs <= before + {budget_mb} MB cache budget + {MEMORY_OVERHEAD_MB} MB",
+                rss_peak / 2**20,
+                rss_before / 2**20 + budget_mb + MEMORY_OVERHEAD_MB,
+                "<=",
+                "MB",
+            )
+        )
     progress.end()
     return {
         "config": {
@@ -266,6 +286,9 @@ def share(
         "rows": rows,
         "samples": samples,
         "targets": targets,
+        "rss_before_mb": rss_before / 2**20,
+        "rss_peak_mb": rss_peak / 2**20,
+        "cache_budget_mb": budget_mb,
     }
 
 
