@@ -189,7 +189,8 @@ class ProxyProcess(Child):
     def metrics(self) -> dict[str, float]:
         """The proxy's Prometheus metrics, unlabelled series summed by name."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        # 10,000 share-partitions x 1,000 members make a large page, slow to build on a busy machine
+        text = urllib.request.urlopen(url, timeout=60).read().decode()
         out: dict[str, float] = {}
         for line in text.splitlines():
             if not line or line.startswith("#"):
