@@ -212,8 +212,9 @@ def share(
                 else:
                     run = clients.consume_share(k4, topic, n)  # type: ignore[arg-type]
                 cpu = cpu_seconds(proxy.pid) - c0 if config == "kshare" else None
-                if config == "kshare":
-                    rss_peak = max(rss_peak, rss_bytes(proxy.pid))
+                rss = rss_bytes(proxy.pid) if config == "kshare" else None
+                if rss is not None:
+                    rss_peak = max(rss_peak, rss)
                 if r is not None:
                     samples.append(
                         {
@@ -228,7 +229,7 @@ def share(
                 progress.step(
                     f"{'warm-up ' if r is None else ''}{config} {size} B x{parts}: {n / run.data_seconds:,.0f} rec/s, "
                     f"first record after {run.first_record_s:.2f} s"
-                    + (f", proxy RSS {rss_bytes(proxy.pid) / 2**20:.0f} MB" if config == "kshare" else "")
+                    + (f", proxy RSS {rss / 2**20:.0f} MB" if rss is not None else "")
                 )
         finally:
             clients.delete_topic(env.upstream(), topic)
