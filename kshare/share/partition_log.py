@@ -249,12 +249,16 @@ class PartitionLog:
             run = runs[i]
             j = run.head
 
-    async def read(self, offset: int, max_bytes: int, until: int | None = None) -> ReadResult:
+    async def read(self, offset: int, max_bytes: int, until: int | None = None,
+                   later: list[tuple[PartitionLog, int]] | None = None) -> ReadResult:
         """Batches from ``offset`` on (the first may start before it), from cache or the cluster;
-        with ``until``, none starting at or past it (but always at least one)."""
+        with ``until``, none starting at or past it (but always at least one).
+
+        ``later``: the read-ahead this read wants is put there as (log, offset), for the caller to
+        start with ``fetch_ahead`` once it waits for nothing more, instead of starting now."""
         cached = self._cached(offset, max_bytes, until)
         if cached is not None and cached.batches:
-            self._read_ahead(offset, cached)
+            self._read_ahead(offset, cached, later)
             return cached
         if 0 <= self.high_watermark <= offset and self._poll is not None and not self._poll.done():
             return ReadResult(ErrorCode.NONE, fetch_offset=offset)  # nothing new yet; the poll will tell
@@ -271,7 +275,7 @@ class PartitionLog:
             # landed meanwhile, over its share of the cache): once more
         # after a miss too: a reader taking exactly what each Fetch brings would otherwise never
         # hit the cache, and so never start a read-ahead (every share fetch waiting for a Fetch)
-        self._read_ahead(offset, cached)
+        self._read_ahead(offset, cached, later)
         return cached
 
     def _fetch_at(self, offset: int, max_bytes: int | None = None) -> asyncio.Task:
@@ -286,7 +290,7 @@ class PartitionLog:
             task.add_done_callback(lambda _t, o=offset: self._fetching.pop(o, None))
         return task
 
-    def _read_ahead(self, offset: int, read: ReadResult) -> None:
+    def _read_ahead(self, offset: int, read: ReadResult, later: list[tuple[PartitionLog, int]] | None) -> None:
         """A read served ``offset`` on from the cache: if the cached stretch after it holds less
         than READ_AHEAD_READS more such reads, or less than one Fetch's worth of bytes, and the
         cluster has more, fetch the next data now, in the background, so that the next share
@@ -296,7 +300,13 @@ class PartitionLog:
         response streams in for longer, and the state writes that share fetches wait for (their
         acknowledgements) are slower while it does (1 KiB records, one share consumer: 1.1x the
         rate with 1 MB read-aheads instead of 4 MB ones). Small reads keep a Fetch's worth
-        ahead instead, so a read-ahead has many reads' time to arrive."""
+        ahead instead, so a read-ahead has many reads' time to arrive.
+
+        With ``later`` the read-ahead is put there, not started: a share fetch waiting for the
+        durable writes of its acknowledgements starts it once they are done (``fetch_ahead``), so
+        that its Fetch response does not stream in while the writes are on their way (1 KiB
+        records, one share consumer on 4 partitions: 1.19x the rate, the share fetch's time in
+        the proxy 1.05 ms instead of 1.48)."""
         batches = read.batches
         served_end = batches[-1][0].last_offset + 1
         end = self._end_after(served_end - 1)
@@ -310,11 +320,22 @@ class PartitionLog:
             return
         if 2 * self.fetch_bytes > self.budget_bytes:
             return  # this log's share of the cache holds less than the read and the fetch ahead
-        if end in self._fetching or self._slow_finder:
+        if later is not None:
+            later.append((self, end))
+        else:
+            self.fetch_ahead(end)
+
+    def fetch_ahead(self, offset: int) -> None:
+        """Fetch one Fetch's worth at ``offset`` in the background, unless a Fetch there runs
+        already or (a read-ahead started late) another one brought it meanwhile."""
+        if offset in self._fetching or self._slow_finder or offset >= self._readable_end():
             return
-        if self._poll is not None and not self._poll.done() and self._poll_offset == end:
+        i = bisect_right(self._starts, offset) - 1
+        if i >= 0 and self._runs[i].end > offset:
             return
-        task = self._fetch_at(end, self.fetch_bytes)
+        if self._poll is not None and not self._poll.done() and self._poll_offset == offset:
+            return
+        task = self._fetch_at(offset, self.fetch_bytes)
         task.add_done_callback(_retrieve)
 
     def _readable_end(self) -> int:

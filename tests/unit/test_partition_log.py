@@ -397,6 +397,40 @@ def test_read_ahead_asks_one_fetch_and_keeps_a_fetch_worth_ahead_of_small_reads(
     asyncio.run(main())
 
 
+def test_a_read_ahead_put_off_starts_when_asked_and_only_if_still_needed() -> None:
+    """A share fetch that waits for its acknowledgements' writes puts its reads' read-aheads off
+    (``later``): no Fetch starts until it calls ``fetch_ahead``, which then fetches the data after
+    the cached stretch; asked again once another Fetch brought that data, it fetches nothing."""
+    async def main() -> None:
+        up = SlowUpstream()
+        for _ in range(120):
+            up.append(count=10, payload=8000)  # 8 batches per 64 KiB Fetch
+        plog = make_log(up, fetch_bytes=64 << 10, budget_bytes=1 << 20)
+        size = len(up.batches[0][2])
+        later: list = []
+        read = await plog.read(0, 2 * size, later=later)  # a miss: it waits for the first Fetch
+        assert offsets(read)[0][0] == 0 and len(up.fetches) == 1
+        assert [log for log, _ in later] == [plog]
+        ahead = later[0][1]
+        assert ahead == up.fetches[0][0] + 80  # right after what the first Fetch brought
+        read = await plog.read(20, 2 * size, later=later)  # a hit: its read-ahead is put off as well
+        await asyncio.sleep(0.05)
+        assert len(up.fetches) == 1, "a read-ahead started although the caller put it off"
+        assert {o for _, o in later} == {ahead}
+
+        plog.fetch_ahead(ahead)
+        plog.fetch_ahead(ahead)  # one Fetch per offset
+        await asyncio.sleep(0.05)
+        assert [o for o, _, _ in up.fetches] == [0, ahead]
+        plog.fetch_ahead(ahead)  # cached now: nothing to fetch
+        await asyncio.sleep(0.05)
+        assert len(up.fetches) == 2
+        read = await plog.read(ahead, 2 * size)
+        assert offsets(read)[0][0] == ahead
+
+    asyncio.run(main())
+
+
 def test_many_logs_stay_within_one_budget_least_recently_used_first() -> None:
     """Each log keeps at least its last fetch, so 400 logs of 64 KiB fetches alone would hold
     25 MB: with one CachePool of 4 MB they hold no more than that together, the logs read longest

@@ -36,6 +36,7 @@ from .common import (
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
+    from ..partition_log import PartitionLog
     from ..service import ShareGroupService, SharePartitionState
 
 API_KEY = 78
@@ -100,6 +101,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         await _settle_acks(outcomes, out)
         return version, out.build(lock_ms)
 
+    later: list[tuple[PartitionLog, int]] | None = None
     if not renew_only:
         max_records = req.max_records if req.max_records > 0 else DEFAULT_MAX_RECORDS
         mode = req.share_acquire_mode if version >= 2 else AcquireMode.BATCH_OPTIMIZED
@@ -107,9 +109,15 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         batch_size = req.batch_size if req.batch_size > 0 and mode == AcquireMode.BATCH_OPTIMIZED else 0
         deadline = time.monotonic() + max(req.max_wait_ms, 0) / 1000
         writes: list[tuple[bytes, int, asyncio.Future]] = []
+        # While this request waits for its acknowledgements' durable writes, the read-aheads its
+        # reads want wait too: a Fetch response streaming in from the cluster (a megabyte) slows
+        # the Produce round trip this answer waits for. They start as soon as the writes are done,
+        # while the client works through the records (a Fetch's worth stays cached ahead).
+        if any(o.write for o in outcomes):
+            later = []
         while True:
             states = await _acquire_all(service, group_id, member_id, session, max_records, max_bytes, mode,
-                                        batch_size, out, writes)
+                                        batch_size, out, writes, later)
             left_ms = int((deadline - time.monotonic()) * 1000)
             if out.record_count or outcomes or out.errors or left_ms <= 0:
                 break
@@ -123,6 +131,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
             # the connection closed while this fetch waited: nobody will get these records
             await service.release_member(group_id, member_id, list(session.partitions))
     await _settle_acks(outcomes, out)
+    for plog, offset in later or ():
+        plog.fetch_ahead(offset)
     return version, out.build(lock_ms)
 
 
@@ -133,8 +143,9 @@ async def _settle_acks(outcomes: list[AckOutcome], out: _ResponseBuilder) -> Non
 
 async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str, session: Any, max_records: int,
                        max_bytes: int, mode: int, batch_size: int, out: _ResponseBuilder,
-                       writes: list) -> list[SharePartitionState]:
-    """One pass over the session's partitions; returns the share-partitions it looked at."""
+                       writes: list, later: list[tuple[PartitionLog, int]] | None) -> list[SharePartitionState]:
+    """One pass over the session's partitions; returns the share-partitions it looked at.
+    ``later``: where the reads put their read-aheads (None: they start them at once)."""
     group = service.coordinator.ensure_group(group_id)
     cfg = group.config
     rc = cfg.read_committed
@@ -192,7 +203,7 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         # leave those batches out (with small producer batches a cached segment holds thousands).
         # Not under read_committed, where skipped aborted records may stretch far past that.
         until = None if rc else engine.end_offset + max(want, 1)
-        read = await plog.read(offset, max(1, min(max_bytes - out.record_bytes, plog.fetch_bytes)), until)
+        read = await plog.read(offset, max(1, min(max_bytes - out.record_bytes, plog.fetch_bytes)), until, later)
         if read.error_code == OFFSET_OUT_OF_RANGE:
             service.skip_to_log_start(sp, read.log_start_offset)
             continue
