@@ -305,8 +305,8 @@ def _ack(res: dict[str, Any]) -> list[str]:
         "native Kafka 4.4: its share coordinator's write). Two loads: a closed loop (every member as fast "
         "as it can, so on a small machine the CPU sets the pace and the p50 grows with the members by "
         "Little's law) and, where configured, a fixed number of fetch-and-acknowledge cycles a second "
-        "shared by the members (the cost of concurrency itself). The target is the closed loop's; acks/s is "
-        "the run's rate (in the closed loop, the throughput each system reached).",
+        "shared by the members (the cost of concurrency itself, at the same load). The target is the paced "
+        "load's; acks/s is the run's rate (in the closed loop, the throughput each system reached).",
         "",
     ]
     return (

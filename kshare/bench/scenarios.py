@@ -922,12 +922,20 @@ def ack(
     for r in rows:
         one = by.get((r["system"], r["rate"], 1))
         r["vs_one"] = r["p50_ms"] / one["p50_ms"] if one else float("nan")
+    # The target compares 16 concurrent members with one at the same load, the paced one: what
+    # concurrency itself costs (sessions, connections, state writes of many share-partitions at
+    # once). In the closed loop 16 members ask for 16 times one member's load, and on the project's
+    # 2 cores the proxy (a core), the broker and the bench's own members all run out of CPU, so the
+    # p50 there grows with the members by Little's law whatever the system (native Kafka 4.4:
+    # 4-6x); it is reported beside it with the throughput each system reached.
     targets = []
-    if ("kshare", 0.0, 16) in by:
+    load = paced_rate if paced_rate > 0 else 0.0
+    if ("kshare", load, 16) in by:
+        load_text = f"at {load:,.0f} cycles/s" if load else "closed loop"
         targets.append(
             target(
-                "ack p50 with 16 concurrent members / p50 with one",
-                by["kshare", 0.0, 16]["vs_one"],
+                f"ack p50 with 16 concurrent members / p50 with one ({load_text})",
+                by["kshare", load, 16]["vs_one"],
                 ACK_TARGET,
                 "<=",
             )
