@@ -18,6 +18,7 @@ import inspect
 import logging
 import struct
 from collections import OrderedDict, deque
+from contextvars import ContextVar
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -41,12 +42,15 @@ _ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id ne
 _UNANSWERED_LIMIT = 4096
 _REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the answers it is owed
 BROKER_NOT_AVAILABLE = 8
+# The slot a locally served request's handler answers: set in the handler's own task (its context
+# is a copy), so ``send_ahead`` knows which response it begins.
+_SERVING: ContextVar[Slot | None] = ContextVar("kshare_serving", default=None)
 
 
 class Slot:
     """A response owed to the client, in request order."""
 
-    __slots__ = ("api_key", "version", "corr", "data", "streaming", "started", "request", "probe")
+    __slots__ = ("api_key", "version", "corr", "data", "streaming", "started", "request", "probe", "ahead")
 
     def __init__(self, api_key: int, version: int, corr: int) -> None:
         self.api_key = api_key
@@ -57,6 +61,7 @@ class Slot:
         self.started = perf_counter()
         self.request: Any = None  # the decoded request, for the few rewrites that need it
         self.probe: asyncio.Future | None = None  # the proxy's own request: its decoded response goes here
+        self.ahead: list | None = None  # the beginning of a local response, written before the rest was known
 
 
 def produce_header(frame: bytes | bytearray, version: int, start: int, end: int) -> tuple[int, bool] | None:
@@ -496,17 +501,34 @@ class ClientConnection(asyncio.Protocol):
         self._spawn(self._run_handler(handler, slot, header, body))
 
     async def _run_handler(self, handler: Any, slot: Slot, header: Any, body: Any) -> None:
+        _SERVING.set(slot)
         try:
             result = handler(self, header, body)
             if inspect.isawaitable(result):
                 result = await result
             response_version, response = result
-            slot.data = messages.encode_response_pieces(slot.api_key, response_version, slot.corr, response)
+            pieces = messages.encode_response_pieces(slot.api_key, response_version, slot.corr, response)
+            slot.data = pieces if slot.ahead is None else _rest_after(slot.ahead, pieces)
         except Exception:
             log.exception("client %s: handler for %s failed; closing", self.peer, _api_name(slot.api_key))
             self.close()
             return
         self.flush()
+
+    def send_ahead(self, pieces: list) -> bool:
+        """Write the beginning of the response the calling handler is still working on, when it
+        is the next response owed (else nothing is written; returns whether it was).
+
+        For a handler whose answer waits on something that can change only its end (a ShareFetch
+        waiting for its acknowledgements' durable writes, whose records are ready): the records
+        travel while it waits. The response it finally returns must encode to these same buffers
+        first; the rest follows (``_rest_after`` checks it, and closes the connection if not)."""
+        slot = _SERVING.get()
+        if slot is None or self.closed or not self.order or self.order[0] is not slot or slot.ahead is not None:
+            return False
+        slot.ahead = pieces
+        self.send_client(pieces)
+        return True
 
     # -- responses ------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -710,6 +732,14 @@ class UpstreamConnection(asyncio.Protocol):
         struct.pack_into(">i", out, 0, len(out) - 4)
         slot.data = out
         self.client.flush()
+
+
+def _rest_after(ahead: list, pieces: list) -> list:
+    """What is left of a response's ``pieces`` once ``ahead`` (its beginning) was written."""
+    n = len(ahead)
+    if len(pieces) < n or not all(a is b or a == b for a, b in zip(ahead, pieces[:n], strict=True)):
+        raise ValueError("a response does not begin with what was written ahead of it")
+    return pieces[n:]
 
 
 def _api_name(key: int) -> str:

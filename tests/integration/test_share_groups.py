@@ -19,13 +19,19 @@ broker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import struct
 import time
 import uuid
 from collections import Counter
+from typing import Any
 
 import pytest
 from confluent_kafka import AcknowledgeType, Consumer
 
+from kshare.protocol import messages
 from kshare.share.dead_letter import HEADER_PREFIX, REASON_DELIVERY_LIMIT, REASON_REJECTED
 from tests.integration import share_helpers
 from tests.integration.share_helpers import (
@@ -717,6 +723,94 @@ def test_state_survives_a_restart(kafka39, topic_name, group):
             assert g.delivery_count in (1, 2), g
         else:
             assert g.delivery_count == 1, g
+
+
+def test_records_travel_while_the_acknowledgement_write_waits(kafka39, kshare39, topic_name, group):
+    """A ShareFetch that acknowledges records of one partition and acquires records of another:
+    the acquired records reach the client while the acknowledgement's state write is still out
+    (the cluster is stopped, SIGSTOP), but the answer's frame completes only once that write is
+    acknowledged (after SIGCONT), with the acknowledgement's error code last. Nothing may be
+    redelivered: the acknowledged batch never comes back."""
+    kafka39.create_topic(topic_name, partitions=2)
+    share_group(kshare39.bootstrap, group)
+    for p in (0, 1):  # two batches of ten 1 KB records in each partition
+        produce(kshare39.bootstrap, topic_name, [b"%d-%02d-" % (p, i) + b"x" * 1000 for i in range(20)],
+                partition=p, per_batch=10)
+    out = asyncio.run(_ahead_of_the_write(kafka39, kshare39.bootstrap, group, topic_name))
+    early, size, body, acked, tid = out["early"], out["size"], out["body"], out["acked"], out["tid"]
+    assert 10_000 < early < size + 4, (early, size)  # a partition's records came, not the whole frame
+    assert out["done_at"] > out["resumed_at"]
+    parts = partitions(body)
+    assert parts[(tid, acked)].acknowledge_error_code == 0
+    seen = [(t.topic_id, p.partition_index) for t in body.responses for p in t.partitions]
+    assert seen[-1] == (tid, acked)  # the acknowledged partition is answered last
+    assert sorted((p.partition_index, a.first_offset, a.last_offset) for p in parts.values()
+                  for a in p.acquired_records) == [(0, 10, 19), (1, 10, 19)]
+    assert all(p.acknowledge_error_code == 0 for p in partitions(out["last"]).values())
+
+    def durable_starts() -> list[int]:
+        shares = kshare39.service.store.share_partitions()
+        return sorted(s.start_offset for k, s in shares.items() if k.group_id == group)
+
+    assert kshare39.call(durable_starts) == [20, 20]  # every acknowledgement written
+
+
+async def _ahead_of_the_write(kafka39, bootstrap: str, group_id: str, topic: str) -> dict:
+    raw = await Raw.open(bootstrap, "heartbeats")
+    host, _, port = bootstrap.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    corr = 0
+
+    async def send(epoch: int, max_records: int, acks=None) -> None:
+        nonlocal corr
+        corr += 1
+        req = share_helpers.fetch_request(group_id, member, epoch, {tid: [0, 1]} if epoch == 0 else None, acks=acks)
+        req.max_records = req.batch_size = max_records
+        writer.write(bytes(messages.encode_request(78, 1, corr, "ahead", req)))
+        await writer.drain()
+
+    async def frame() -> Any:
+        size = struct.unpack(">i", await reader.readexactly(4))[0]
+        return messages.decode_response(78, 1, memoryview(await reader.readexactly(size)))
+
+    try:
+        tid = await raw.topic_id(topic)
+        member, _ = await raw.join(group_id, topic)
+        await send(0, 10)  # one batch of one partition, then one of the other: both cached, both held
+        first = await frame()
+        await send(1, 10)
+        second = await frame()
+        held = {p.partition_index: (a.first_offset, a.last_offset)
+                for r in (first, second) for p in partitions(r).values() for a in p.acquired_records}
+        assert held == {0: (0, 9), 1: (0, 9)}, held
+        acked = next(p.partition_index for p in partitions(second).values() if p.acquired_records)
+        os.killpg(kafka39.proc.pid, signal.SIGSTOP)
+        try:
+            # acknowledge the batch the last answer brought; take the next batch of both partitions
+            await send(2, 20, {(tid, acked): [(0, 9, [ACCEPT])]})
+            got = bytearray()
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    got += await asyncio.wait_for(reader.read(1 << 20), deadline - time.monotonic())
+        finally:
+            resumed_at = time.monotonic()
+            os.killpg(kafka39.proc.pid, signal.SIGCONT)
+        early = len(got)
+        size = struct.unpack(">i", got[:4])[0] if early >= 4 else -1
+        if 0 <= size:
+            got += await asyncio.wait_for(reader.readexactly(size + 4 - early), 30)
+        done_at = time.monotonic()
+        body = messages.decode_response(78, 1, memoryview(got)[4:])
+        # everything else acknowledged too: the share-partitions' durable start offsets move to 20
+        await send(3, 100, {(tid, acked): [(10, 19, [ACCEPT])],
+                            (tid, 1 - acked): [(0, 9, [ACCEPT]), (10, 19, [ACCEPT])]})
+        last = await frame()
+        return {"early": early, "size": size, "body": body, "resumed_at": resumed_at, "done_at": done_at,
+                "acked": acked, "tid": tid, "last": last}
+    finally:
+        writer.close()
+        await raw.close()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ...protocol.codegen import SPLICE_MIN
 from ..authorization import Operation
 from ..errors import ErrorCode
 from ..partition import FetchedBatch
@@ -84,7 +85,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         if sp is not None:
             sp.fair.leave(member_id)
 
-    out = _ResponseBuilder()
+    out = ResponseBuilder()
     # topics the client may not read: no records, no acknowledgements (asked of the cluster, cached)
     out.refused = await topic_refusals(service, conn, Operation.READ,
                                        [t.topic_id for t in req.topics] + [t for t, _ in session.partitions])
@@ -122,6 +123,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
             if out.record_count or outcomes or out.errors or left_ms <= 0:
                 break
             await service.wait_for_records(states, left_ms)  # then one more pass, and stop at the deadline
+        if writes or any(o.write for o in outcomes):
+            _send_ahead(conn, version, header.correlation_id, out, outcomes, writes, lock_ms)
         for topic_id, partition, fut in writes:
             try:
                 await fut
@@ -136,13 +139,57 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     return version, out.build(lock_ms)
 
 
-async def _settle_acks(outcomes: list[AckOutcome], out: _ResponseBuilder) -> None:
+def _send_ahead(conn: ClientConnection, version: int, corr: int, out: ResponseBuilder, outcomes: list[AckOutcome],
+                writes: list, lock_ms: int) -> None:
+    """Write the answer up to the last records no pending write can change, before the writes
+    are acknowledged.
+
+    Only the partitions whose acknowledgements (or acquisitions) wait for a durable write can
+    still change: their error codes, or their records if that write fails. They go last in the
+    answer, and the rest, with its records, goes now. The client cannot read the answer before it
+    has the whole frame, so every acknowledgement is still answered only once its write is
+    durable, but the megabyte of records crosses to the client during the Produce round trip
+    instead of after it (1 KiB records, 4 partitions: ~1.15x the rate of one consumer)."""
+    acquiring = {(t, p) for t, p, _ in writes}
+    waiting = acquiring | {(o.topic_id, o.partition) for o in outcomes if o.write is not None}
+    ahead = answer_ahead(out, waiting, acquiring, version, corr, lock_ms)
+    if ahead is not None:
+        conn.send_ahead(ahead)
+
+
+def answer_ahead(out: ResponseBuilder, waiting: set[tuple[bytes, int]], acquiring: set[tuple[bytes, int]],
+                 version: int, corr: int, lock_ms: int) -> list | None:
+    """The beginning of the answer that ``waiting``'s partitions cannot change (they are put
+    last), up to the end of the last large records before them; None if there is none.
+
+    A waiting partition changes only its error codes (fixed size), except one of ``acquiring``
+    whose write fails: it loses its records. The frame's size, written first, cannot change,
+    so nothing goes ahead while such a partition has records, or is not in the answer yet."""
+    for t, p in acquiring:
+        d = out.topics.get(t, {}).get(p)
+        if d is None or d.records or d.acquired_records:
+            return None
+    out.last = waiting
+    ready = []  # the records of the partitions before the first waiting one, in the answer's order
+    for t, parts in out.ordered():
+        if any((t, p) in waiting for p in parts):
+            ready += [d.records for p, d in parts.items() if (t, p) not in waiting]
+            break
+        ready += [d.records for d in parts.values()]
+    spliced = {id(r) for r in ready if len(r) >= SPLICE_MIN}
+    if not spliced:
+        return None  # records this small are copied into the frame: nothing worth sending early
+    pieces = messages.encode_response_pieces(API_KEY, version, corr, out.build(lock_ms))
+    return pieces[:max(i for i, piece in enumerate(pieces) if id(piece) in spliced) + 1]
+
+
+async def _settle_acks(outcomes: list[AckOutcome], out: ResponseBuilder) -> None:
     for o, code in await await_writes(outcomes):
         out.partition(o.topic_id, o.partition).acknowledge_error_code = code
 
 
 async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str, session: Any, max_records: int,
-                       max_bytes: int, mode: int, batch_size: int, out: _ResponseBuilder,
+                       max_bytes: int, mode: int, batch_size: int, out: ResponseBuilder,
                        writes: list, later: list[tuple[PartitionLog, int]] | None) -> list[SharePartitionState]:
     """One pass over the session's partitions; returns the share-partitions it looked at.
     ``later``: where the reads put their read-aheads (None: they start them at once)."""
@@ -286,13 +333,29 @@ def _record_keys(batches: list[tuple[Batch, memoryview]], known_to: int,
     return out
 
 
-class _ResponseBuilder:
+class ResponseBuilder:
     def __init__(self) -> None:
         self.topics: dict[bytes, dict[int, Any]] = {}
         self.record_count = 0
         self.record_bytes = 0
         self.errors = 0  # partitions answered with an error that waiting does not cure
         self.refused: dict[bytes, int] = {}  # topic id -> authorization error, for this request
+        self.last: set[tuple[bytes, int]] = set()  # partitions answered after all the others
+
+    def ordered(self) -> list[tuple[bytes, dict[int, Any]]]:
+        """Topics and their partitions in the answer's order: those in ``last`` at the end."""
+        if not self.last:
+            return list(self.topics.items())
+        last = self.last
+        head, tail = [], []
+        for t, parts in self.topics.items():
+            late = [p for p in parts if (t, p) in last]
+            if not late:
+                head.append((t, parts))
+            else:
+                tail.append((t, {**{p: d for p, d in parts.items() if (t, p) not in last},
+                                 **{p: parts[p] for p in late}}))
+        return head + tail
 
     def partition(self, topic_id: bytes, partition: int) -> Any:
         parts = self.topics.setdefault(topic_id, {})
@@ -313,5 +376,5 @@ class _ResponseBuilder:
         return Response(
             acquisition_lock_timeout_ms=lock_ms,
             responses=[Response.ShareFetchableTopicResponse(topic_id=t, partitions=list(parts.values()))
-                       for t, parts in self.topics.items()],
+                       for t, parts in self.ordered()],
         )
