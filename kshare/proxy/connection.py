@@ -513,6 +513,10 @@ class ClientConnection(asyncio.Protocol):
             log.exception("client %s: handler for %s failed; closing", self.peer, _api_name(slot.api_key))
             self.close()
             return
+        finally:
+            # tasks the handler started keep a copy of its context, and with it the slot: not the
+            # records it wrote ahead
+            slot.ahead = None
         self.flush()
 
     def send_ahead(self, pieces: list) -> bool:
