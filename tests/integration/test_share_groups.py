@@ -738,8 +738,9 @@ def test_records_travel_while_the_acknowledgement_write_waits(kafka39, kshare39,
                 partition=p, per_batch=10)
     out = asyncio.run(_ahead_of_the_write(kafka39, kshare39.bootstrap, group, topic_name))
     early, size, body, acked, tid = out["early"], out["size"], out["body"], out["acked"], out["tid"]
-    assert 10_000 < early < size + 4, (early, size)  # a partition's records came, not the whole frame
-    assert out["done_at"] > out["resumed_at"]
+    # a partition's records came while the broker was stopped, not the whole frame: the rest
+    # (the acknowledgement's error code) only after SIGCONT
+    assert 10_000 < early < size + 4, (early, size)
     parts = partitions(body)
     assert parts[(tid, acked)].acknowledge_error_code == 0
     seen = [(t.topic_id, p.partition_index) for t in body.responses for p in t.partitions]
@@ -794,20 +795,17 @@ async def _ahead_of_the_write(kafka39, bootstrap: str, group_id: str, topic: str
                 with contextlib.suppress(asyncio.TimeoutError):
                     got += await asyncio.wait_for(reader.read(1 << 20), deadline - time.monotonic())
         finally:
-            resumed_at = time.monotonic()
             os.killpg(kafka39.proc.pid, signal.SIGCONT)
         early = len(got)
         size = struct.unpack(">i", got[:4])[0] if early >= 4 else -1
         if 0 <= size:
             got += await asyncio.wait_for(reader.readexactly(size + 4 - early), 30)
-        done_at = time.monotonic()
         body = messages.decode_response(78, 1, memoryview(got)[4:])
         # everything else acknowledged too: the share-partitions' durable start offsets move to 20
         await send(3, 100, {(tid, acked): [(10, 19, [ACCEPT])],
                             (tid, 1 - acked): [(0, 9, [ACCEPT]), (10, 19, [ACCEPT])]})
         last = await frame()
-        return {"early": early, "size": size, "body": body, "resumed_at": resumed_at, "done_at": done_at,
-                "acked": acked, "tid": tid, "last": last}
+        return {"early": early, "size": size, "body": body, "acked": acked, "tid": tid, "last": last}
     finally:
         writer.close()
         await raw.close()
