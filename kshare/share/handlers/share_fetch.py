@@ -123,8 +123,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
             if out.record_count or outcomes or out.errors or left_ms <= 0:
                 break
             await service.wait_for_records(states, left_ms)  # then one more pass, and stop at the deadline
-        if writes or any(o.write for o in outcomes):
-            _send_ahead(conn, version, header.correlation_id, out, outcomes, writes, lock_ms)
+        _send_ahead(conn, version, header.correlation_id, out, outcomes, writes, lock_ms)
         for topic_id, partition, fut in writes:
             try:
                 await fut
@@ -152,6 +151,8 @@ def _send_ahead(conn: ClientConnection, version: int, corr: int, out: ResponseBu
     instead of after it (1 KiB records, 4 partitions: ~1.15x the rate of one consumer)."""
     acquiring = {(t, p) for t, p, _ in writes}
     waiting = acquiring | {(o.topic_id, o.partition) for o in outcomes if o.write is not None}
+    if not waiting:
+        return  # nothing to wait for: the whole answer goes at once
     ahead = answer_ahead(out, waiting, acquiring, version, corr, lock_ms)
     if ahead is not None:
         conn.send_ahead(ahead)
