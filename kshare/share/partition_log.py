@@ -79,7 +79,7 @@ _as_batch = tuple.__new__
 class _Run:
     """Cached batches covering every offset of [start, end), sorted by offset."""
 
-    __slots__ = ("start", "end", "lasts", "batches", "bufs", "head", "lso", "aborted")
+    __slots__ = ("start", "end", "lasts", "batches", "bufs", "head", "lso", "aborted", "used")
 
     def __init__(self, start: int, end: int) -> None:
         self.start = start
@@ -91,6 +91,7 @@ class _Run:
         self.lso = -1  # the highest last stable offset any of its fetches reported
         # aborted transactions per fetch that added batches: (first offset, end, [(producer, first)])
         self.aborted: list[tuple[int, int, list[tuple[int, int]]]] = []
+        self.used = 0  # the log's tick when a read or a fetch last touched it (eviction order)
 
     def add(self, batches: list[Batch], buf: memoryview | bytes, lasts: list[int], lso: int,
             aborted: list[tuple[int, int]]) -> None:
@@ -167,6 +168,10 @@ def _last_used(log: PartitionLog) -> float:
     return log.last_used
 
 
+def _run_used(run: _Run) -> int:
+    return run.used
+
+
 class PartitionLog:
     def __init__(self, upstream: UpstreamCluster, topic: TopicInfo, partition: int, read_committed: bool,
                  *, fetch_bytes: int = 1 << 20, budget_bytes: int = 16 << 20, pool: CachePool | None = None) -> None:
@@ -181,6 +186,7 @@ class PartitionLog:
         self._starts: list[int] = []  # their starts, for bisection
         self.cached_bytes = 0  # bytes of the cached batches + BATCH_OVERHEAD each
         self.cached_batches = 0
+        self._tick = 0  # counts reads and stores: a run's ``used`` stamp
         self.high_watermark = -1
         self.last_stable_offset = -1
         self.log_start_offset = -1
@@ -209,6 +215,8 @@ class PartitionLog:
         run = runs[i]
         if run.end <= offset:
             return None
+        self._tick += 1
+        tick = self._tick
         result = ReadResult(ErrorCode.NONE, fetch_offset=offset)
         out = result.batches
         size = 0
@@ -237,6 +245,7 @@ class PartitionLog:
                 size += n
                 k += 1
             if len(out) > first:
+                run.used = tick
                 if run.lso > result.lso:
                     result.lso = run.lso
                 if run.aborted:
@@ -260,7 +269,7 @@ class PartitionLog:
         if cached is not None and cached.batches:
             self._read_ahead(offset, cached, later)
             return cached
-        if 0 <= self.high_watermark <= offset and self._poll is not None and not self._poll.done():
+        if 0 <= self._readable_end() <= offset and self._poll is not None and not self._poll.done():
             return ReadResult(ErrorCode.NONE, fetch_offset=offset)  # nothing new yet; the poll will tell
         for attempt in range(2):
             res, brought = await asyncio.shield(self._fetch_at(offset))
@@ -270,6 +279,14 @@ class PartitionLog:
             if cached is not None and cached.batches:
                 break
             if not brought or attempt:
+                if not brought and 0 <= self._readable_end() <= offset:
+                    # Read up to the end: a poll in the background learns of (and caches) the next
+                    # data as soon as the cluster has it, and until it is done the reads here return
+                    # at once (above) instead of each waiting for a Fetch that comes back empty: a
+                    # share fetch looks at its partitions one after the other, and those it has
+                    # drained would otherwise each cost it a round trip (one consumer, 16
+                    # partitions: one read in ten, towards the end of the data).
+                    self.want_data_from(offset)
                 return ReadResult(ErrorCode.NONE, fetch_offset=offset)
             # what it brought was evicted before this read resumed (other fetches of this log
             # landed meanwhile, over its share of the cache): once more
@@ -426,6 +443,7 @@ class PartitionLog:
         end = batches[-1].last_offset + 1
         lasts = [b.last_offset for b in batches]
         before = self.cached_bytes
+        self._tick += 1
         runs, starts = self._runs, self._starts
         i = bisect_right(starts, start) - 1
         prev: _Run | None = None  # the run the next new batches continue, if any
@@ -457,6 +475,7 @@ class PartitionLog:
                         i += 1
                     protect.append((run, len(run.batches)))
                     run.add(piece, data, lasts[k:k1], lso, aborted)
+                    run.used = self._tick
                     run.end = gap_end
                     self.cached_bytes += piece[-1].end - piece[0].start + BATCH_OVERHEAD * len(piece)
                     self.cached_batches += len(piece)
@@ -480,18 +499,28 @@ class PartitionLog:
             pool.reclaim(self, protect)
 
     def _evict(self, protect: list[tuple[_Run, int]], target: int | None = None) -> None:
-        """Drop the oldest (lowest) cached batches until within budget (or ``target`` bytes). Never
-        the batches just stored: a reader behind the cached data (another group, an old
-        redelivery) fetched them to read them, and would otherwise fetch them again forever."""
+        """Drop cached batches until within budget (or ``target`` bytes): the runs least recently
+        read or stored first, the oldest (lowest) batches of each first. Never the batches just
+        stored: a reader behind the cached data (another group, an old redelivery) fetched them to
+        read them, and would otherwise fetch them again forever.
+
+        By use, not by offset alone: a group reading from the start of a partition whose end is
+        cached (a reset, a new group, a replay) reads ahead into a run of its own, below the old
+        one; dropping the lowest batches first dropped exactly that read-ahead before the group
+        got to it, and the old end stayed (one consumer re-reading 16 partitions: one read in
+        eight waited for a Fetch)."""
         limit_bytes = self.budget_bytes if target is None else target
         before = self.cached_bytes
         guarded = {id(run): first for run, first in protect}
-        runs, starts = self._runs, self._starts
-        r = 0
-        while self.cached_bytes > limit_bytes and r < len(runs):
-            run = runs[r]
+        runs = self._runs
+        emptied = moved = False
+        for run in sorted(runs, key=_run_used) if len(runs) > 1 else list(runs):
+            if self.cached_bytes <= limit_bytes:
+                break
             limit = guarded.get(id(run), len(run.batches))
             h = run.head
+            if h >= limit:
+                continue
             bufs = run.bufs
             while h < limit and self.cached_bytes > limit_bytes:
                 b = run.batches[h]
@@ -503,15 +532,17 @@ class PartitionLog:
                 h += 1
                 run.start = b[_LAST] + 1
             run.head = h
+            moved = True
             if h == len(run.batches):
-                del runs[r], starts[r]
-                continue
-            starts[r] = run.start
-            if h >= _COMPACT_AT and h * 2 >= len(run.batches):
+                emptied = True
+            elif h >= _COMPACT_AT and h * 2 >= len(run.batches):
                 run.compact()
-                if id(run) in guarded:
-                    guarded[id(run)] -= h
-            r += 1
+                if id(run) in guarded:  # the caller may evict again with ``protect`` (CachePool.reclaim)
+                    protect[:] = [(r, first - h if r is run else first) for r, first in protect]
+        if emptied:
+            self._runs = runs = [run for run in runs if run.head < len(run.batches)]
+        if moved:
+            self._starts = [run.start for run in runs]
         if self.pool is not None:
             self.pool.total -= before - self.cached_bytes
 

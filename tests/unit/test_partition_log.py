@@ -267,6 +267,30 @@ def test_eviction_drops_the_oldest_never_what_was_just_fetched() -> None:
     asyncio.run(main())
 
 
+def test_eviction_drops_the_least_recently_used_stretch_first() -> None:
+    """A new group (or a reset) reads from the start of a partition whose end is cached: under
+    pressure the old end goes first, not the data just read ahead for that group (before, the
+    lowest batches went first, and one consumer re-reading 16 partitions found one read in eight
+    evicted before it got there)."""
+    async def main() -> None:
+        up = FakeUpstream()
+        for _ in range(100):
+            up.append(payload=100)
+        size = len(up.batches[0][2])
+        plog = make_log(up, budget_bytes=1 << 20, fetch_bytes=30 * size)
+        await plog.read(70, 1 << 20, later=[])  # the end: 70..99
+        await plog.read(0, 10 * size, later=[])  # a reader from the start: 0..29 fetched
+        await plog.read(10, 10 * size, later=[])
+        assert plog.covered() == [(0, 30), (70, 100)]
+        plog.trim(25 * (size + pl.BATCH_OVERHEAD))  # the budget shrinks (more logs in use)
+        assert plog.covered() == [(5, 30)]  # the end first, then the oldest of the stretch in use
+        fetches = len(up.fetches)
+        assert offsets(await plog.read(20, 10 * size, later=[]))[0] == (20, 20)
+        assert len(up.fetches) == fetches
+
+    asyncio.run(main())
+
+
 def test_evicted_batches_let_go_of_their_fetched_buffers_at_once() -> None:
     """The record cache keeps slices of the Fetch responses. A response's buffer must be free as
     soon as its last batch is evicted, not at a later compaction of the cache's lists: before,
@@ -592,6 +616,36 @@ def test_eviction_cost_does_not_grow_with_the_cache() -> None:
 
 # --------------------------------------------------------------------------------------------
 # long polls
+
+
+def test_reads_at_the_end_wait_for_no_fetch_while_a_poll_runs() -> None:
+    """A share fetch reads its partitions one after the other: a partition it has drained must not
+    cost it a Fetch round trip each time. The first read at the end asks the cluster and leaves a
+    poll running; until it is done, reads there return at once, and it caches new data as soon
+    as the cluster has it."""
+    async def main() -> None:
+        up = SlowUpstream()
+        for _ in range(5):
+            up.append()
+        plog = make_log(up)
+        await plog.read(0, 1 << 20)
+        fetches = len(up.fetches)
+        assert not (await plog.read(5, 1 << 20)).batches  # asks the cluster once
+        for _ in range(20):
+            assert not (await plog.read(5, 1 << 20)).batches
+        await asyncio.sleep(0.05)
+        assert len(up.fetches) == fetches + 2  # that read's Fetch, and the poll's
+        assert up.fetches[-1][:2] == (5, pl.POLL_WAIT_MS)
+        up.append()
+        for _ in range(100):
+            if plog.covered()[-1][1] == 6:
+                break
+            await asyncio.sleep(0.01)
+        assert offsets(await plog.read(5, 1 << 20)) == [(5, 5)]
+        assert len(up.fetches) == fetches + 2  # the poll brought it
+        plog.close()
+
+    asyncio.run(main())
 
 
 async def _listen(plog: PartitionLog) -> asyncio.Event:
