@@ -180,18 +180,25 @@ def _share(res: dict[str, Any]) -> list[str]:
     if "classic" in configs:
         head.append("kshare / classic")
     head += [f"first record s: {c}" for c in configs] + ["kshare CPU s"]
+    rows_in = res.get("rows", [])
+    with_batches = any("batches_kafka3" in r for r in rows_in)
+    if with_batches:
+        head.append("batches 3.9 / 4.4")
     rows = []
-    for r in res.get("rows", []):
+    for r in rows_in:
         row = [_size(r["value_size"]), str(r["partitions"])] + [_num(r.get(f"{c}_rps")) for c in configs]
         if "native" in configs:
             row.append(_ratio(r.get("kshare_native")))
         if "classic" in configs:
             row.append(_ratio(r.get("kshare_classic")))
         row += [_num(r.get(f"{c}_first_s"), 2) for c in configs] + [_num(r.get("kshare_cpu_s"), 2)]
+        if with_batches:
+            row.append(" / ".join(_num(r.get(k)) for k in ("batches_kafka3", "batches_kafka4") if k in r))
         rows.append(row)
     text = [
         f"One confluent-kafka `ShareConsumer` (implicit acknowledgement; a classic `Consumer` for the "
-        f"direct baseline), a fresh group per run, {_records(cfg.get('records'))}. Rates are steady "
+        f"direct baseline), a fresh group per run, {_records(cfg.get('records'))}, produced in full 1 MB "
+        "batches on both clusters (*batches*: how many each topic holds). Rates are steady "
         "(first record to last); *first record* is the time from the first `poll()` to the first record "
         "(the group join included).",
         "",

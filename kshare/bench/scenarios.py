@@ -39,6 +39,7 @@ SHARE_TARGET = 1.0  # kshare / native Kafka 4.4, first record -> last
 ACK_TARGET = 2.0  # p50 with 16 concurrent members / p50 with one
 LATENCY_TARGET_MS = 2.0  # kshare p99 - direct p99
 CPU_TARGET = 35.0  # proxy millicores per MB/s
+FULL_BATCHES_LINGER_MS = 1000  # the share scenario's producer: batches cut by size alone
 MEMORY_OVERHEAD_MB = 200  # RSS may exceed the idle proxy's by the record-cache budget plus this
 DEFAULT_CACHE_MB = 256  # kshare proxy --record-cache-mb's default
 
@@ -191,15 +192,23 @@ def share(
     combos = [(size, parts) for size in sizes for parts in partition_counts]
     progress.begin("share", len(combos) * (1 + repeats * len(configs)) + (len(configs) if warmup else 0))
     samples: list[dict[str, Any]] = []
+    batches: dict[tuple[int, int], dict[str, int]] = {}  # record batches per topic and cluster
     for i, (size, parts) in enumerate(combos):
         n = records[size]
         topic = f"bench-share-{size}-{parts}-{uuid.uuid4().hex[:8]}"
+        # Full producer batches on both clusters (a long linger): the same topic on Kafka 3.9
+        # and 4.4, batch for batch. With the pass-through scenario's 10 ms linger the producer
+        # made twice as many batches, half as large, on 3.9 as on 4.4 (16 partitions of 1 KiB
+        # records), and a share consumer hands out whole batches.
         clients.create_topic(env.upstream(), topic, parts)
-        clients.produce(env.upstream(), topic, n, size, parts)
+        clients.produce(env.upstream(), topic, n, size, parts, linger_ms=FULL_BATCHES_LINGER_MS)
+        batches[(size, parts)] = {"kafka3": clients.count_batches(env.upstream(), topic)}
         if k4 is not None:
             clients.create_topic(k4, topic, parts)
-            clients.produce(k4, topic, n, size, parts)
-        progress.step(f"{n:,} x {size} B on {parts} partition(s) produced; load {load()}")
+            clients.produce(k4, topic, n, size, parts, linger_ms=FULL_BATCHES_LINGER_MS)
+            batches[(size, parts)]["kafka4"] = clients.count_batches(k4, topic)
+        progress.step(f"{n:,} x {size} B on {parts} partition(s) produced in "
+                      f"{' / '.join(f'{c:,}' for c in batches[(size, parts)].values())} batches; load {load()}")
         try:
             runs = [(None, c) for c in configs] if warmup and i == 0 else []
             runs += [(r, c) for r in range(repeats) for c in alternate(configs, r)]
@@ -240,6 +249,7 @@ def share(
     for size, parts in combos:
         n = records[size]
         row: dict[str, Any] = {"value_size": size, "partitions": parts, "records": n}
+        row |= {f"batches_{k}": v for k, v in batches.get((size, parts), {}).items()}
         for config in configs:
             ss = [
                 s

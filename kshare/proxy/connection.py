@@ -508,7 +508,20 @@ class ClientConnection(asyncio.Protocol):
                 result = await result
             response_version, response = result
             pieces = messages.encode_response_pieces(slot.api_key, response_version, slot.corr, response)
-            slot.data = pieces if slot.ahead is None else _rest_after(slot.ahead, pieces)
+            if slot.ahead is None:
+                slot.data = pieces
+            else:
+                rest = _rest_after(slot.ahead, pieces)
+                if rest is None:
+                    # what went ahead assumed the handler's pending writes would succeed: one failed
+                    # (logged where it failed), and the client must not read a frame that says
+                    # otherwise. It retries on a new connection; what it was sent is not confirmed.
+                    log.info("client %s: a state write failed after the beginning of the %s answer was "
+                             "sent; closing the connection (the client retries)", self.peer,
+                             _api_name(slot.api_key))
+                    self.close()
+                    return
+                slot.data = rest
         except Exception:
             log.exception("client %s: handler for %s failed; closing", self.peer, _api_name(slot.api_key))
             self.close()
@@ -523,10 +536,11 @@ class ClientConnection(asyncio.Protocol):
         """Write the beginning of the response the calling handler is still working on, when it
         is the next response owed (else nothing is written; returns whether it was).
 
-        For a handler whose answer waits on something that can change only its end (a ShareFetch
-        waiting for its acknowledgements' durable writes, whose records are ready): the records
-        travel while it waits. The response it finally returns must encode to these same buffers
-        first; the rest follows (``_rest_after`` checks it, and closes the connection if not)."""
+        For a handler whose answer waits on something that will most likely not change it (a
+        ShareFetch waiting for its acknowledgements' durable writes, whose records are ready): the
+        records travel while it waits. The response it finally returns should encode to these same
+        buffers first; the rest follows, or, if it changed, the connection closes (the client
+        never has a frame it could read)."""
         slot = _SERVING.get()
         if slot is None or self.closed or not self.order or self.order[0] is not slot or slot.ahead is not None:
             return False
@@ -738,11 +752,12 @@ class UpstreamConnection(asyncio.Protocol):
         self.client.flush()
 
 
-def _rest_after(ahead: list, pieces: list) -> list:
-    """What is left of a response's ``pieces`` once ``ahead`` (its beginning) was written."""
+def _rest_after(ahead: list, pieces: list) -> list | None:
+    """What is left of a response's ``pieces`` once ``ahead`` was written; None if the response
+    does not begin with ``ahead`` (it changed since)."""
     n = len(ahead)
     if len(pieces) < n or not all(a is b or a == b for a, b in zip(ahead, pieces[:n], strict=True)):
-        raise ValueError("a response does not begin with what was written ahead of it")
+        return None
     return pieces[n:]
 
 

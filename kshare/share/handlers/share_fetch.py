@@ -140,48 +140,40 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
 
 def _send_ahead(conn: ClientConnection, version: int, corr: int, out: ResponseBuilder, outcomes: list[AckOutcome],
                 writes: list, lock_ms: int) -> None:
-    """Write the answer up to the last records no pending write can change, before the writes
-    are acknowledged.
+    """Write the answer up to the end of its last large records before the writes it waits for
+    are acknowledged, as it will be if they all succeed.
 
-    Only the partitions whose acknowledgements (or acquisitions) wait for a durable write can
-    still change: their error codes, or their records if that write fails. They go last in the
-    answer, and the rest, with its records, goes now. The client cannot read the answer before it
-    has the whole frame, so every acknowledgement is still answered only once its write is
-    durable, but the megabyte of records crosses to the client during the Produce round trip
-    instead of after it (1 KiB records, 4 partitions: ~1.15x the rate of one consumer)."""
-    acquiring = {(t, p) for t, p, _ in writes}
-    waiting = acquiring | {(o.topic_id, o.partition) for o in outcomes if o.write is not None}
+    The client cannot read the answer before it has the whole frame, and the frame's last bytes
+    follow only once every write is durable, so an acknowledgement is still answered only then;
+    but the megabyte of records crosses to the client during the Produce round trip instead of
+    after it (1 KiB records, one consumer: ~1.15x the rate). Should a write fail, the answer
+    changes (an acknowledgement's error code, or an acquisition's records dropped): if that lies
+    in what went ahead, the connection closes instead (``ClientConnection._run_handler``), and
+    the client's retry finds the records available again."""
+    waiting = {(t, p) for t, p, _ in writes} | {(o.topic_id, o.partition) for o in outcomes if o.write is not None}
     if not waiting:
         return  # nothing to wait for: the whole answer goes at once
-    ahead = answer_ahead(out, waiting, acquiring, version, corr, lock_ms)
+    ahead = answer_ahead(out, waiting, version, corr, lock_ms)
     if ahead is not None:
         conn.send_ahead(ahead)
 
 
-def answer_ahead(out: ResponseBuilder, waiting: set[tuple[bytes, int]], acquiring: set[tuple[bytes, int]],
-                 version: int, corr: int, lock_ms: int) -> list | None:
-    """The beginning of the answer that ``waiting``'s partitions cannot change (they are put
-    last), up to the end of the last large records before them; None if there is none.
+def answer_ahead(out: ResponseBuilder, waiting: set[tuple[bytes, int]], version: int, corr: int,
+                 lock_ms: int) -> list | None:
+    """The beginning of the answer as it will be if ``waiting``'s writes succeed, up to the end of
+    its last large records; None if it has none (small records are copied into the frame:
+    nothing worth sending early).
 
-    A waiting partition changes only its error codes (fixed size), except one of ``acquiring``
-    whose write fails: it loses its records. The frame's size, written first, cannot change,
-    so nothing goes ahead while such a partition has records, or is not in the answer yet."""
-    for t, p in acquiring:
-        d = out.topics.get(t, {}).get(p)
-        if d is None or d.records or d.acquired_records:
-            return None
+    ``waiting``'s partitions go last in the answer: a failed write changes only those (their
+    error codes; an acquisition's records, dropped), so one whose records are small, after the
+    last large ones, changes nothing that went ahead."""
     out.last = waiting
-    ready = []  # the records of the partitions before the first waiting one, in the answer's order
-    for t, parts in out.ordered():
-        if any((t, p) in waiting for p in parts):
-            ready += [d.records for p, d in parts.items() if (t, p) not in waiting]
-            break
-        ready += [d.records for d in parts.values()]
-    spliced = {id(r) for r in ready if len(r) >= SPLICE_MIN}
+    spliced = {id(d.records) for parts in out.topics.values() for d in parts.values() if len(d.records) >= SPLICE_MIN}
     if not spliced:
-        return None  # records this small are copied into the frame: nothing worth sending early
+        return None
     pieces = messages.encode_response_pieces(API_KEY, version, corr, out.build(lock_ms))
-    return pieces[:max(i for i, piece in enumerate(pieces) if id(piece) in spliced) + 1]
+    last = max((i for i, piece in enumerate(pieces) if id(piece) in spliced), default=-1)
+    return pieces[:last + 1] if last >= 0 else None
 
 
 async def _settle_acks(outcomes: list[AckOutcome], out: ResponseBuilder) -> None:
