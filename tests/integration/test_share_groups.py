@@ -756,6 +756,76 @@ def test_records_travel_while_the_acknowledgement_write_waits(kafka39, kshare39,
     assert kshare39.call(durable_starts) == [20, 20]  # every acknowledgement written
 
 
+def test_a_write_failing_after_the_answer_went_ahead_closes_the_connection(kafka39, kshare39, topic_name, group):
+    """One partition, acknowledged and fetched by one ShareFetch: its records go ahead of the
+    acknowledgement's write, with the error code the answer will have if the write succeeds. The
+    write fails (refused at the store: an injected fault): the client must never get a frame that
+    says the acknowledgement happened, so the connection closes before the frame completes. What
+    may be redelivered: everything (nothing was acknowledged); what must not happen: any record
+    lost or an acknowledgement taken as done."""
+    kafka39.create_topic(topic_name, partitions=1)
+    share_group(kshare39.bootstrap, group)
+    produce(kshare39.bootstrap, topic_name, [b"%02d-" % i + b"x" * 1000 for i in range(20)], per_batch=10)
+    store = kshare39.service.store
+
+    def fail_next_submit() -> None:
+        real = store.submit
+
+        def submit(changes):
+            store.submit = real  # once
+            raise RuntimeError("injected state write failure")
+        store.submit = submit
+
+    async def run() -> dict:
+        raw = await Raw.open(kshare39.bootstrap, "heartbeats")
+        host, _, port = kshare39.bootstrap.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            tid = await raw.topic_id(topic_name)
+            member, _ = await raw.join(group, topic_name)
+            req = share_helpers.fetch_request(group, member, 0, {tid: [0]})
+            req.max_records = req.batch_size = 10
+            writer.write(bytes(messages.encode_request(78, 1, 1, "ahead", req)))
+            size = struct.unpack(">i", await reader.readexactly(4))[0]
+            first = messages.decode_response(78, 1, memoryview(await reader.readexactly(size)))
+            kshare39.call(fail_next_submit)
+            req = share_helpers.fetch_request(group, member, 1, acks={(tid, 0): [(0, 9, [ACCEPT])]})
+            req.max_records = req.batch_size = 10
+            writer.write(bytes(messages.encode_request(78, 1, 2, "ahead", req)))
+            got = bytearray()
+            while chunk := await asyncio.wait_for(reader.read(1 << 20), 30):
+                got += chunk
+            # then a member on a new connection takes whatever is available
+            member2, _ = await raw.join(group, topic_name)
+            again: list = []
+            deadline = time.monotonic() + 30
+            epoch = 0
+            while len({o for a, z, _ in again for o in range(a, z + 1)}) < 20 and time.monotonic() < deadline:
+                r = await raw.fetch(group, member2, epoch, {tid: [0]} if epoch == 0 else None, max_wait_ms=500)
+                epoch += 1
+                again += [(a.first_offset, a.last_offset, a.delivery_count)
+                          for p in partitions(r).values() for a in p.acquired_records]
+            return {"first": first, "got": got, "again": again, "tid": tid}
+        finally:
+            writer.close()
+            await raw.close()
+
+    out = asyncio.run(run())
+    assert [(a.first_offset, a.last_offset) for p in partitions(out["first"]).values()
+            for a in p.acquired_records] == [(0, 9)]
+    got = out["got"]
+    # the records went ahead (more than ten 1 KB records' worth), the frame never completed
+    assert len(got) > 10_000, len(got)
+    assert len(got) < struct.unpack(">i", got[:4])[0] + 4
+    # nothing lost, nothing taken as acknowledged: all 20 offsets come again
+    assert sorted({o for a, z, _ in out["again"] for o in range(a, z + 1)}) == list(range(20))
+
+    def durable_starts() -> list[int]:
+        return [s.start_offset for k, s in kshare39.service.store.share_partitions().items() if k.group_id == group]
+
+    assert kshare39.call(durable_starts) in ([], [0])  # never moved past the unacknowledged records
+
+
 async def _ahead_of_the_write(kafka39, bootstrap: str, group_id: str, topic: str) -> dict:
     raw = await Raw.open(bootstrap, "heartbeats")
     host, _, port = bootstrap.rpartition(":")
