@@ -146,7 +146,7 @@ def _send_ahead(conn: ClientConnection, version: int, corr: int, out: ResponseBu
     The client cannot read the answer before it has the whole frame, and the frame's last bytes
     follow only once every write is durable, so an acknowledgement is still answered only then;
     but the megabyte of records crosses to the client during the Produce round trip instead of
-    after it (1 KiB records, one consumer: ~1.15x the rate). Should a write fail, the answer
+    after it (1 KiB records, one consumer: ~1.1x the rate). Should a write fail, the answer
     changes (an acknowledgement's error code, or an acquisition's records dropped): if that lies
     in what went ahead, the connection closes instead (``ClientConnection._run_handler``), and
     the client's retry finds the records available again."""
