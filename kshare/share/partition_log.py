@@ -508,7 +508,7 @@ class PartitionLog:
         cached (a reset, a new group, a replay) reads ahead into a run of its own, below the old
         one; dropping the lowest batches first dropped exactly that read-ahead before the group
         got to it, and the old end stayed (one consumer re-reading 16 partitions with a new group:
-        about half of its reads found no read-ahead)."""
+        read-aheads after about half of its reads, instead of after nearly all)."""
         limit_bytes = self.budget_bytes if target is None else target
         before = self.cached_bytes
         guarded = {id(run): first for run, first in protect}
