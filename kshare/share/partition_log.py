@@ -54,6 +54,10 @@ SLOW_FINDER_PAUSE = 1.0
 # Brokers that hold a long poll although data arrived (see PartitionLog._learn)
 QUICK_WAIT_MS = 2
 QUICK_MAX_WAIT_MS = 64
+# At most this many logs of a pool keep a long poll running after a read found them drained (each
+# poll has a connection of its own to the broker: with thousands of partitions, megabytes); the
+# others ask the cluster at each read there, as before.
+MAX_DRAINED_POLLERS = 64
 # When the logs together exceed the cache budget, they give up batches down to this share of it.
 RECLAIM_TO = 0.9
 # Read ahead while the cached data after a read holds fewer than this many reads of its size (or
@@ -145,11 +149,22 @@ class CachePool:
         self.budget_bytes = budget_bytes
         self.total = 0  # cached bytes of every log (with BATCH_OVERHEAD per batch)
         self.logs: set[PartitionLog] = set()
+        self.drained_pollers: set[PartitionLog] = set()  # see MAX_DRAINED_POLLERS
 
     def remove(self, log: PartitionLog) -> None:
+        self.drained_pollers.discard(log)
         if log in self.logs:
             self.logs.discard(log)
             self.total -= log.cached_bytes
+
+    def may_poll_drained(self, log: PartitionLog) -> bool:
+        pollers = self.drained_pollers
+        if log in pollers:
+            return True
+        if len(pollers) < MAX_DRAINED_POLLERS:
+            pollers.add(log)
+            return True
+        return False
 
     def reclaim(self, keep: PartitionLog, protect: list[tuple[_Run, int]]) -> None:
         """Back under the budget (to RECLAIM_TO of it, so that this is rare): the other logs' oldest
@@ -279,7 +294,8 @@ class PartitionLog:
             if cached is not None and cached.batches:
                 break
             if not brought or attempt:
-                if not brought and 0 <= self._readable_end() <= offset:
+                if (not brought and 0 <= self._readable_end() <= offset
+                        and (self.pool is None or self.pool.may_poll_drained(self))):
                     # Read up to the end: a poll in the background learns of (and caches) the next
                     # data as soon as the cluster has it, and until it is done the reads here return
                     # at once (above) instead of each waiting for a Fetch that comes back empty: a

@@ -648,6 +648,33 @@ def test_reads_at_the_end_wait_for_no_fetch_while_a_poll_runs() -> None:
     asyncio.run(main())
 
 
+def test_drained_reads_leave_polls_running_on_a_bounded_number_of_logs(monkeypatch) -> None:
+    """Each poll has a connection of its own to the broker: past MAX_DRAINED_POLLERS logs, a read
+    at the end asks the cluster each time instead (10,000 share-partitions: 11 MB of RSS)."""
+    monkeypatch.setattr(pl, "MAX_DRAINED_POLLERS", 2)
+
+    async def main() -> None:
+        pool = pl.CachePool(1 << 20)
+        ups = [FakeUpstream() for _ in range(3)]
+        logs = [PartitionLog(up, TOPIC, 0, False, pool=pool) for up in ups]  # type: ignore[arg-type]
+        for up, plog in zip(ups, logs, strict=True):
+            up.append()
+            await plog.read(0, 1 << 20)
+            for _ in range(3):
+                assert not (await plog.read(1, 1 << 20)).batches
+        await asyncio.sleep(0.01)
+        assert [plog._poll is not None for plog in logs] == [True, True, False]
+        assert [len(up.fetches) for up in ups] == [3, 3, 4]  # read, end, poll / read, end x 3
+        pool.remove(logs[0])  # a log dropped (idle): its place goes to another
+        assert not (await logs[2].read(1, 1 << 20)).batches
+        await asyncio.sleep(0.01)
+        assert logs[2]._poll is not None
+        for plog in logs:
+            plog.close()
+
+    asyncio.run(main())
+
+
 async def _listen(plog: PartitionLog) -> asyncio.Event:
     woke = asyncio.Event()
     plog.listeners.add(woke.set)
