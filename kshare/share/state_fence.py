@@ -55,6 +55,34 @@ def expect_fencing(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(handler)
 
 
+class _SenderStopped(logging.Filter):
+    """aiokafka's sender logs an answer it does not expect at ERROR with a traceback, then stops
+    (the producer's pending and later sends fail). Seen when ownership of a state partition moves
+    back and forth between proxies: the producer of the proxy losing it may get an unknown error
+    instead of ProducerFenced. The writes that fail are logged by kshare itself (the store, the
+    service); this says once, in one line, what stopped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Unexpected error in sender routine" and record.exc_info:
+            exc = record.exc_info[1]
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = ("a transactional state producer stopped on an answer it did not expect from the "
+                          "cluster (%r); the state writes it carried fail (logged where they fail)")
+            record.args = (exc,)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+_SENDER_FILTER = _SenderStopped()
+
+
+def quiet_sender_stops() -> None:
+    """Install the filter above on aiokafka's sender logger (once)."""
+    sender_log = logging.getLogger("aiokafka.producer.sender")
+    if _SENDER_FILTER not in sender_log.filters:
+        sender_log.addFilter(_SENDER_FILTER)
+
+
 class PartitionWriter:
     def __init__(self, bootstrap: list[str], topic: str, partition: int, transactional_id: str, *,
                  write_timeout_s: float = 30.0, transaction_timeout_ms: int = 60_000,
@@ -74,6 +102,7 @@ class PartitionWriter:
         """Take the partition over: from now on the previous owner's writes are refused."""
         from aiokafka import AIOKafkaProducer
 
+        quiet_sender_stops()
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
             client_id=f"kshare-state-{self.partition}",
