@@ -91,6 +91,9 @@ class ShareCollector(Collector):
                                 value=service.record_cache_bytes)
         yield GaugeMetricFamily("kshare_record_cache_partitions", "Topic-partitions with a record cache in use",
                                 value=len(service.logs))
+        yield GaugeMetricFamily("kshare_answer_record_bytes", "Records held by ShareFetch answers being made or "
+                                "waiting for the client's socket (at most half the record cache budget besides it)",
+                                value=service.cache_pool.answer_bytes)
         if service.instances is not None:
             owned = getattr(service.ownership, "claimed", ())
             yield GaugeMetricFamily("kshare_instance_state_partitions", "State-topic partitions this proxy of the "

@@ -27,6 +27,8 @@ from ..protocol.codegen import DecodeError, _uvarint
 from . import filters
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .server import Proxy
 
 log = logging.getLogger("kshare.proxy")
@@ -50,7 +52,8 @@ _SERVING: ContextVar[Slot | None] = ContextVar("kshare_serving", default=None)
 class Slot:
     """A response owed to the client, in request order."""
 
-    __slots__ = ("api_key", "version", "corr", "data", "streaming", "started", "request", "probe", "ahead")
+    __slots__ = ("api_key", "version", "corr", "data", "streaming", "started", "request", "probe", "ahead",
+                 "release")
 
     def __init__(self, api_key: int, version: int, corr: int) -> None:
         self.api_key = api_key
@@ -62,6 +65,7 @@ class Slot:
         self.request: Any = None  # the decoded request, for the few rewrites that need it
         self.probe: asyncio.Future | None = None  # the proxy's own request: its decoded response goes here
         self.ahead: list | None = None  # the beginning of a local response, written before the rest was known
+        self.release: Callable[[], None] | None = None  # called once the response has left the process
 
 
 def produce_header(frame: bytes | bytearray, version: int, start: int, end: int) -> tuple[int, bool] | None:
@@ -127,6 +131,9 @@ class ClientConnection(asyncio.Protocol):
         # (one writev instead of a send per frame and per response header): None when not gathering.
         self._to_broker: list | None = None  # this client's requests, to its upstream connection
         self._to_client: list | None = None  # responses, to this client
+        # written responses whose buffers the transport may still hold (Slot.release): released
+        # once its write buffer is empty, or the connection is gone
+        self._holds: list[Callable[[], None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -208,6 +215,7 @@ class ClientConnection(asyncio.Protocol):
             self.upstream.close()
         for task in self._tasks:
             task.cancel()
+        self._release_holds()
 
     def close(self) -> None:
         if not self.closed:
@@ -218,6 +226,24 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.close()
             if self.upstream is not None:
                 self.upstream.close()
+            self._release_holds()
+
+    def _release_holds(self) -> None:
+        """The connection is gone: nothing it held stays held (answers never written included)."""
+        holds, self._holds = self._holds, []
+        holds += [slot.release for slot in self.order if slot.release is not None]
+        for slot in self.order:
+            slot.release = None
+        for release in holds:
+            release()
+
+    def _check_holds(self) -> None:
+        """Release the written responses' holds once the transport has handed every byte to the
+        kernel (it keeps the buffers it could not write yet, the answers' records among them)."""
+        if self._holds and (self.transport is None or self.closed or not self.transport.get_write_buffer_size()):
+            holds, self._holds = self._holds, []
+            for release in holds:
+                release()
 
     def _bytes_missing(self) -> int:
         """How many bytes the request frame being received still lacks (0 at a frame boundary)."""
@@ -304,6 +330,8 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.writelines(data)  # type: ignore[arg-type]
             else:
                 self.transport.write(data)  # type: ignore[arg-type]
+            if self._holds:
+                self._check_holds()
 
     def flush_upstream(self) -> None:
         out, self._to_broker = self._to_broker, None
@@ -320,6 +348,8 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.write(out[0])
             else:
                 self.transport.writelines(out)
+        if self._holds:
+            self._check_holds()
 
     # -- flow control: a slow reader on one side pauses the other ------------------------------
     def pause_writing(self) -> None:
@@ -329,9 +359,13 @@ class ClientConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.resume_reading()
+        if self._holds:
+            self._check_holds()
 
     # -- requests -------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if self._holds:  # a client that asks again has most likely read the last answer
+            self._check_holds()
         if self.closed or self.ending:
             return
         if self.upstream is None:  # still connecting: hold everything until the broker is there
@@ -548,12 +582,29 @@ class ClientConnection(asyncio.Protocol):
         self.send_client(pieces)
         return True
 
+    def release_when_sent(self, release: Callable[[], None]) -> bool:
+        """Call ``release`` once the response the calling handler returns has left the process
+        (written, and taken from the transport's buffer by the kernel), or the connection is gone.
+        For what the response's buffers keep alive (records an answer slices from fetched data).
+        Returns False, calling nothing, outside a handler: the caller releases itself."""
+        slot = _SERVING.get()
+        if slot is None or slot.release is not None:
+            return False
+        if self.closed:
+            release()
+            return True
+        slot.release = release
+        return True
+
     # -- responses ------------------------------------------------------------------------------
     def flush(self) -> None:
         """Write every response at the head of the order that is ready."""
         order = self.order
         while order and order[0].data is not None:
             slot = order.popleft()
+            if slot.release is not None:
+                self._holds.append(slot.release)
+                slot.release = None
             self.send_client(slot.data)  # type: ignore[arg-type]
             slot.data = None
             self.proxy.stats.answered(slot.api_key, perf_counter() - slot.started)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
@@ -54,6 +55,18 @@ def _error(version: int, code: int, message: str | None = None, lock_ms: int = 0
 
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+    out = ResponseBuilder()
+    try:
+        return await _handle(service, conn, header, req, out)
+    finally:
+        if out.held:  # the records it took stay counted until the client's socket took them
+            release = partial(service.cache_pool.release_answer, out.held)
+            if not conn.release_when_sent(release):
+                release()
+
+
+async def _handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any,
+                  out: ResponseBuilder) -> tuple[int, Any]:
     version = header.api_version
     if not service.loaded:
         return _error(version, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "The share group state is still loading.")
@@ -85,7 +98,6 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
         if sp is not None:
             sp.fair.leave(member_id)
 
-    out = ResponseBuilder()
     # topics the client may not read: no records, no acknowledgements (asked of the cluster, cached)
     out.refused = await topic_refusals(service, conn, Operation.READ,
                                        [t.topic_id for t in req.topics] + [t for t, _ in session.partitions])
@@ -190,9 +202,12 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
     cfg = group.config
     rc = cfg.read_committed
     states: list[SharePartitionState] = []
+    pool = service.cache_pool
     for topic_id, partition in session.rotated():
         if out.record_count >= max_records or out.record_bytes >= max_bytes:
             break
+        if out.record_count and pool.answer_room() <= 0:
+            break  # the answers on their way hold their share of the record budget: go with these
         topic = service.upstream.by_id.get(topic_id)
         if topic is None:
             await service.upstream.refresh_metadata(max_age=1.0)
@@ -243,7 +258,10 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         # leave those batches out (with small producer batches a cached segment holds thousands).
         # Not under read_committed, where skipped aborted records may stretch far past that.
         until = None if rc else engine.end_offset + max(want, 1)
-        read = await plog.read(offset, max(1, min(max_bytes - out.record_bytes, plog.fetch_bytes)), until, later)
+        limit = min(max_bytes - out.record_bytes, plog.fetch_bytes)
+        if out.record_count:  # (the first records of an answer may exceed the room: it makes progress)
+            limit = min(limit, pool.answer_room())
+        read = await plog.read(offset, max(1, limit), until, later)
         if read.error_code == OFFSET_OUT_OF_RANGE:
             service.skip_to_log_start(sp, read.log_start_offset)
             continue
@@ -301,6 +319,8 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
                               for a, z, c in split_ranges(ranges, batch_size)]
         out.record_count += result.count
         out.record_bytes += len(records)
+        out.held += len(records)
+        pool.hold_answer(len(records))
         service.stats.deliveries[(group_id, topic.name)] += result.count
     return states
 
@@ -331,6 +351,7 @@ class ResponseBuilder:
         self.topics: dict[bytes, dict[int, Any]] = {}
         self.record_count = 0
         self.record_bytes = 0
+        self.held = 0  # record bytes counted in the record budget's answer share (CachePool.hold_answer)
         self.errors = 0  # partitions answered with an error that waiting does not cure
         self.refused: dict[bytes, int] = {}  # topic id -> authorization error, for this request
         self.last: set[tuple[bytes, int]] = set()  # partitions answered after all the others
