@@ -42,6 +42,7 @@ _ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id ne
 # Correlation ids of acks=0 Produce requests remembered per connection, in case the broker answers
 # them after all (Tansu does; Kafka never does, hence the bound).
 _UNANSWERED_LIMIT = 4096
+_HOLDS_RECHECK_S = 0.1  # see ClientConnection._check_holds
 _REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the answers it is owed
 BROKER_NOT_AVAILABLE = 8
 # The slot a locally served request's handler answers: set in the handler's own task (its context
@@ -134,6 +135,7 @@ class ClientConnection(asyncio.Protocol):
         # written responses whose buffers the transport may still hold (Slot.release): released
         # once its write buffer is empty, or the connection is gone
         self._holds: list[Callable[[], None]] = []
+        self._holds_timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -239,11 +241,21 @@ class ClientConnection(asyncio.Protocol):
 
     def _check_holds(self) -> None:
         """Release the written responses' holds once the transport has handed every byte to the
-        kernel (it keeps the buffers it could not write yet, the answers' records among them)."""
-        if self._holds and (self.transport is None or self.closed or not self.transport.get_write_buffer_size()):
+        kernel (it keeps the buffers it could not write yet, the answers' records among them).
+        Checked at each write, read and resume; while bytes wait below the transport's high-water
+        mark nothing else would come (no resume_writing), so also shortly after."""
+        if not self._holds:
+            return
+        if self.transport is None or self.closed or not self.transport.get_write_buffer_size():
             holds, self._holds = self._holds, []
             for release in holds:
                 release()
+        elif self._holds_timer is None:
+            self._holds_timer = asyncio.get_running_loop().call_later(_HOLDS_RECHECK_S, self._recheck_holds)
+
+    def _recheck_holds(self) -> None:
+        self._holds_timer = None
+        self._check_holds()
 
     def _bytes_missing(self) -> int:
         """How many bytes the request frame being received still lacks (0 at a frame boundary)."""
