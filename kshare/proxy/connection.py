@@ -411,14 +411,19 @@ class ClientConnection(asyncio.Protocol):
                 if not self._local_left:
                     self._serve_collected()
                 continue
-            # at a frame boundary: gather enough to read the header
-            self._buf += view[i:]
+            # at a frame boundary: the frames are read where they are, in this read (and pass on
+            # as slices of it); only a header split between reads is gathered in ``_buf`` first
+            if self._buf:
+                self._buf += view[i:]
+                self._start_frames()
+            else:
+                self._start_frames(view[i:] if i else view)
             i = n
-            self._start_frames()
 
-    def _start_frames(self) -> None:
-        """Decide what to do with each frame whose header is in ``_buf``."""
-        buf = self._buf
+    def _start_frames(self, read: memoryview | None = None) -> None:
+        """Decide what to do with each frame whose header is in ``_buf``, or in ``read`` (part of
+        one read from the socket; what is left of it undecided is kept in ``_buf``)."""
+        buf: bytearray | memoryview = self._buf if read is None else read
         pos = 0  # the frame being looked at; everything before it is dealt with
         run = 0  # start of the complete frames to forward not yet handed to send_upstream
         bad: str | None = None  # why the frame at ``pos`` is refused (the ones before it go first)
@@ -442,7 +447,7 @@ class ClientConnection(asyncio.Protocol):
                 served = self.proxy.handler_for(api_key, version)
                 if served is not None or (self.proxy.view is not None and filters.reads_request(api_key)):
                     if run < pos:  # what came before goes first
-                        self.send_upstream(bytes(buf[run:pos]))
+                        self.send_upstream(buf[run:pos] if read is not None else bytes(buf[run:pos]))
                     pos = run = self._begin_local(buf, pos, size, api_key, version, corr)
                     continue
                 bad = self.proxy.check_forwardable(api_key, version)
@@ -457,7 +462,7 @@ class ClientConnection(asyncio.Protocol):
                     # after a leader change the client learns the new leader from
                     # NOT_LEADER_OR_FOLLOWER and a Metadata refresh, as before KIP-951
                     # (tests/integration/test_passthrough.py::test_node_endpoints_point_at_proxy).
-                    _VERSION.pack_into(buf, pos + 6, filters.FETCH_SERVED_AS)
+                    run = self._set_version(buf, pos, run, filters.FETCH_SERVED_AS)
                     version = filters.FETCH_SERVED_AS
                 expects_response = True
                 if api_key == filters.PRODUCE:
@@ -475,7 +480,7 @@ class ClientConnection(asyncio.Protocol):
                         # broker's answer is also a valid v10+ answer without them and streams
                         # through undecoded; the client learns a new leader from
                         # NOT_LEADER_OR_FOLLOWER and a Metadata refresh.
-                        _VERSION.pack_into(buf, pos + 6, filters.PRODUCE_SERVED_AS)
+                        run = self._set_version(buf, pos, run, filters.PRODUCE_SERVED_AS)
                         version = filters.PRODUCE_SERVED_AS
                 if expects_response:
                     slot = Slot(api_key, version, corr)
@@ -493,11 +498,31 @@ class ClientConnection(asyncio.Protocol):
                 pos = len(buf)
                 return
         finally:
-            if run < pos:
-                self.send_upstream(bytes(buf[run:pos]))
-            del buf[:pos]
+            if read is not None:
+                if run < pos:
+                    self.send_upstream(buf[run:pos])  # no copy: a slice of the read
+                if pos < len(buf) and not self.ending and bad is None:  # (a rejected connection keeps none)
+                    self._buf += buf[pos:]
+            else:
+                if run < pos:
+                    self.send_upstream(bytes(buf[run:pos]))
+                del buf[:pos]
             if bad is not None:
                 self._reject(bad)
+
+    def _set_version(self, buf: bytearray | memoryview, pos: int, run: int, version: int) -> int:
+        """Set the API version in the header of the request frame at ``pos``; returns where the
+        bytes still to forward begin. In ``_buf`` it is changed in place; a read from the socket
+        cannot be, so what comes before goes on, then a changed copy of the header's first bytes."""
+        if isinstance(buf, bytearray):
+            _VERSION.pack_into(buf, pos + 6, version)
+            return run
+        if run < pos:
+            self.send_upstream(buf[run:pos])
+        head = bytearray(buf[pos : pos + 8])
+        _VERSION.pack_into(head, 6, version)
+        self.send_upstream(head)
+        return pos + 8
 
     def _begin_local(self, buf: bytearray, pos: int, size: int, api_key: int, version: int, corr: int) -> int:
         """A frame the proxy reads itself; returns where the next frame starts."""
