@@ -69,7 +69,7 @@ class Slot:
         self.release: Callable[[], None] | None = None  # called once the response has left the process
 
 
-def produce_header(frame: bytes | bytearray, version: int, start: int, end: int) -> tuple[int, bool] | None:
+def produce_header(frame: bytes | bytearray | memoryview, version: int, start: int, end: int) -> tuple[int, bool] | None:
     """(``acks``, whether it is transactional) of the Produce request at ``frame[start:end]``
     (size prefix included). Returns None when ``frame`` holds too little of it to tell, or the
     request ends before ``acks``.
@@ -524,7 +524,7 @@ class ClientConnection(asyncio.Protocol):
         self.send_upstream(head)
         return pos + 8
 
-    def _begin_local(self, buf: bytearray, pos: int, size: int, api_key: int, version: int, corr: int) -> int:
+    def _begin_local(self, buf: bytearray | memoryview, pos: int, size: int, api_key: int, version: int, corr: int) -> int:
         """A frame the proxy reads itself; returns where the next frame starts."""
         slot = Slot(api_key, version, corr)
         self.order.append(slot)
