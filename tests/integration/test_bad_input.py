@@ -945,3 +945,72 @@ def test_upstream_broker_going_away_and_back(broker_factory, logs) -> None:
         finally:
             consumer.close()
         assert got_back == acked
+
+
+def _produce_v11(topic: str, value: bytes, corr: int) -> bytes:
+    """As ``_acks_all_produce``, as Produce v11 (the proxy asks the broker for v9)."""
+    frame = bytearray(_acks_all_produce(topic, value, corr))
+    struct.pack_into(">h", frame, 6, 11)  # v9 and v11 requests have the same layout
+    return bytes(frame)
+
+
+def _fetch_v16(topic_id: bytes, corr: int) -> bytes:
+    """Fetch v16 of partition 0 from offset 0 (the proxy asks the broker for v15)."""
+    cls = messages.message_class("FetchRequest")
+    body = cls(
+        max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+        topics=[cls.FetchTopic(topic_id=topic_id, partitions=[cls.FetchPartition(
+            partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1, log_start_offset=-1,
+            partition_max_bytes=1 << 20)])],
+        forgotten_topics_data=[], rack_id="",
+    )
+    return bytes(messages.encode_request(1, 16, corr, "good", body))
+
+
+def _send_in_pieces(address: str, data: bytes, cuts: list[int], frames: int) -> Exchange:
+    """Send ``data`` cut at ``cuts``, pausing between the pieces so that each is a read of its own."""
+    t0 = time.monotonic()
+    with socket.create_connection(hostport(address), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ip, port = sock.getsockname()[:2]
+        for a, z in zip([0, *cuts], [*cuts, len(data)], strict=True):
+            sock.sendall(data[a:z])
+            time.sleep(0.02)
+        got = bytearray()
+        while _complete_frames(got) < frames:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            got += chunk
+    return Exchange(closed=False, data=bytes(got), peer=f"{ip}:{port}", seconds=time.monotonic() - t0)
+
+
+def test_frames_cut_anywhere_arrive_whole(kafka39, kafka_proxy: ProxyThread, logs) -> None:
+    """The proxy reads a request's header where it arrived, in the read that brought it, and
+    gathers the header first only when it is split between reads; a Produce v11 and a Fetch v16
+    have their version lowered on the way (v9, v15), in place or as a changed copy of the header.
+    The same pipeline, cut at random places (always once inside a request header) with each piece
+    a read of its own, gets every answer in order, and each Produce is written exactly once."""
+    topic = kafka39.create_topic(f"bad-input-cuts-{uuid.uuid4().hex[:8]}")
+    meta = exchange(kafka39.bootstrap, metadata_request(1, [topic]), expect_frames=1, wait=0.1)
+    (topic_id,) = [t.topic_id for t in messages.decode_response(3, 12, memoryview(meta.frames[0])).topics]
+    rng = random.Random(932)
+    trials = 12
+    for trial in range(trials):
+        frames = [api_versions_request(1), metadata_request(2, [topic]),
+                  _produce_v11(topic, b"cut-%02d" % trial, 3), _fetch_v16(topic_id, 4), metadata_request(5)]
+        data = b"".join(frames)
+        starts = [sum(len(f) for f in frames[:i]) for i in range(len(frames))]
+        inside = rng.choice(starts) + rng.randrange(1, 12)  # inside a header (its first 12 bytes)
+        cuts = sorted({inside, *(rng.randrange(1, len(data)) for _ in range(rng.randrange(0, 5)))})
+        got = _send_in_pieces(kafka_proxy.bootstrap, data, cuts, len(frames))
+        assert [corr_of(f) for f in got.frames] == [1, 2, 3, 4, 5], (trial, cuts)
+        produced = messages.decode_response(0, 11, memoryview(got.frames[2]))
+        assert [(p.error_code, p.base_offset) for t in produced.responses for p in t.partition_responses] == [
+            (0, trial)], (trial, cuts)
+        fetched = messages.decode_response(1, 16, memoryview(got.frames[3]))
+        (part,) = [p for t in fetched.responses for p in t.partitions]
+        assert part.error_code == 0 and part.high_watermark == trial + 1, (trial, cuts)
+    assert [r.getMessage() for r in logs.records if r.name == PROXY_LOGGER and r.levelno >= logging.WARNING] == []
+    assert not unexpected_errors(logs)
+    assert _count_records(kafka39.bootstrap, topic, trials) == trials
