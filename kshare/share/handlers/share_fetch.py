@@ -59,8 +59,8 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     try:
         return await _handle(service, conn, header, req, out)
     finally:
-        if out.held:  # the records it took stay counted until the client's socket took them
-            release = partial(service.cache_pool.release_answer, out.held)
+        if out.record_bytes:  # the records it took stay counted until the client's socket took them
+            release = partial(service.cache_pool.release_answer, out.record_bytes)
             if not conn.release_when_sent(release):
                 release()
 
@@ -319,7 +319,6 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
                               for a, z, c in split_ranges(ranges, batch_size)]
         out.record_count += result.count
         out.record_bytes += len(records)
-        out.held += len(records)
         pool.hold_answer(len(records))
         service.stats.deliveries[(group_id, topic.name)] += result.count
     return states
@@ -350,8 +349,7 @@ class ResponseBuilder:
     def __init__(self) -> None:
         self.topics: dict[bytes, dict[int, Any]] = {}
         self.record_count = 0
-        self.record_bytes = 0
-        self.held = 0  # record bytes counted in the record budget's answer share (CachePool.hold_answer)
+        self.record_bytes = 0  # also what the answer holds of the record budget (CachePool.hold_answer)
         self.errors = 0  # partitions answered with an error that waiting does not cure
         self.refused: dict[bytes, int] = {}  # topic id -> authorization error, for this request
         self.last: set[tuple[bytes, int]] = set()  # partitions answered after all the others
