@@ -181,6 +181,10 @@ def consume(bootstrap: str, topic: str, records: int, partitions: int, timeout: 
             "group.id": f"bench-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
+            # librdkafka stops fetching a partition for this long once its local queue is full
+            # (1 s by default): a reader slower than the fetches then idles for most of a second
+            # in some runs and not others, and that, not the path measured, decided the time
+            "fetch.queue.backoff.ms": 5,
             "error_cb": _quiet,
             "logger": _log,
         }

@@ -102,7 +102,7 @@ def produce_header(frame: bytes | bytearray | memoryview, version: int, start: i
         return None
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(asyncio.BufferedProtocol):
     """A client's connection to one proxy listener (the bootstrap listener or broker ``node_id``)."""
 
     def __init__(self, proxy: Proxy, node_id: int | None) -> None:
@@ -132,6 +132,7 @@ class ClientConnection(asyncio.Protocol):
         # (one writev instead of a send per frame and per response header): None when not gathering.
         self._to_broker: list | None = None  # this client's requests, to its upstream connection
         self._to_client: list | None = None  # responses, to this client
+        self._lend = False  # whether slices of the read buffer go to the broker as views (ReadBuffer)
         # written responses whose buffers the transport may still hold (Slot.release): released
         # once its write buffer is empty, or the connection is gone
         self._holds: list[Callable[[], None]] = []
@@ -348,7 +349,9 @@ class ClientConnection(asyncio.Protocol):
     def flush_upstream(self) -> None:
         out, self._to_broker = self._to_broker, None
         if out and self.upstream is not None and self.upstream.transport is not None and not self.upstream.closed:
-            if len(out) == 1:
+            if not self._lend:  # slices of the shared read buffer: the transport may not keep them
+                self.upstream.transport.write(b"".join(out))
+            elif len(out) == 1:
                 self.upstream.transport.write(out[0])
             else:
                 self.upstream.transport.writelines(out)
@@ -375,7 +378,18 @@ class ClientConnection(asyncio.Protocol):
             self._check_holds()
 
     # -- requests -------------------------------------------------------------------------------
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.proxy.reads.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        reads = self.proxy.reads
+        out = self.upstream.transport if self.upstream is not None else None
+        self._lend = out is not None and not out.get_write_buffer_size()
+        self._received(reads.view[:nbytes])
+        if self._lend and out is not None and (out.get_write_buffer_size() or out.is_closing()):
+            reads.replace()  # the broker's transport kept what it could not send yet: a view
+
+    def _received(self, data: memoryview) -> None:
         if self._holds:  # a client that asks again has most likely read the last answer
             self._check_holds()
         if self.closed or self.ending:
@@ -391,8 +405,8 @@ class ClientConnection(asyncio.Protocol):
         finally:
             self.flush_upstream()
 
-    def _take(self, data: bytes) -> None:
-        view = memoryview(data)
+    def _take(self, data: memoryview) -> None:
+        view = data
         i, n = 0, len(view)
         while i < n and not (self.closed or self.ending):
             if self._forward_left:
@@ -514,7 +528,7 @@ class ClientConnection(asyncio.Protocol):
         """Set the API version in the header of the request frame at ``pos``; returns where the
         bytes still to forward begin. In ``_buf`` it is changed in place; a read from the socket
         cannot be, so what comes before goes on, then a changed copy of the header's first bytes."""
-        if isinstance(buf, bytearray):
+        if not (isinstance(buf, memoryview) and buf.readonly):  # ``_buf``, or the shared read buffer
             _VERSION.pack_into(buf, pos + 6, version)
             return run
         if run < pos:
@@ -649,7 +663,34 @@ class ClientConnection(asyncio.Protocol):
             self.close()
 
 
-class UpstreamConnection(asyncio.Protocol):
+class ReadBuffer:
+    """The buffer every connection of a proxy reads into (both are ``asyncio.BufferedProtocol``).
+
+    uvloop copies each read of a plain ``asyncio.Protocol`` into a new ``bytes``; on the relay
+    path that copy, and the allocation of the large objects it needs, was the largest part of the
+    proxy's own work. Reads are handled one at a time, each to the end before the next, so one
+    buffer serves them all as long as no transport keeps a view of it afterwards. What is read
+    goes on as slices of the buffer only to a transport with nothing queued, which sends at once;
+    to one already backed up it goes as a copy. Should a write begun with nothing queued not
+    finish, the transport keeps the rest as a view: the buffer is left to it and a new one is
+    made (``replace``). Anything kept past the read (a partial header, a request the proxy
+    serves itself, a buffered response) is copied out of it.
+    """
+
+    SIZE = 1 << 20  # reads of up to 1 MiB: fewer system calls on the consume path
+
+    __slots__ = ("view", "replaced")
+
+    def __init__(self) -> None:
+        self.view = memoryview(bytearray(self.SIZE))
+        self.replaced = 0  # buffers left to a transport
+
+    def replace(self) -> None:
+        self.view = memoryview(bytearray(self.SIZE))
+        self.replaced += 1
+
+
+class UpstreamConnection(asyncio.BufferedProtocol):
     """The proxy's connection to one broker on behalf of one client connection."""
 
     def __init__(self, client: ClientConnection) -> None:
@@ -660,6 +701,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._left = 0  # bytes of the current response body still to come
         self._chunks: list[bytes] | None = None  # set when buffering the current response
         self._discard = False  # the current response answers an acks=0 Produce: dropped
+        self._lend = False  # whether chunks of the read buffer go to the client as views (ReadBuffer)
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -702,17 +744,25 @@ class UpstreamConnection(asyncio.Protocol):
         if self.client.transport is not None and not self.client.closed:
             self.client.transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.client.proxy.reads.view
+
+    def buffer_updated(self, nbytes: int) -> None:
         client = self.client
+        reads = client.proxy.reads
+        out = client.transport
+        self._lend = out is not None and not out.get_write_buffer_size()
         client._to_client = []
         try:
-            self._take(data)
+            self._take(reads.view[:nbytes])
         finally:
             client.flush_client()
+            if self._lend and out is not None and (out.get_write_buffer_size() or out.is_closing()):
+                reads.replace()  # the client's transport kept what it could not send yet: a view
 
-    def _take(self, data: bytes) -> None:
+    def _take(self, data: memoryview) -> None:
         client = self.client
-        view = memoryview(data)
+        view = data
         i, n = 0, len(view)
         while i < n and not self.closed:
             if self._left:
@@ -721,7 +771,7 @@ class UpstreamConnection(asyncio.Protocol):
                 if self._discard:
                     pass
                 elif self._chunks is None:
-                    client.send_client(chunk)
+                    client.send_client(chunk if self._lend else bytes(chunk))
                 else:
                     self._chunks.append(bytes(chunk))
                 self._left -= take

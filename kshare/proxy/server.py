@@ -13,7 +13,7 @@ from ..client import KafkaConnection
 from ..protocol import messages
 from . import filters
 from .config import ProxyConfig
-from .connection import ClientConnection
+from .connection import ClientConnection, ReadBuffer
 from .tls import ListenerTLS, quiet_hang_ups
 from .virtual import ClusterView
 
@@ -129,6 +129,7 @@ class Proxy:
         self.topics = TopicRegistry()
         self.stats = ProxyStats()
         self.connections: set[ClientConnection] = set()
+        self.reads = ReadBuffer()  # what every connection reads into
         self.bootstrap_server: asyncio.Server | None = None
         self.bootstrap_port: int | None = None
         # APIs served by the proxy itself: key -> (min, max, handler, applies)
