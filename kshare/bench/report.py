@@ -71,7 +71,7 @@ def markdown(results: dict[str, Any]) -> str:
     out = ["# kshare bench", ""]
     out.append(
         f"`{meta.get('command', 'kshare bench')}` -- started {meta.get('started', '?')}, "
-        f"{_num(meta.get('elapsed_s'))} s, {meta.get('repeats', '?')} repeat(s)"
+        f"{_num(meta.get('elapsed_s'))} s, {_repeats(meta.get('repeats'))}"
         + (" (--quick)" if meta.get("quick") else "")
         + f"; load average {meta.get('load_before', '?')} -> {meta.get('load_after', '?')}."
     )
@@ -625,3 +625,15 @@ PLOTS = {
     "memory": _plot_memory,
     "cpu": _plot_cpu,
 }
+
+
+def _repeats(repeats: Any) -> str:
+    """How often each scenario repeated, e.g. ``repeats: 5 (passthrough, share), 3 (ack)``, from
+    ``{scenario: repeats}`` (older results hold one number for all)."""
+    if not isinstance(repeats, dict) or not repeats:
+        return f"{repeats if repeats is not None else '?'} repeat(s)"
+    by: dict[int, list[str]] = {}
+    for name, n in repeats.items():
+        by.setdefault(n, []).append(name)
+    parts = [f"{n} ({', '.join(names)})" for n, names in sorted(by.items(), reverse=True)]
+    return "repeats: " + ", ".join(parts)

@@ -298,7 +298,7 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
             "command": shlex.join(["kshare", *sys.argv[1:]]) if sys.argv else "kshare bench",
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "quick": options.quick,
-            "repeats": options.n_repeats,
+            "repeats": {name: scenario_args(name, options).get("repeats", 1) for name in options.scenarios},
             "scenarios": options.scenarios,
             "upstream": options.upstream or f"Apache Kafka {KAFKA_3} (started by the bench)",
             "reference": f"Apache Kafka {KAFKA_4} with share groups",

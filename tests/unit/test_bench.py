@@ -268,6 +268,9 @@ def test_options_and_sizes() -> None:
     assert runner.scenario_args("share", runner.Options(out=Path("x"), repeats=2))["repeats"] == 2
     assert runner.scenario_args("share", o)["repeats"] == 1
     assert runner.scenario_args("ack", runner.Options(out=Path("x")))["repeats"] == 3
+    # the report says how often each scenario repeated (older results: one number)
+    assert report._repeats({"passthrough": 5, "ack": 3, "share": 5}) == "repeats: 5 (passthrough, share), 3 (ack)"
+    assert report._repeats(3) == "3 repeat(s)"
 
 
 def test_cli_parses_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
