@@ -384,7 +384,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         reads = self.proxy.reads
         out = self.upstream.transport if self.upstream is not None else None
-        self._lend = out is not None and not out.get_write_buffer_size()
+        self._lend = out is not None and not out.get_write_buffer_size() and not out.is_closing()
         self._received(reads.view[:nbytes])
         if self._lend and out is not None and (out.get_write_buffer_size() or out.is_closing()):
             reads.replace()  # the broker's transport kept what it could not send yet: a view
@@ -526,8 +526,9 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def _set_version(self, buf: bytearray | memoryview, pos: int, run: int, version: int) -> int:
         """Set the API version in the header of the request frame at ``pos``; returns where the
-        bytes still to forward begin. In ``_buf`` it is changed in place; a read from the socket
-        cannot be, so what comes before goes on, then a changed copy of the header's first bytes."""
+        bytes still to forward begin. In ``_buf`` and in the read buffer it is changed in place; a
+        read-only view cannot be, so what comes before goes on, then a changed copy of the header's
+        first bytes."""
         if not (isinstance(buf, memoryview) and buf.readonly):  # ``_buf``, or the shared read buffer
             _VERSION.pack_into(buf, pos + 6, version)
             return run
@@ -751,7 +752,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         client = self.client
         reads = client.proxy.reads
         out = client.transport
-        self._lend = out is not None and not out.get_write_buffer_size()
+        self._lend = out is not None and not out.get_write_buffer_size() and not out.is_closing()
         client._to_client = []
         try:
             self._take(reads.view[:nbytes])
