@@ -25,6 +25,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Producer
@@ -41,7 +42,7 @@ RECORDS = 600  # per worker: about 7 MB
 PRODUCER = {"batch.size": 1 << 20, "linger.ms": 20, "message.send.max.retries": 0}
 
 
-def _small_send_buffer(cls: type) -> None:
+def _small_send_buffer(cls: type) -> Callable[..., None]:
     made = cls.connection_made
 
     def connection_made(self, transport) -> None:
