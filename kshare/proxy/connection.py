@@ -384,10 +384,10 @@ class ClientConnection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         reads = self.proxy.reads
         out = self.upstream.transport if self.upstream is not None else None
-        self._lend = out is not None and not out.get_write_buffer_size() and not out.is_closing()
+        self._lend = reads.may_lend(out)
         self._received(reads.view[:nbytes])
-        if self._lend and out is not None and (out.get_write_buffer_size() or out.is_closing()):
-            reads.replace()  # the broker's transport kept what it could not send yet: a view
+        if self._lend:
+            reads.returned(out)
 
     def _received(self, data: memoryview) -> None:
         if self._holds:  # a client that asks again has most likely read the last answer
@@ -405,13 +405,12 @@ class ClientConnection(asyncio.BufferedProtocol):
         finally:
             self.flush_upstream()
 
-    def _take(self, data: memoryview) -> None:
-        view = data
+    def _take(self, view: memoryview) -> None:
         i, n = 0, len(view)
         while i < n and not (self.closed or self.ending):
             if self._forward_left:
                 take = min(self._forward_left, n - i)
-                self.send_upstream(view[i : i + take] if take < n else data)
+                self.send_upstream(view[i : i + take] if take < n else view)
                 self._forward_left -= take
                 i += take
                 if not self._forward_left and self._probes:
@@ -476,7 +475,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                     # after a leader change the client learns the new leader from
                     # NOT_LEADER_OR_FOLLOWER and a Metadata refresh, as before KIP-951
                     # (tests/integration/test_passthrough.py::test_node_endpoints_point_at_proxy).
-                    run = self._set_version(buf, pos, run, filters.FETCH_SERVED_AS)
+                    _VERSION.pack_into(buf, pos + 6, filters.FETCH_SERVED_AS)  # in place: reads are writable
                     version = filters.FETCH_SERVED_AS
                 expects_response = True
                 if api_key == filters.PRODUCE:
@@ -494,7 +493,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                         # broker's answer is also a valid v10+ answer without them and streams
                         # through undecoded; the client learns a new leader from
                         # NOT_LEADER_OR_FOLLOWER and a Metadata refresh.
-                        run = self._set_version(buf, pos, run, filters.PRODUCE_SERVED_AS)
+                        _VERSION.pack_into(buf, pos + 6, filters.PRODUCE_SERVED_AS)
                         version = filters.PRODUCE_SERVED_AS
                 if expects_response:
                     slot = Slot(api_key, version, corr)
@@ -523,21 +522,6 @@ class ClientConnection(asyncio.BufferedProtocol):
                 del buf[:pos]
             if bad is not None:
                 self._reject(bad)
-
-    def _set_version(self, buf: bytearray | memoryview, pos: int, run: int, version: int) -> int:
-        """Set the API version in the header of the request frame at ``pos``; returns where the
-        bytes still to forward begin. In ``_buf`` and in the read buffer it is changed in place; a
-        read-only view cannot be, so what comes before goes on, then a changed copy of the header's
-        first bytes."""
-        if not (isinstance(buf, memoryview) and buf.readonly):  # ``_buf``, or the shared read buffer
-            _VERSION.pack_into(buf, pos + 6, version)
-            return run
-        if run < pos:
-            self.send_upstream(buf[run:pos])
-        head = bytearray(buf[pos : pos + 8])
-        _VERSION.pack_into(head, 6, version)
-        self.send_upstream(head)
-        return pos + 8
 
     def _begin_local(self, buf: bytearray | memoryview, pos: int, size: int, api_key: int, version: int, corr: int) -> int:
         """A frame the proxy reads itself; returns where the next frame starts."""
@@ -686,6 +670,17 @@ class ReadBuffer:
         self.view = memoryview(bytearray(self.SIZE))
         self.replaced = 0  # buffers left to a transport
 
+    @staticmethod
+    def may_lend(out: asyncio.Transport | None) -> bool:
+        """Whether slices of the buffer may be written to ``out`` as they are: it sends at once."""
+        return out is not None and not out.get_write_buffer_size() and not out.is_closing()
+
+    def returned(self, out: asyncio.Transport | None) -> None:
+        """After a read whose slices went to ``out``: if it kept what it could not send yet (a
+        view), the buffer is left to it."""
+        if out is not None and (out.get_write_buffer_size() or out.is_closing()):
+            self.replace()
+
     def replace(self) -> None:
         self.view = memoryview(bytearray(self.SIZE))
         self.replaced += 1
@@ -752,23 +747,22 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         client = self.client
         reads = client.proxy.reads
         out = client.transport
-        self._lend = out is not None and not out.get_write_buffer_size() and not out.is_closing()
+        self._lend = reads.may_lend(out)
         client._to_client = []
         try:
             self._take(reads.view[:nbytes])
         finally:
             client.flush_client()
-            if self._lend and out is not None and (out.get_write_buffer_size() or out.is_closing()):
-                reads.replace()  # the client's transport kept what it could not send yet: a view
+            if self._lend:
+                reads.returned(out)
 
-    def _take(self, data: memoryview) -> None:
+    def _take(self, view: memoryview) -> None:
         client = self.client
-        view = data
         i, n = 0, len(view)
         while i < n and not self.closed:
             if self._left:
                 take = min(self._left, n - i)
-                chunk = view[i : i + take] if take < n else data
+                chunk = view[i : i + take] if take < n else view
                 if self._discard:
                     pass
                 elif self._chunks is None:

@@ -988,7 +988,7 @@ def _send_in_pieces(address: str, data: bytes, cuts: list[int], frames: int) -> 
 def test_frames_cut_anywhere_arrive_whole(kafka39, kafka_proxy: ProxyThread, logs) -> None:
     """The proxy reads a request's header where it arrived, in the read that brought it, and
     gathers the header first only when it is split between reads; a Produce v11 and a Fetch v16
-    have their version lowered on the way (v9, v15), in place or as a changed copy of the header.
+    have their version lowered on the way (v9, v15), in place (reads are writable).
     The same pipeline, cut at random places (always once inside a request header) with each piece
     a read of its own, gets every answer in order, and each Produce is written exactly once."""
     topic = kafka39.create_topic(f"bad-input-cuts-{uuid.uuid4().hex[:8]}")
