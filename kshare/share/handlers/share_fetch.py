@@ -274,6 +274,14 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
                             topic.name, group_id)
             out.partition(topic_id, partition).error_code = read.error_code
             continue
+        earlier = out.topics.get(topic_id, {}).get(partition)
+        if earlier is not None and earlier.error_code:
+            # An earlier pass of this long poll met an error here that is cured now (a Fetch
+            # answered NOT_LEADER_OR_FOLLOWER for a partition the broker had not loaded yet). Kept,
+            # it would go out with the records acquired now, and a client drops the records of a
+            # partition answered with an error: they would stay acquired, unseen, until their
+            # locks ran out (30 s by default).
+            earlier.error_code = ErrorCode.NONE
         if not read.batches or sp.engine is not engine:
             continue
         fetched = [FetchedBatch(b.base_offset, b.last_offset, b.is_control, b.is_transactional, b.producer_id)
