@@ -68,8 +68,9 @@ MAX_REPEATS = {"scaling": 1}
 # pass-through runs took one of two rates (600,000 x 100 B in 2.3 or 3.3 s, direct as well as
 # through the relay or kshare; librdkafka's fetch queue backoff, now 5 ms), so a median of 3 could
 # compare one rate with the other. Pass-through runs of 2-3 s still spread +-15 % (the broker, the
-# client and the proxy share 2 cores): 7 of them.
-DEFAULT_REPEATS = {"share": 5, "passthrough": 7}
+# client and the proxy share 2 cores): 7 of them, and 7 of the share runs too (with 5, the 1 KiB x 16
+# ratio's median read 0.96-1.15 from one full run to the next).
+DEFAULT_REPEATS = {"share": 7, "passthrough": 7}
 
 
 @dataclass

@@ -262,8 +262,8 @@ def test_options_and_sizes() -> None:
     assert set(runner.SIZES) == set(scenarios.SCENARIOS)
     assert runner.scenario_args("scaling", runner.Options(out=Path("x"), repeats=5))["repeats"] == 1
     assert "repeats" not in runner.scenario_args("memory", o)
-    # a full run repeats the short share runs 5 times, unless --repeats or --quick say otherwise
-    assert runner.scenario_args("share", runner.Options(out=Path("x")))["repeats"] == 5
+    # a full run repeats the short share runs 7 times, unless --repeats or --quick say otherwise
+    assert runner.scenario_args("share", runner.Options(out=Path("x")))["repeats"] == 7
     assert runner.scenario_args("passthrough", runner.Options(out=Path("x")))["repeats"] == 7
     assert runner.scenario_args("share", runner.Options(out=Path("x"), repeats=2))["repeats"] == 2
     assert runner.scenario_args("share", o)["repeats"] == 1
