@@ -4,8 +4,8 @@ Flow per request: validate, update the share session (epochs, partitions added/f
 apply piggybacked acknowledgements, acquire from the session's partitions in rotated order
 (whole upstream batches, raw bytes) until MaxRecords/MaxBytes, long-poll up to MaxWaitMs when
 nothing could be acquired, and answer only once every state change it made is durable. A long poll
-is several passes over the partitions; a partition's answer is what its last pass found (never an
-error beside records: a client drops those records).
+is several passes over the partitions; an error one pass met on a partition is cleared by a later
+pass that reads it (never an error beside records: a client drops those records).
 """
 
 from __future__ import annotations
