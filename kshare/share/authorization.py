@@ -37,6 +37,7 @@ from enum import Enum
 from typing import Any
 
 from ..protocol import messages
+from .tasks import shared_task
 
 TOPIC_AUTHORIZATION_FAILED = 29
 GROUP_AUTHORIZATION_FAILED = 30
@@ -98,7 +99,7 @@ class ShareAuthorizer:
             return entry[1]
         fut = self._asking.get(key)
         if fut is None:
-            fut = asyncio.get_running_loop().create_task(self._ask(key))
+            fut = shared_task(self._ask(key))
             self._asking[key] = fut
             fut.add_done_callback(lambda _f, k=key: self._asking.pop(k, None))
         return await asyncio.shield(fut)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..protocol import messages
 from .ownership import GroupOwnership, Instance, OwnershipMap, plan_claims
+from .tasks import shared_task
 
 if TYPE_CHECKING:
     from .coordinator import ShareGroup
@@ -155,7 +156,7 @@ class InstanceGroupMember:
             return group.group_id in self._remote_configs
         if time.monotonic() - self._remote_configs.get(group.group_id, -1e9) < max_age:
             return True
-        task = asyncio.get_running_loop().create_task(self._ask_group_configs(group))
+        task = shared_task(self._ask_group_configs(group))
         self._asking_configs[group.group_id] = task
         await asyncio.shield(task)
         return group.group_id in self._remote_configs

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from .errors import ErrorCode
 from .records import Batch, split_batches
+from .tasks import shared_task
 from .upstream import FetchResult, TopicInfo, UpstreamCluster
 
 log = logging.getLogger("kshare.share")
@@ -336,7 +337,7 @@ class PartitionLog:
             # no wait: the cluster answers at once with what it has (a broker that does not find
             # the data that fast, once seen, gets the time it needs to find it at once)
             wait = self._find_wait if self._slow_finder and self._readable_end() > offset else 0
-            task = asyncio.get_running_loop().create_task(self._fetch(offset, wait, "", max_bytes))
+            task = shared_task(self._fetch(offset, wait, "", max_bytes))
             self._fetching[offset] = task
             task.add_done_callback(lambda _t, o=offset: self._fetching.pop(o, None))
         return task
@@ -386,8 +387,7 @@ class PartitionLog:
             return
         if self._poll is not None and not self._poll.done() and self._poll_offset == offset:
             return
-        task = self._fetch_at(offset, self.fetch_bytes)
-        task.add_done_callback(_retrieve)
+        self._fetch_at(offset, self.fetch_bytes)  # nobody awaits it yet (shared_task: failures retrieved)
 
     def _readable_end(self) -> int:
         """Where the data a Fetch may return ends, as last heard (-1 unknown)."""
@@ -672,13 +672,6 @@ class PartitionLog:
     def close(self) -> None:
         if self._poll is not None:
             self._poll.cancel()
-
-
-def _retrieve(task: asyncio.Task) -> None:
-    """A read-ahead nobody awaits (yet): its failure is retrieved so nothing warns; a reader that
-    needs the data asks again."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _add_aborted(out: list[tuple[int, int]], pieces: list[tuple[int, int, list[tuple[int, int]]]], lo: int,

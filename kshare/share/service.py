@@ -37,6 +37,7 @@ from .state_fence import expect_fencing
 from .states import ShareSnapshot, ShareUpdate
 from .stats import ShareStats
 from .store import GroupRecord, NotOwned, SharePartitionKey, StateStore
+from .tasks import shared_task
 from .upstream import EARLIEST, LATEST, TopicInfo, UpstreamCluster
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ class ShareGroupService(InstanceGroupMember):
         self.peers: PeerClient | None = None
         self._remote_configs: dict[str, float] = {}  # group id -> when its configs were last asked
         self._asking_configs: dict[str, asyncio.Task] = {}  # group id -> the question in flight
+        self._started_topics: set[tuple[str, str]] = set()  # (group, topic) whose first initialisation was logged
         self._ownership_lock = asyncio.Lock()  # ownership changes one at a time (maps, fencings)
         # whether a client may do what it asks, as the cluster decides (asked as the client)
         self.authz = ShareAuthorizer()
@@ -317,7 +319,7 @@ class ShareGroupService(InstanceGroupMember):
         if not self.ownership.owns(sp.key):  # moved to another proxy of the instance group meanwhile
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, None
         if sp.init_task is None or sp.init_task.done():
-            sp.init_task = asyncio.get_running_loop().create_task(self._initialise(sp))
+            sp.init_task = shared_task(self._initialise(sp))
             # dropped once done (its awaiters hold it): a done task keeps its context, and with
             # it the request that started it, for as long as the share-partition lives (10,000
             # share-partitions: 7 MB)
@@ -344,8 +346,15 @@ class ShareGroupService(InstanceGroupMember):
             snapshot = ShareSnapshot(start, ())
             await self.store.write([(key, snapshot)])
             durable = snapshot
-            log.info("share-partition %s %s-%d initialised at offset %d (%s)", key.group_id, sp.topic.name,
-                     key.partition, start, cfg.auto_offset_reset)
+            # once per group and topic at INFO: a group starting on a 1,000-partition topic would
+            # otherwise write 1,000 lines that ask nothing of an operator
+            first = (key.group_id, sp.topic.name) not in self._started_topics
+            if first:
+                self._started_topics.add((key.group_id, sp.topic.name))
+            log.log(logging.INFO if first else logging.DEBUG,
+                    "share-partition %s %s-%d initialised at offset %d (%s)%s", key.group_id, sp.topic.name,
+                    key.partition, start, cfg.auto_offset_reset,
+                    "; the topic's other new share-partitions of the group are logged at DEBUG" if first else "")
         sp.engine = SharePartition.from_snapshot(
             durable, clock=self.clock, delivery_count_limit=cfg.delivery_count_limit,
             max_record_locks=cfg.max_record_locks, record_lock_duration_ms=cfg.record_lock_duration_ms,

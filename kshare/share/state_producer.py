@@ -27,6 +27,7 @@ from ..client import KafkaConnection
 from ..protocol import messages
 from ..security import ClientSecurity
 from .errors import ErrorCode
+from .tasks import shared_task
 
 log = logging.getLogger("kshare.share")
 
@@ -369,8 +370,8 @@ class PipelinedProducer:
         task = self._connecting.get(node)
         if task is None:
             host, port = self._brokers[node]
-            task = asyncio.get_running_loop().create_task(KafkaConnection.open(
-                host, port, self.client_id, timeout=self.request_timeout_s, security=self.security))
+            task = shared_task(KafkaConnection.open(host, port, self.client_id, timeout=self.request_timeout_s,
+                                                    security=self.security))
             self._connecting[node] = task
         try:
             conn = await asyncio.shield(task)

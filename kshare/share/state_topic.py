@@ -1624,11 +1624,6 @@ async def _stop_all(producers: list[Any]) -> None:
     await asyncio.gather(*(p.stop() for p in producers), return_exceptions=True)
 
 
-def _ignore_result(fut: asyncio.Future) -> None:
-    if not fut.cancelled():
-        fut.exception()
-
-
 __all__ = [
     "ALTERNATIVE_TOPIC",
     "DEFAULT_TOPIC",

@@ -18,6 +18,7 @@ from ..protocol import messages
 from ..proxy.rewrite import ZERO_UUID, synthetic_topic_id
 from ..security import ClientSecurity
 from .errors import ErrorCode
+from .tasks import shared_task
 
 log = logging.getLogger("kshare.share")
 
@@ -83,8 +84,7 @@ class UpstreamCluster:
             if node_id not in self.brokers:
                 raise ConnectionClosed(f"broker {node_id} is not in the cluster metadata")
             host, port = self.brokers[node_id]
-            task = asyncio.get_running_loop().create_task(KafkaConnection.open(host, port, self.client_id,
-                                                                                  security=self.security))
+            task = shared_task(KafkaConnection.open(host, port, self.client_id, security=self.security))
             self._connecting[key] = task
         try:
             conn = await asyncio.shield(task)
