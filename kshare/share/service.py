@@ -37,7 +37,7 @@ from .state_fence import expect_fencing
 from .states import ShareSnapshot, ShareUpdate
 from .stats import ShareStats
 from .store import GroupRecord, NotOwned, SharePartitionKey, StateStore
-from .tasks import shared_task
+from .tasks import retrieve_failure, shared_task
 from .upstream import EARLIEST, LATEST, TopicInfo, UpstreamCluster
 
 if TYPE_CHECKING:
@@ -115,6 +115,7 @@ class ShareGroupService(InstanceGroupMember):
         self._tasks: list[asyncio.Task] = []
         self._group_writes: dict[str, asyncio.Task] = {}
         self._releases: set[asyncio.Task] = set()  # releases after connections closed, kept referenced
+        self._priming: set[asyncio.Task] = set()  # share-partitions a session added, made ready (prime)
         self._producer = None  # aiokafka producer for dead letters, created on first use
         # An instance group (several proxies as one service): set by the app before start. Its
         # ownership decides what this proxy serves; peers answers what other proxies own.
@@ -209,7 +210,7 @@ class ShareGroupService(InstanceGroupMember):
         return self.loaded
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._priming]:
             task.cancel()
         for plog in self.logs.values():
             plog.close()
@@ -305,6 +306,33 @@ class ShareGroupService(InstanceGroupMember):
                 pass
 
     # -- share-partitions -----------------------------------------------------------------------------
+    def prime(self, group_id: str, topic_id: bytes, partition: int, read_committed: bool) -> None:
+        """A share session just added this share-partition: initialise it and read its first records
+        in the background, so that the ShareFetches reaching it later in their rotation find both
+        done. A ShareFetch stops at the first partitions that fill it; without this, a consumer of
+        16 new share-partitions met the initialisation of each (its start offset, a durable write)
+        and then its first Fetch, one partition per ShareFetch, after its first records (Kafka 4.4
+        initialises every partition of a ShareFetch at once)."""
+        key = SharePartitionKey(group_id, topic_id, partition)
+        sp = self.partitions.get(key)
+        if sp is not None and (sp.engine is not None or sp.init_task is not None):
+            return  # ready, or on its way
+        topic = self.upstream.by_id.get(topic_id)
+        if topic is None or not 0 <= partition < topic.partitions or not self.owns_partition(topic_id, partition):
+            return  # the ShareFetch answers these with their errors
+        task = asyncio.get_running_loop().create_task(
+            self._prime(self.partition_state(group_id, topic, partition), read_committed))
+        self._priming.add(task)
+        task.add_done_callback(self._priming.discard)
+        task.add_done_callback(retrieve_failure)
+
+    async def _prime(self, sp: SharePartitionState, read_committed: bool) -> None:
+        err, engine = await self.engine(sp)
+        if err or engine is None:
+            return  # a ShareFetch reaching it meets the error itself
+        plog = self.partition_log(sp.topic, sp.key.partition, read_committed)
+        await plog.read(engine.next_fetch_offset(), plog.fetch_bytes)
+
     def partition_state(self, group_id: str, topic: TopicInfo, partition: int) -> SharePartitionState:
         key = SharePartitionKey(group_id, topic.topic_id, partition)
         sp = self.partitions.get(key)

@@ -300,6 +300,46 @@ def test_an_error_cured_within_a_long_poll_does_not_hide_its_records(kafka39, ks
     assert {g.delivery_count for g in got} == {1}, got
 
 
+def test_a_share_fetch_readies_every_new_share_partition_it_names(kafka39, kshare39, topic_name, group):
+    """One ShareFetch names 8 new share-partitions and is filled by the first with records (100
+    records, batches of 100): the other 7 are initialised, and their first records fetched into
+    the cache, meanwhile, without another ShareFetch (Kafka 4.4 initialises every partition of a
+    ShareFetch at once). Before, each waited for the ShareFetch whose rotation reached it: a
+    consumer of 16 partitions met 15 initialisations and first Fetches one after the other."""
+    kafka39.create_topic(topic_name, partitions=8)
+    share_group(kshare39.bootstrap, group)
+    produce(kshare39.bootstrap, topic_name, values("r", 800), partitions=8, per_batch=100)
+
+    async def one_fetch() -> tuple[int, int]:
+        raw = await Raw.open(kshare39.bootstrap, "one-fetch")
+        try:
+            tid = await raw.topic_id(topic_name)
+            member, epoch = await raw.join(group, topic_name)
+            r = await raw.fetch(group, member, 0, {tid: list(range(8))}, max_wait_ms=5000)
+            assert r.error_code == 0, r
+            answered = [p.partition_index for t in r.responses for p in t.partitions if p.acquired_records]
+            return len(answered), sum(a.last_offset - a.first_offset + 1 for t in r.responses
+                                      for p in t.partitions for a in p.acquired_records)
+        finally:
+            await raw.close()
+
+    def readiness() -> dict[int, tuple[bool, bool]]:
+        """partition -> (initialised, its next records cached), read on the proxy's loop."""
+        service = kshare39.service
+        out = {}
+        for key, sp in service.partitions.items():
+            if key.group_id != group:
+                continue
+            plog = service.logs.get((key.topic_id, key.partition, False))
+            out[key.partition] = (sp.engine is not None, plog is not None and bool(plog.covered()))
+        return out
+
+    partitions_answered, records = asyncio.run(one_fetch())
+    assert partitions_answered == 1 and records == 100, (partitions_answered, records)
+    wait_until(lambda: kshare39.call(readiness) == {p: (True, True) for p in range(8)}, 10,
+               "every share-partition the ShareFetch named initialised and its first records cached")
+
+
 def test_closed_consumer_releases_at_once(kafka39, kshare39, topic_name, group):
     kafka39.create_topic(topic_name, partitions=1)
     share_group(kshare39.bootstrap, group, **{"share.record.lock.duration.ms": 60000})

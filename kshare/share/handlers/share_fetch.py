@@ -103,6 +103,10 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
     # topics the client may not read: no records, no acknowledgements (asked of the cluster, cached)
     out.refused = await topic_refusals(service, conn, Operation.READ,
                                        [t.topic_id for t in req.topics] + [t for t, _ in session.partitions])
+    if not renew_only and req.share_session_epoch != FINAL_EPOCH:
+        for topic_id, partition in added:  # new share-partitions get ready while this one is answered
+            if topic_id not in out.refused:
+                service.prime(group_id, topic_id, partition, cfg.read_committed)
     acks = [(t.topic_id, p.partition_index, p.acknowledgement_batches)
             for t in req.topics for p in t.partitions if p.acknowledgement_batches]
     outcomes = await apply_acknowledgements(service, group_id, member_id, acks, renew_allowed=renew_only,
