@@ -56,6 +56,7 @@ class WriteFailed(Exception):
 
 DEFAULT_RECORD_CACHE_BYTES = 256 << 20
 LOG_IDLE_S = 60.0  # a partition log unused this long is dropped with its cache
+MAX_PRIMING = 64  # share-partitions made ready ahead of their ShareFetches at once (prime)
 
 
 @dataclass(eq=False)
@@ -317,6 +318,8 @@ class ShareGroupService(InstanceGroupMember):
         sp = self.partitions.get(key)
         if sp is not None and (sp.engine is not None or sp.init_task is not None):
             return  # ready, or on its way
+        if len(self._priming) >= MAX_PRIMING:
+            return  # a burst (1,000 members joining): the rest wait for their ShareFetches, as before
         topic = self.upstream.by_id.get(topic_id)
         if topic is None or not 0 <= partition < topic.partitions or not self.owns_partition(topic_id, partition):
             return  # the ShareFetch answers these with their errors
