@@ -421,6 +421,44 @@ def test_read_ahead_asks_one_fetch_and_keeps_a_fetch_worth_ahead_of_small_reads(
     asyncio.run(main())
 
 
+def test_a_miss_asks_for_a_small_fetch_and_read_aheads_for_large_ones() -> None:
+    """With room in the cache, a read-ahead asks for READ_AHEAD_BYTES (fewer Fetches: each costs
+    the broker CPU), while a read that waits asks for no more than MISS_FETCH_BYTES (it comes
+    sooner); a log whose share of the cache is small asks for less, never below MIN_FETCH_BYTES."""
+    class Sized(FakeUpstream):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked: list[tuple[int, int]] = []
+
+        async def _fetch(self, offset, max_bytes, max_wait_ms):
+            self.asked.append((offset, max_bytes))
+            return await super()._fetch(offset, max_bytes, max_wait_ms)
+
+    async def main() -> None:
+        up = Sized()
+        for _ in range(200):
+            up.append(count=100, payload=100_000)  # ~100 KB batches, 20 MB in all
+        plog = make_log(up, budget_bytes=64 << 20)
+        assert pl.MISS_FETCH_BYTES < pl.READ_AHEAD_BYTES
+        read = await plog.read(0, 200 << 10)
+        assert up.asked == [(0, pl.MISS_FETCH_BYTES)]
+        await asyncio.sleep(0.01)
+        ahead = read.batches[-1][0].last_offset + 1
+        assert up.asked[1:] == [(up.asked[1][0], pl.READ_AHEAD_BYTES)] and up.asked[1][0] > ahead
+        # what the read-ahead brought is read from the cache, 4 MB of it (40 batches)
+        start = up.asked[1][0]
+        read = await plog.read(start + 3500, 200 << 10)
+        assert offsets(read)[0][0] == start + 3500
+        assert [o for o, _ in up.asked].count(start + 3500) == 0
+
+        small = make_log(Sized(), budget_bytes=100 << 10)
+        assert small.fetch_bytes == 100 << 10
+        tiny = make_log(Sized(), budget_bytes=1 << 10)
+        assert tiny.fetch_bytes == pl.MIN_FETCH_BYTES
+
+    asyncio.run(main())
+
+
 def test_a_read_ahead_put_off_starts_when_asked_and_only_if_still_needed() -> None:
     """A share fetch that waits for its acknowledgements' writes puts its reads' read-aheads off
     (``later``): no Fetch starts until it calls ``fetch_ahead``, which then fetches the data after
