@@ -34,8 +34,8 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # runs of the same configuration spread over +-25 %)
     "passthrough": ({"records": {100: 2_000_000, 1024: 1_000_000}}, {"records": {100: 100_000, 1024: 40_000}}),
     "share": (
-        {"records": {100: 1_200_000, 1024: 500_000}, "partition_counts": [1, 4, 16]},
-        {"records": {100: 60_000, 1024: 20_000}, "partition_counts": [1, 4, 16]},
+        {"records": {100: 1_200_000, 1024: 500_000}, "partition_counts": [1, 4, 16], "warmup": 4},
+        {"records": {100: 60_000, 1024: 20_000}, "partition_counts": [1, 4, 16], "warmup": 1},
     ),
     "scaling": (
         {
