@@ -151,9 +151,16 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
             # the connection closed while this fetch waited: nobody will get these records
             await service.release_member(group_id, member_id, list(session.partitions))
     await _settle_acks(outcomes, out)
-    for plog, offset in later or ():
-        plog.fetch_ahead(offset)
+    if later:
+        # once this answer is written (the rest of this turn of the event loop): a Fetch request
+        # written first would make the client wait for that syscall too
+        asyncio.get_running_loop().call_soon(_fetch_ahead, later)
     return version, out.build(lock_ms)
+
+
+def _fetch_ahead(later: list[tuple[PartitionLog, int]]) -> None:
+    for plog, offset in later:
+        plog.fetch_ahead(offset)
 
 
 def _send_ahead(conn: ClientConnection, version: int, corr: int, out: ResponseBuilder, outcomes: list[AckOutcome],
