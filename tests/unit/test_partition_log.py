@@ -459,6 +459,37 @@ def test_a_miss_asks_for_a_small_fetch_and_read_aheads_for_large_ones() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("budget_mb", [2, 3, 4, 6])
+def test_a_log_with_a_few_megabytes_of_cache_still_reads_ahead(budget_mb: int) -> None:
+    """With 64 logs in use, the default 256 MB cache gives each 4 MB: its read-aheads shrink to half
+    of that (a read-ahead needs room for what is read and what comes ahead) instead of stopping,
+    as 4 MB Fetches in a 4 MB share would. Only the first read of a whole-log reader waits."""
+    async def main() -> None:
+        up = SlowUpstream()
+        for _ in range(600):
+            up.append(count=10, payload=20_000)  # 20 KB batches, 12 MB in all
+        budget = budget_mb << 20
+        plog = make_log(up, budget_bytes=budget)
+        assert plog.fetch_bytes == budget // 2
+        # 10 batches a read; a Fetch (20 ms) takes a few reads' time
+        waited = await reads_that_waited(plog, up.end, 200 << 10, 0.01)
+        assert waited == 1, f"{waited} of {len(up.fetches)} reads waited for a Fetch"
+        assert plog.cached_bytes <= budget + plog.fetch_bytes
+
+    asyncio.run(main())
+
+
+def test_fetch_sizes_follow_the_share_of_the_cache() -> None:
+    mb = 1 << 20
+    assert pl.fetch_size(4 * mb, 64 * mb) == 4 * mb
+    assert pl.fetch_size(4 * mb, 5 * mb) == 5 * mb // 2
+    assert pl.fetch_size(4 * mb, 2 * mb) == mb
+    assert pl.fetch_size(4 * mb, 1536 << 10) == mb  # below two misses' Fetches: as before, 1 MB at most
+    assert pl.fetch_size(4 * mb, 300 << 10) == 300 << 10
+    assert pl.fetch_size(4 * mb, 1 << 10) == pl.MIN_FETCH_BYTES
+    assert pl.fetch_size(64 << 10, 4 * mb) == 64 << 10  # never more than the log's own limit
+
+
 def test_a_read_ahead_put_off_starts_when_asked_and_only_if_still_needed() -> None:
     """A share fetch that waits for its acknowledgements' writes puts its reads' read-aheads off
     (``later``): no Fetch starts until it calls ``fetch_ahead``, which then fetches the data after
