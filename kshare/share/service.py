@@ -37,7 +37,7 @@ from .state_fence import expect_fencing
 from .states import ShareSnapshot, ShareUpdate
 from .stats import ShareStats
 from .store import GroupRecord, NotOwned, SharePartitionKey, StateStore
-from .tasks import retrieve_failure, shared_task
+from .tasks import shared_task
 from .upstream import EARLIEST, LATEST, TopicInfo, UpstreamCluster
 
 if TYPE_CHECKING:
@@ -323,11 +323,9 @@ class ShareGroupService(InstanceGroupMember):
         topic = self.upstream.by_id.get(topic_id)
         if topic is None or not 0 <= partition < topic.partitions or not self.owns_partition(topic_id, partition):
             return  # the ShareFetch answers these with their errors
-        task = asyncio.get_running_loop().create_task(
-            self._prime(self.partition_state(group_id, topic, partition), read_committed))
+        task = shared_task(self._prime(self.partition_state(group_id, topic, partition), read_committed))
         self._priming.add(task)
         task.add_done_callback(self._priming.discard)
-        task.add_done_callback(retrieve_failure)
 
     async def _prime(self, sp: SharePartitionState, read_committed: bool) -> None:
         err, engine = await self.engine(sp)
