@@ -30,7 +30,12 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 # broker-level bounds low enough for a 500 ms share heartbeat, on kshare and on Kafka 4.4
 HEARTBEAT_MS = 500
 KSHARE_LIMITS = ("group.share.min.heartbeat.interval.ms=100", "group.share.min.session.timeout.ms=1000")
-KAFKA4_CONFIG = {"group.share.min.heartbeat.interval.ms": 100, "group.share.min.session.timeout.ms": 1000}
+# Both brokers: a deleted bench topic's files go within a second, not a minute, so that most of
+# the gigabytes a scenario writes are gone before the kernel writes them back to disk, where that
+# write-back would run under the next timed runs.
+BENCH_BROKER_CONFIG = {"log.segment.delete.delay.ms": 1000, "log.initial.task.delay.ms": 1000}
+KAFKA4_CONFIG = {"group.share.min.heartbeat.interval.ms": 100, "group.share.min.session.timeout.ms": 1000,
+                 **BENCH_BROKER_CONFIG}
 
 
 def cpu_seconds(pid: int) -> float:

@@ -119,6 +119,10 @@ def markdown(results: dict[str, Any]) -> str:
         for p in plots:
             out += [f"![{name}]({Path(p).name})", ""]
         out += [f"({_num(res.get('seconds'))} s)", ""]
+    left = meta.get("broker_data_left_mb")
+    if left:
+        out += ["Left on the brokers' disks at the end (the bench deletes its topics as it goes): "
+                + ", ".join(f"Apache Kafka {v} {_num(mb)} MB" for v, mb in sorted(left.items())) + ".", ""]
     notes = meta.get("proxy_log_notes")
     if notes:
         out += ["## Proxy log lines worth a look", "", "```", *notes, "```", ""]

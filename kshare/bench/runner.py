@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from . import scenarios
 from .brokers import KAFKA_3, KAFKA_4, BrokerError, KafkaBroker, ensure_kafka, free_port
-from .procs import KAFKA4_CONFIG, Child, ProxyProcess, load, machine_info, start_relay
+from .procs import BENCH_BROKER_CONFIG, KAFKA4_CONFIG, Child, ProxyProcess, load, machine_info, start_relay
 
 log = logging.getLogger("kshare.bench")
 
@@ -68,9 +68,12 @@ MAX_REPEATS = {"scaling": 1}
 # pass-through runs took one of two rates (600,000 x 100 B in 2.3 or 3.3 s, direct as well as
 # through the relay or kshare; librdkafka's fetch queue backoff, now 5 ms), so a median of 3 could
 # compare one rate with the other. Pass-through runs of 2-3 s still spread +-15 % (the broker, the
-# client and the proxy share 2 cores): 7 of them, and 7 of the share runs too (with 5, the 1 KiB x 16
-# ratio's median read 0.96-1.15 from one full run to the next).
-DEFAULT_REPEATS = {"share": 7, "passthrough": 7}
+# client and the proxy share 2 cores): 7 of the share runs (with 5, the 1 KiB x 16 ratio's median read
+# 0.96-1.15 from one full run to the next), and 11 pass-through runs: the machine itself has slow
+# spells of several seconds, in which the same consume of 2,000,000 x 100 B, direct, took 1.5-1.75 s
+# instead of 1.2 s and 1.4x the CPU time (no steal, no I/O wait), and with 7 a ratio's median still
+# read 0.88-1.10 for the same code.
+DEFAULT_REPEATS = {"share": 7, "passthrough": 11}
 
 
 @dataclass
@@ -166,13 +169,14 @@ class Env:
         self.relay_bootstrap = ""
         self._relay_in = 0
         self.started: dict[str, str] = {}
+        self.data_left_mb: dict[str, float] = {}  # per broker version, at the end
 
     def upstream(self) -> str:
         """Bootstrap of the fronted cluster: ``--upstream``, or Apache Kafka 3.9 started here."""
         if self.options.upstream:
             return self.options.upstream
         if self._k3 is None:
-            broker = KafkaBroker(KAFKA_3)
+            broker = KafkaBroker(KAFKA_3, config=BENCH_BROKER_CONFIG)
             h = broker.host
             relay_port, self._relay_in = free_port(), free_port()
             # a second listener advertised at the relay: clients bootstrapped from the relay stay on it
@@ -239,9 +243,20 @@ class Env:
                 child.stop()
         for broker in (self._k4, self._k3):
             if broker is not None:
+                self.data_left_mb[broker.version] = round(_tree_bytes(broker.data_dir) / 2**20, 1)
                 with contextlib.suppress(Exception):
                     broker.close()
         return notes
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes of the files under ``root`` (what a broker still holds: deleted bench topics should not)."""
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(dirpath, f)).st_size
+    return total
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,6 +373,7 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
             results["meta"]["elapsed_s"] = round(time.monotonic() - t0, 1)
             results["meta"]["started_processes"] = env.started
             results["meta"]["proxy_log_notes"] = notes
+            results["meta"]["broker_data_left_mb"] = env.data_left_mb
             results["meta"]["steps"] = progress.lines
             _write(results, options, report, final=True)
         finally:

@@ -137,3 +137,14 @@ def test_kafka4_share_group_round_trip(kafka4, topic_name):
 
     assert sorted(accepted) == sorted(values)
     assert redelivery_count == 2
+
+
+@pytest.mark.kafka
+def test_bench_deletes_its_topics(kafka39, topic_name):
+    """The bench's topics go when it is done with them (a dropped admin client once kept every one)."""
+    from kshare.bench import clients
+
+    clients.create_topic(kafka39.bootstrap, topic_name, 2)
+    assert topic_name in kafka39.admin().list_topics(timeout=10).topics
+    clients.delete_topic(kafka39.bootstrap, topic_name)
+    assert topic_name not in kafka39.admin().list_topics(timeout=10).topics

@@ -264,7 +264,7 @@ def test_options_and_sizes() -> None:
     assert "repeats" not in runner.scenario_args("memory", o)
     # a full run repeats the short share runs 7 times, unless --repeats or --quick say otherwise
     assert runner.scenario_args("share", runner.Options(out=Path("x")))["repeats"] == 7
-    assert runner.scenario_args("passthrough", runner.Options(out=Path("x")))["repeats"] == 7
+    assert runner.scenario_args("passthrough", runner.Options(out=Path("x")))["repeats"] == 11
     assert runner.scenario_args("share", runner.Options(out=Path("x"), repeats=2))["repeats"] == 2
     assert runner.scenario_args("share", o)["repeats"] == 1
     assert runner.scenario_args("ack", runner.Options(out=Path("x")))["repeats"] == 3
