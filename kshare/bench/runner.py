@@ -250,12 +250,13 @@ class Env:
 
 
 def _tree_bytes(root: Path) -> int:
-    """Bytes of the files under ``root`` (what a broker still holds: deleted bench topics should not)."""
+    """Bytes the files under ``root`` take on disk (what a broker still holds: deleted bench topics
+    should not). Blocks, not sizes: a partition's index files are sparse, 1 MB each to ``st_size``."""
     total = 0
     for dirpath, _, files in os.walk(root):
         for f in files:
             with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(dirpath, f)).st_size
+                total += os.stat(os.path.join(dirpath, f)).st_blocks * 512
     return total
 
 
