@@ -63,6 +63,13 @@ def target(name: str, value: float, threshold: float, op: str, unit: str = "") -
     return {"name": name, "value": value, "threshold": threshold, "op": op, "unit": unit, "met": bool(met)}
 
 
+def per_round(a_secs: list[float], b_secs: list[float]) -> float:
+    """The median over rounds of b's time / a's time (a's rate / b's rate) for runs of one round
+    taken side by side: beside the ratio of the medians, a figure a slow spell of the machine
+    that fell on a few runs of one configuration moves less."""
+    return median([b / a for a, b in zip(a_secs, b_secs, strict=False) if a and b])
+
+
 def pct(sorted_xs: list[float] | array, q: float) -> float:
     if not sorted_xs:
         return float("nan")
@@ -145,6 +152,9 @@ def passthrough(
                     row[f"{config}_mcores_per_mbps"] = median(cpus) * 1000 / (n * size / 1e6)
             if "relay" in configs and "kshare" in configs:
                 row["kshare_relay"] = row["kshare_rps"] / row["relay_rps"]
+                row["kshare_relay_per_round"] = per_round(
+                    *([s[f"{kind}_s"] for s in samples if s["config"] == c and s["value_size"] == size]
+                      for c in ("kshare", "relay")))
                 targets.append(
                     target(
                         f"pass-through {kind} {_size(size)}: kshare / relay",
@@ -270,6 +280,10 @@ def share(
                 row["kshare_mcores_per_mbps"] = cpu * 1000 / (n * size / 1e6)
         if "native" in configs:
             row["kshare_native"] = row["kshare_rps"] / row["native_rps"]
+            row["kshare_native_per_round"] = per_round(
+                *([s["data_seconds"] for s in samples
+                   if s["config"] == c and s["value_size"] == size and s["partitions"] == parts]
+                  for c in ("kshare", "native")))
             targets.append(
                 target(
                     f"share consumer {_size(size)}, {parts} partition(s): kshare / native",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,15 @@ def test_alternate_and_percentiles() -> None:
     assert scenarios._cache_budget_mb(["--record-cache-mb", "32"], 64) == 32
     assert scenarios._cache_budget_mb(["--record-cache-mb=16"], 64) == 16
     assert scenarios._cache_budget_mb([], 64) == 64
+
+
+def test_per_round_ratio() -> None:
+    # kshare's seconds first: kshare twice as fast in every round reads 2.0
+    assert scenarios.per_round([1.0, 2.0, 1.5], [2.0, 4.0, 3.0]) == 2.0
+    # a slow spell on one run of one side moves the per-round median less than it moves a side's median
+    kshare, other = [1.0, 1.0, 1.4, 1.4, 1.0], [1.0, 1.0, 1.4, 1.4, 1.4]
+    assert scenarios.per_round(kshare, other) == 1.0
+    assert math.isnan(scenarios.per_round([], []))
 
 
 def test_progress_one_line_per_step_when_not_a_terminal() -> None:
