@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from .protocol import messages
@@ -46,7 +47,7 @@ class KafkaConnection:
         self.port = port
         self.client_id = client_id
         self._transport: asyncio.Transport | None = None
-        self._pending: dict[int, tuple[asyncio.Future, int, int]] = {}
+        self._pending: dict[int, tuple[asyncio.Future, int, int, Callable[[asyncio.Future], None] | None]] = {}
         self._ids = itertools.count(1)
         self.versions: dict[int, tuple[int, int]] = {}
         self.closed = False
@@ -99,16 +100,20 @@ class KafkaConnection:
             return None
         return await fut
 
-    def send(self, api_key: int, version: int, body: Any, *, expect_response: bool = True) -> asyncio.Future:
+    def send(self, api_key: int, version: int, body: Any, *, expect_response: bool = True,
+             on_answer: Callable[[asyncio.Future], None] | None = None) -> asyncio.Future:
         """Write a request now (requests go out in the order of these calls); the future gets the
-        decoded response (already done with None when none is expected)."""
+        decoded response (already done with None when none is expected). ``on_answer`` is called
+        with the future as soon as it is done by an answer or a failure of the connection, in that
+        same turn of the event loop (a done callback would run a turn later); not when the
+        future is cancelled."""
         if self.closed or self._transport is None:
             raise ConnectionClosed(f"connection to {self.host}:{self.port} is closed")
         corr = next(self._ids) & 0x7FFFFFFF
         frame = messages.encode_request(api_key, version, corr, self.client_id, body)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         if expect_response:
-            self._pending[corr] = (fut, api_key, version)
+            self._pending[corr] = (fut, api_key, version, on_answer)
         else:
             fut.set_result(None)
         self._transport.write(frame)
@@ -121,7 +126,7 @@ class KafkaConnection:
         if entry is None:
             log.warning("response with unknown correlation id %d from %s:%d", corr, self.host, self.port)
             return
-        fut, api_key, version = entry
+        fut, api_key, version, on_answer = entry
         if fut.done():
             return
         try:
@@ -134,13 +139,23 @@ class KafkaConnection:
                     fut.set_exception(exc)
             else:
                 fut.set_exception(exc)
+        if on_answer is not None:
+            self._answered(on_answer, fut)
+
+    def _answered(self, on_answer: Callable[[asyncio.Future], None], fut: asyncio.Future) -> None:
+        try:
+            on_answer(fut)
+        except Exception:  # noqa: BLE001 - as the event loop does for a done callback
+            log.exception("callback for a response from %s:%d failed", self.host, self.port)
 
     def _fail(self, exc: Exception) -> None:
         self.closed = True
-        for fut, _, _ in self._pending.values():
+        pending, self._pending = self._pending, {}
+        for fut, _, _, on_answer in pending.values():
             if not fut.done():
                 fut.set_exception(exc)
-        self._pending.clear()
+                if on_answer is not None:
+                    self._answered(on_answer, fut)
 
     async def close(self) -> None:
         self.closed = True

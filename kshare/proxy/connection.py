@@ -54,7 +54,7 @@ class Slot:
     """A response owed to the client, in request order."""
 
     __slots__ = ("api_key", "version", "corr", "data", "streaming", "started", "request", "probe", "ahead",
-                 "release")
+                 "ahead_rest", "release")
 
     def __init__(self, api_key: int, version: int, corr: int) -> None:
         self.api_key = api_key
@@ -66,6 +66,9 @@ class Slot:
         self.request: Any = None  # the decoded request, for the few rewrites that need it
         self.probe: asyncio.Future | None = None  # the proxy's own request: its decoded response goes here
         self.ahead: list | None = None  # the beginning of a local response, written before the rest was known
+        # (response body, the rest of its encoding): what follows ``ahead`` if the handler returns
+        # that very body, unchanged since (see ``send_ahead``)
+        self.ahead_rest: tuple[Any, list] | None = None
         self.release: Callable[[], None] | None = None  # called once the response has left the process
 
 
@@ -577,10 +580,14 @@ class ClientConnection(asyncio.BufferedProtocol):
             if inspect.isawaitable(result):
                 result = await result
             response_version, response = result
-            pieces = messages.encode_response_pieces(slot.api_key, response_version, slot.corr, response)
-            if slot.ahead is None:
-                slot.data = pieces
+            if slot.ahead is not None and slot.ahead_rest is not None and slot.ahead_rest[0] is response:
+                # the very body whose beginning went ahead, unchanged since: its rest was encoded
+                # then (not again now, between the cluster's answer and the client's)
+                slot.data = slot.ahead_rest[1]
+            elif slot.ahead is None:
+                slot.data = messages.encode_response_pieces(slot.api_key, response_version, slot.corr, response)
             else:
+                pieces = messages.encode_response_pieces(slot.api_key, response_version, slot.corr, response)
                 rest = _rest_after(slot.ahead, pieces)
                 if rest is None:
                     # what went ahead assumed the handler's pending writes would succeed: one failed
@@ -599,10 +606,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         finally:
             # tasks the handler started keep a copy of its context, and with it the slot: not the
             # records it wrote ahead
-            slot.ahead = None
+            slot.ahead = slot.ahead_rest = None
         self.flush()
 
-    def send_ahead(self, pieces: list) -> bool:
+    def send_ahead(self, pieces: list, rest: tuple[Any, list] | None = None) -> bool:
         """Write the beginning of the response the calling handler is still working on, when it
         is the next response owed (else nothing is written; returns whether it was).
 
@@ -610,11 +617,14 @@ class ClientConnection(asyncio.BufferedProtocol):
         ShareFetch waiting for its acknowledgements' durable writes, whose records are ready): the
         records travel while it waits. The response it finally returns should encode to these same
         buffers first; the rest follows, or, if it changed, the connection closes (the client
-        never has a frame it could read)."""
+        never has a frame it could read). ``rest``: (the response body ``pieces`` were encoded
+        from, the rest of that encoding); should the handler return that same body object, it
+        promises it did not change it, and the rest is written as it is, not encoded again."""
         slot = _SERVING.get()
         if slot is None or self.closed or not self.order or self.order[0] is not slot or slot.ahead is not None:
             return False
         slot.ahead = pieces
+        slot.ahead_rest = rest
         self.send_client(pieces)
         return True
 

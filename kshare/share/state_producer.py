@@ -245,15 +245,23 @@ class PipelinedProducer:
             Req.TopicProduceData(name=self.topic, partition_data=[
                 Req.PartitionProduceData(index=p, records=data) for p, data, _ in batch])])
         where = f"{conn.host}:{conn.port}"
+        settled = False
+
+        def settle(f: asyncio.Future) -> None:  # at the answer (on_answer), or when timed out
+            nonlocal settled
+            if not settled:
+                settled = True
+                self._settle(f, batch, where, timer)
+
         try:
-            fut = conn.send(PRODUCE, conn.best_version(PRODUCE, hi=9), req)
+            fut = conn.send(PRODUCE, conn.best_version(PRODUCE, hi=9), req, on_answer=settle)
         except Exception as exc:  # noqa: BLE001 - closed meanwhile
             self._stale_metadata = True
             _fail_all((recs for _, _, recs in batch), StateProduceError(f"state produce not sent: {exc!r}"))
             return
         timer = asyncio.get_running_loop().call_later(self.request_timeout_s, self._timed_out, fut)
         self._in_flight.add(fut)
-        fut.add_done_callback(lambda f: self._settle(f, batch, where, timer))
+        fut.add_done_callback(settle)
 
     @staticmethod
     def _timed_out(fut: asyncio.Future) -> None:

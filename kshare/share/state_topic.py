@@ -902,9 +902,72 @@ class TopicStateStore:
                 sent = self._send_round(r)
             except Exception as exc:  # noqa: BLE001 - reported by the round's task
                 sent = exc
+            else:
+                self._settle_when_answered(r, *sent)
+                return
         task = asyncio.get_running_loop().create_task(self._run_round(r, sent), name="kshare-state-round")
         self._round_tasks.add(task)
         task.add_done_callback(self._round_tasks.discard)
+
+    def _settle_when_answered(self, r: _Round, out: list[_Out], sends: list[asyncio.Future | None]) -> None:
+        """Settle a round written now as soon as its last Produce answer is in, from that answer's
+        callback: no task to wake in between (each turn of the event loop between the cluster's
+        answer and the acknowledgement's own answer is a queue wait when the proxy is busy)."""
+        pending = [f for f in sends if f is not None]
+        left = len(pending)
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+        finished = False
+
+        def finish() -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            if timer is not None:
+                timer.cancel()
+            for fut in pending:
+                if not fut.done():  # may still land later; retrieve the outcome so nothing warns
+                    fut.remove_done_callback(answered)
+                    fut.add_done_callback(self._late_outcome)
+            try:
+                self._record_outcomes(r, out, sends)
+            except Exception as exc:  # noqa: BLE001 - reported to the callers
+                self._round_failed(r, exc)
+            finally:
+                self._round_done(r)
+
+        def answered(_: asyncio.Future) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                finish()
+
+        if not pending:
+            finish()
+            return
+        timer = loop.call_later(self.write_timeout_s, finish)
+        for fut in pending:
+            fut.add_done_callback(answered)
+
+    def _round_failed(self, r: _Round, exc: Exception) -> None:
+        log.exception("state store: produce round failed")
+        for ref in list(r.undo):
+            self._roll_back(ref, r.undo)
+        r.undo.clear()
+        for it in r.items:
+            if not it.future.done():
+                it.future.set_exception(StateWriteError(f"state write failed: {exc!r}"))
+
+    def _round_done(self, r: _Round) -> None:
+        self._rounds.discard(r)
+        for ref in r.refs:
+            n = self._busy[ref] - 1
+            if n:
+                self._busy[ref] = n
+            else:
+                del self._busy[ref]
+        self._wake.set()
 
     async def _run_round(self, r: _Round, sent: Any = None) -> None:
         try:
@@ -912,22 +975,9 @@ class TopicStateStore:
                 raise sent
             await self._round(r, sent)
         except Exception as exc:  # noqa: BLE001 - reported to the callers
-            log.exception("state store: produce round failed")
-            for ref in list(r.undo):
-                self._roll_back(ref, r.undo)
-            r.undo.clear()
-            for it in r.items:
-                if not it.future.done():
-                    it.future.set_exception(StateWriteError(f"state write failed: {exc!r}"))
+            self._round_failed(r, exc)
         finally:
-            self._rounds.discard(r)
-            for ref in r.refs:
-                n = self._busy[ref] - 1
-                if n:
-                    self._busy[ref] = n
-                else:
-                    del self._busy[ref]
-            self._wake.set()
+            self._round_done(r)
 
     def _send_round(self, r: _Round) -> tuple[list[_Out], list[asyncio.Future | None]]:
         """Encode an ordinary round and hand its records to the producers, who write them now."""
@@ -1009,6 +1059,10 @@ class TopicStateStore:
             _, not_done = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
             for fut in not_done:  # may still land later; retrieve the outcome so nothing warns
                 fut.add_done_callback(self._late_outcome)
+        self._record_outcomes(r, out, sends)
+
+    def _record_outcomes(self, r: _Round, out: list[_Out], sends: list[asyncio.Future | None]) -> None:
+        """Each record's offset or error from its send, then the round's writes settled."""
         for rec, fut in zip(out, sends, strict=True):
             if fut is None:
                 continue

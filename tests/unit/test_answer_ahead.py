@@ -46,11 +46,13 @@ def _flat(pieces: list) -> bytes:
 @given(entries=st.lists(entry, min_size=1, max_size=12), outcome=st.data(), version=st.sampled_from([1, 2]))
 def test_what_goes_ahead_begins_the_final_answer_or_is_refused(entries, outcome, version):
     out, waiting, acquiring = _builder(entries)
-    ahead = answer_ahead(out, waiting, version, 7, 30_000)
+    got = answer_ahead(out, waiting, version, 7, 30_000)
     large = [(t, p) for t, parts in out.topics.items() for p, d in parts.items() if len(d.records) >= SPLICE_MIN]
-    assert (ahead is not None) == bool(large)  # only large records are worth sending early
-    if ahead is None:
+    assert (got is not None) == bool(large)  # only large records are worth sending early
+    if got is None:
         return
+    ahead, (ahead_body, encoded_rest) = got
+    assert ahead_body is out.ahead
     predicted = messages.encode_response_pieces(API_KEY, version, 7, out.build(30_000))
     # what each pending write does: nothing (it succeeds), or it fails: an acknowledgement's error
     # code; a failed acquisition's write drops its records
@@ -79,6 +81,8 @@ def test_what_goes_ahead_begins_the_final_answer_or_is_refused(entries, outcome,
         assert changed
     if not changed:
         assert rest is not None and _flat(ahead) + _flat(rest) == _flat(predicted)
+        # the handler then returns the body that went ahead, and the rest encoded with it is sent
+        assert _flat(ahead) + _flat(encoded_rest) == _flat(final)
     # a failed write that changed only partitions after the last large records costs nothing
     last_large = max(i for i, tp in enumerate(seen) if tp in large)
     if changed and not dropped and all(seen.index(tp) > last_large for tp in changed):
@@ -94,8 +98,10 @@ def test_nothing_goes_ahead_without_large_records():
 def test_waiting_partitions_go_last_and_ahead_ends_at_the_last_large_records():
     out, waiting, _ = _builder([((TOPICS[0], 0), 0, 1), ((TOPICS[0], 1), 2 * SPLICE_MIN, 0),
                                 ((TOPICS[1], 0), 2 * SPLICE_MIN, 0)])
-    ahead = answer_ahead(out, waiting, 1, 1, 30_000)
-    assert ahead is not None and ahead[-1] is out.partition(TOPICS[0], 1).records
+    got = answer_ahead(out, waiting, 1, 1, 30_000)
+    assert got is not None
+    ahead = got[0]
+    assert ahead[-1] is out.partition(TOPICS[0], 1).records
     assert any(piece is out.partition(TOPICS[1], 0).records for piece in ahead)
     # the acknowledged partition's error code is not in it: its write may fail at no cost
     out.partition(TOPICS[0], 0).acknowledge_error_code = 15
@@ -107,9 +113,11 @@ def test_one_partition_acknowledged_and_fetched_sends_its_records_ahead():
     """One consumer on one partition acknowledges and fetches the same partition each time: its
     records go ahead with the acknowledgement's code as it will be if the write succeeds."""
     out, waiting, _ = _builder([((TOPICS[0], 0), 3 * SPLICE_MIN, 1)])
-    ahead = answer_ahead(out, waiting, 1, 1, 30_000)
-    assert ahead is not None and ahead[-1] is out.partition(TOPICS[0], 0).records
+    got = answer_ahead(out, waiting, 1, 1, 30_000)
+    assert got is not None
+    ahead, (_, encoded_rest) = got
+    assert ahead[-1] is out.partition(TOPICS[0], 0).records
     final = messages.encode_response_pieces(API_KEY, 1, 1, out.build(30_000))
-    assert _flat(ahead) + _flat(_rest_after(ahead, final)) == _flat(final)
+    assert _flat(ahead) + _flat(_rest_after(ahead, final)) == _flat(final) == _flat(ahead) + _flat(encoded_rest)
     out.partition(TOPICS[0], 0).acknowledge_error_code = 15  # the write failed
     assert _rest_after(ahead, messages.encode_response_pieces(API_KEY, 1, 1, out.build(30_000))) is None

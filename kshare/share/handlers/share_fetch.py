@@ -121,6 +121,7 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
         return version, out.build(lock_ms)
 
     later: list[tuple[PartitionLog, int]] | None = None
+    dropped = False  # records left out of the answer after its beginning went ahead
     if not renew_only:
         max_records = req.max_records if req.max_records > 0 else DEFAULT_MAX_RECORDS
         mode = req.share_acquire_mode if version >= 2 else AcquireMode.BATCH_OPTIMIZED
@@ -147,14 +148,19 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
                 await fut
             except Exception:  # noqa: BLE001 - WriteFailed: the records are not handed out
                 out.drop_records(topic_id, partition, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+                dropped = True
         if conn.closed and out.record_count:
             # the connection closed while this fetch waited: nobody will get these records
             await service.release_member(group_id, member_id, list(session.partitions))
-    await _settle_acks(outcomes, out)
+    acks_changed = await _settle_acks(outcomes, out)
     if later:
         # once this answer is written (the rest of this turn of the event loop): a Fetch request
         # written first would make the client wait for that syscall too
         asyncio.get_running_loop().call_soon(_fetch_ahead, later)
+    if out.ahead is not None and not dropped and not acks_changed:
+        # every write it waited for succeeded: the answer is the one whose beginning went ahead,
+        # encoded then (ClientConnection.send_ahead)
+        return version, out.ahead
     return version, out.build(lock_ms)
 
 
@@ -180,14 +186,15 @@ def _send_ahead(conn: ClientConnection, version: int, corr: int, out: ResponseBu
         return  # nothing to wait for: the whole answer goes at once
     ahead = answer_ahead(out, waiting, version, corr, lock_ms)
     if ahead is not None:
-        conn.send_ahead(ahead)
+        conn.send_ahead(*ahead)
 
 
 def answer_ahead(out: ResponseBuilder, waiting: set[tuple[bytes, int]], version: int, corr: int,
-                 lock_ms: int) -> list | None:
+                 lock_ms: int) -> tuple[list, tuple[Any, list]] | None:
     """The beginning of the answer as it will be if ``waiting``'s writes succeed, up to the end of
-    its last large records; None if it has none (small records are copied into the frame:
-    nothing worth sending early).
+    its last large records, with (that answer's body, the rest of its encoding); None if it has
+    no large records (small records are copied into the frame: nothing worth sending early).
+    The body is kept as ``out.ahead``: if every write succeeds, it is the answer.
 
     ``waiting``'s partitions go last in the answer: a failed write changes only those (their
     error codes; an acquisition's records, dropped), so one whose records are small, after the
@@ -196,14 +203,24 @@ def answer_ahead(out: ResponseBuilder, waiting: set[tuple[bytes, int]], version:
     spliced = {id(d.records) for parts in out.topics.values() for d in parts.values() if len(d.records) >= SPLICE_MIN}
     if not spliced:
         return None
-    pieces = messages.encode_response_pieces(API_KEY, version, corr, out.build(lock_ms))
+    body = out.build(lock_ms)
+    pieces = messages.encode_response_pieces(API_KEY, version, corr, body)
     last = max((i for i, piece in enumerate(pieces) if id(piece) in spliced), default=-1)
-    return pieces[:last + 1] if last >= 0 else None
+    if last < 0:
+        return None
+    out.ahead = body
+    return pieces[:last + 1], (body, pieces[last + 1:])
 
 
-async def _settle_acks(outcomes: list[AckOutcome], out: ResponseBuilder) -> None:
+async def _settle_acks(outcomes: list[AckOutcome], out: ResponseBuilder) -> bool:
+    """Each acknowledgement's error code once its write is done; whether any code changed."""
+    changed = False
     for o, code in await await_writes(outcomes):
-        out.partition(o.topic_id, o.partition).acknowledge_error_code = code
+        p = out.partition(o.topic_id, o.partition)
+        if p.acknowledge_error_code != code:
+            p.acknowledge_error_code = code
+            changed = True
+    return changed
 
 
 async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str, session: Any, max_records: int,
@@ -374,6 +391,7 @@ class ResponseBuilder:
         self.errors = 0  # partitions answered with an error that waiting does not cure
         self.refused: dict[bytes, int] = {}  # topic id -> authorization error, for this request
         self.last: set[tuple[bytes, int]] = set()  # partitions answered after all the others
+        self.ahead: Any = None  # the body built when the answer's beginning went ahead (answer_ahead)
 
     def ordered(self) -> list[tuple[bytes, dict[int, Any]]]:
         """Topics and their partitions in the answer's order: those in ``last`` at the end."""
