@@ -73,12 +73,16 @@ ANSWER_SHARE = 0.5
 READ_AHEAD_READS = 2
 # The smallest Fetch a log with a small share of the record cache still asks for.
 MIN_FETCH_BYTES = 64 << 10
-# What a read-ahead asks for when the log's share of the cache allows. Each Fetch costs the broker
-# about as much CPU as a few megabytes it sends (Kafka 3.9 on 2 cores, sessionless Fetches of one
-# partition: ~1.1 ms per Fetch plus ~0.12 ms per MB), and on a busy machine that CPU is taken from
-# the client and the proxy: 4 MB read-aheads halved the broker's CPU per share consumer (1 KiB
-# records) and read 1.07-1.09x the records/s of 1 MB ones on 1 and 4 partitions.
-READ_AHEAD_BYTES = 4 << 20
+# What a read-ahead asks for when the log's share of the cache allows. A read-ahead starts once the
+# answer that wanted it is written, and a megabyte comes in while the client works through those
+# records (about 0.8 ms for a megabyte of 1 KiB records): the next answer's acknowledgement write
+# seldom meets it. A 4 MB one took about two cycles to come in, and the cycles it overlapped
+# took 1.4-1.7x as long (the broker sending, the proxy receiving and the client on 2 cores).
+# With warm brokers, one share consumer of 1 KiB records read 1.04-1.17x the records/s with 1 MB
+# read-aheads than with 4 MB ones on 1, 4 and 16 partitions (level at 100 B). Cold brokers had
+# said otherwise: a Fetch cost a JIT-compiling Kafka 3.9 about 1.1 ms of CPU, so fewer, larger ones
+# won then (docs/benchmarks.md).
+READ_AHEAD_BYTES = 1 << 20
 # What a read that found nothing cached asks for: it waits for the answer, and a smaller one comes
 # sooner (the read-ahead it starts then brings the rest).
 MISS_FETCH_BYTES = 1 << 20
@@ -370,10 +374,9 @@ class PartitionLog:
 
         Each read-ahead asks for one Fetch's worth (``fetch_bytes``, READ_AHEAD_BYTES when the
         log's share of the cache allows), not more. Small reads keep a Fetch's worth ahead, so
-        a read-ahead has many reads' time to arrive. (When read-aheads started at once, 1 MB ones
-        beat 4 MB ones: a larger response streamed in for longer beside the acknowledgement
-        writes share fetches wait for. Put off until those writes are done, as below, the larger
-        Fetch costs no write time and saves the broker's per-Fetch CPU.)
+        a read-ahead has many reads' time to arrive. (A larger one streams in for longer, beside
+        the acknowledgement writes and answers of the share fetches that come meanwhile: see
+        READ_AHEAD_BYTES.)
 
         With ``later`` the read-ahead is put there, not started: a share fetch waiting for the
         durable writes of its acknowledgements starts it once they are done (``fetch_ahead``), so
