@@ -892,20 +892,21 @@ class TopicStateStore:
         self._rounds.add(r)
         for ref in refs:
             self._busy[ref] = self._busy.get(ref, 0) + 1
-        # An ordinary round is encoded and written now, in the caller's turn of the event loop; the
-        # task only waits for the answers (each turn between an acknowledgement and its Produce
-        # request costs a queue wait when the proxy is busy). Exclusive and claimed rounds may have
-        # to wait first (a producer to replace, the instance group's claim), so their task does all.
-        sent: tuple[list[_Out], list[asyncio.Future | None]] | Exception | None = None
+        # An ordinary round is encoded and written now, in the caller's turn of the event loop, and
+        # settled by the answers' callbacks (each turn between an acknowledgement and its Produce
+        # request, or between the Produce answer and the acknowledgement's, costs a queue wait when
+        # the proxy is busy). Exclusive and claimed rounds may have to wait first (a producer to
+        # replace, the instance group's claim), so a task does all of theirs.
+        failed: Exception | None = None
         if not exclusive and not self.claims and self._producers:
             try:
                 sent = self._send_round(r)
             except Exception as exc:  # noqa: BLE001 - reported by the round's task
-                sent = exc
+                failed = exc
             else:
                 self._settle_when_answered(r, *sent)
                 return
-        task = asyncio.get_running_loop().create_task(self._run_round(r, sent), name="kshare-state-round")
+        task = asyncio.get_running_loop().create_task(self._run_round(r, failed), name="kshare-state-round")
         self._round_tasks.add(task)
         task.add_done_callback(self._round_tasks.discard)
 
@@ -969,11 +970,11 @@ class TopicStateStore:
                 del self._busy[ref]
         self._wake.set()
 
-    async def _run_round(self, r: _Round, sent: Any = None) -> None:
+    async def _run_round(self, r: _Round, failed: Exception | None = None) -> None:
         try:
-            if isinstance(sent, Exception):
-                raise sent
-            await self._round(r, sent)
+            if failed is not None:
+                raise failed
+            await self._round(r)
         except Exception as exc:  # noqa: BLE001 - reported to the callers
             self._round_failed(r, exc)
         finally:
@@ -998,11 +999,7 @@ class TopicStateStore:
             producer.flush()
         return out, sends
 
-    async def _round(self, r: _Round, sent: tuple[list[_Out], list[asyncio.Future | None]] | None = None) -> None:
-        if sent is not None:
-            out, sends = sent
-            await self._await_sends(r, out, sends, time.monotonic() + self.write_timeout_s)
-            return
+    async def _round(self, r: _Round) -> None:
         items = r.items
         if self.claims:
             async with self._round_lock:
