@@ -62,8 +62,16 @@ def _option(*decls: str, env: str, **kwargs: object):
 
 @main.command()
 @_option("--upstream", env="UPSTREAM", metavar="HOST:PORT[,HOST:PORT]",
-         help="Bootstrap servers of the Kafka cluster to front. Without it an embedded in-memory Tansu broker "
-              "is started (for trying kshare only).")
+         help="Bootstrap servers of the Kafka cluster to front. Without it kshare starts an embedded broker "
+              "(--embedded), for trying kshare.")
+@_option("--embedded", env="EMBEDDED", default="auto", show_default=True,
+         type=click.Choice(["auto", "kafka", "tansu"], case_sensitive=False),
+         help="The broker started when no --upstream is given: kafka (a single-node Apache Kafka, needs Java 17+; "
+              "fetched once from Maven Central), tansu (in memory, deviates from Kafka) or auto (kafka when Java "
+              "17+ is found, else tansu).")
+@_option("--data-dir", env="DATA_DIR", default=None, metavar="DIR", type=click.Path(file_okay=False),
+         help="Where the embedded Apache Kafka keeps its topics, records and share state between runs, and its "
+              "log (default: $XDG_DATA_HOME/kshare, i.e. ~/.local/share/kshare).")
 @_option("--listen-host", env="LISTEN_HOST", default="127.0.0.1", show_default=True,
          help="Address the listeners bind to (0.0.0.0 to be reachable from other hosts).")
 @_option("--port", "bootstrap_port", env="PORT", default=9192, show_default=True, type=click.IntRange(0, 65535),
@@ -126,7 +134,7 @@ def _option(*decls: str, env: str, **kwargs: object):
          type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
 @_option("--log-format", env="LOG_FORMAT", default="text", show_default=True,
          type=click.Choice(["text", "json"], case_sensitive=False))
-def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_port_base: int | None,
+def proxy(upstream: str | None, embedded: str, data_dir: str | None, listen_host: str, bootstrap_port: int, broker_port_base: int | None,
           advertised_host: str | None, max_frame_bytes: int, state_topic: str, state_topic_partitions: int,
           state_topic_replication_factor: int | None, group_limits: tuple[str, ...], record_cache_mb: int,
           instance_group: str | None, instance_session_timeout_ms: int, tls_cert: str | None, tls_key: str | None,
@@ -143,7 +151,6 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
     from .share.config import ConfigError, limits_from
 
     setup_logging(log_level, log_format)
-    log = logging.getLogger("kshare")
     try:
         limits = limits_from(dict(item.split("=", 1) for item in group_limits if "=" in item))
         if any("=" not in item for item in group_limits):
@@ -159,21 +166,30 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
     if instance_group and no_share_groups:
         raise click.BadParameter("an instance group splits share groups: it cannot be used with --no-share-groups",
                                  param_hint="--instance-group")
-    embedded = None
+    broker = None
     if upstream:
+        ctx = click.get_current_context()
+        for name in ("embedded", "data_dir"):
+            if ctx.get_parameter_source(name) in (click.core.ParameterSource.COMMANDLINE,
+                                                  click.core.ParameterSource.ENVIRONMENT):
+                raise click.BadParameter("it picks the broker started when no --upstream is given: "
+                                         "give one or the other", param_hint=f"--{name.replace('_', '-')}")
         try:
             servers = parse_hostports(upstream)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--upstream") from None
     else:
-        from .embedded import EmbeddedTansu
+        from pathlib import Path
+
+        from .embedded import EmbeddedError, start_embedded
 
         try:
-            embedded = EmbeddedTansu().start()
-        except RuntimeError as exc:
+            broker = start_embedded(embedded.lower(), Path(data_dir) if data_dir else None)
+        except EmbeddedError as exc:
             raise click.ClickException(str(exc)) from None
-        log.info("no --upstream given: started the embedded Tansu broker (in-memory) at %s", embedded.bootstrap)
-        servers = parse_hostports(embedded.bootstrap)
+        except KeyboardInterrupt:
+            raise click.exceptions.Exit(130) from None
+        servers = parse_hostports(broker.bootstrap)
     config = ProxyConfig(upstream=servers, listen_host=listen_host, bootstrap_port=bootstrap_port,
                          broker_port_base=broker_port_base, advertised_host=advertised_host,
                          max_frame_bytes=max_frame_bytes, state_topic=state_topic,
@@ -188,8 +204,8 @@ def proxy(upstream: str | None, listen_host: str, bootstrap_port: int, broker_po
     except OSError as exc:
         raise click.ClickException(f"cannot start the proxy: {exc}") from None
     finally:
-        if embedded is not None:
-            embedded.stop()
+        if broker is not None:
+            broker.stop()
 
 
 def _security_options(tls_cert, tls_key, tls_client_ca, protocol, mechanism, username, password_file,

