@@ -34,6 +34,8 @@ from prometheus_client import (
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .share.upstream_checks import CHECKS
+
 if TYPE_CHECKING:
     from .proxy.server import Proxy
     from .share.service import ShareGroupService
@@ -103,6 +105,16 @@ class ShareCollector(Collector):
                                     if service.ownership.map is not None else 0)
             yield GaugeMetricFamily("kshare_instance_epoch", "Epoch of the instance group's last ownership map",
                                     value=service.ownership.epoch)
+        checks = service.upstream.checks
+        deviation = GaugeMetricFamily("kshare_upstream_deviation", "1 where the fronted cluster deviates from Kafka "
+                                      "in what kshare relies on (logged once at WARNING; docs/proxy.md)",
+                                      labels=["check"])
+        for check in CHECKS:
+            deviation.add_metric([check], 1 if check in checks.deviations else 0)
+        yield deviation
+        yield CounterMetricFamily("kshare_end_offset_corrections", "End offsets kshare corrected from the batches it "
+                                  "read, on a cluster whose end offsets fall short of its records",
+                                  value=checks.end_offset_corrections)
         yield CounterMetricFamily("kshare_authorization_checks", "Questions asked of the cluster, as a client, "
                                   "whether it may do what it asked of the share-group service", value=service.authz.probes)
         yield CounterMetricFamily("kshare_authorization_denials", "Of those, the ones the cluster refused",

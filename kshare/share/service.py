@@ -39,6 +39,7 @@ from .stats import ShareStats
 from .store import GroupRecord, NotOwned, SharePartitionKey, StateStore
 from .tasks import shared_task
 from .upstream import EARLIEST, LATEST, TopicInfo, UpstreamCluster
+from .upstream_checks import check_upstream
 
 if TYPE_CHECKING:
     from ..proxy.server import Proxy
@@ -139,9 +140,15 @@ class ShareGroupService(InstanceGroupMember):
         started = time.monotonic()
         delay = 0.5
         warned_at = started  # the proxy reports an unreachable cluster at once: report only what lasts
+        checked = False
+        if hasattr(self.store, "checks"):
+            self.store.checks = self.upstream.checks  # one set of findings, one metric
         while True:
             try:
                 await self.upstream.refresh_metadata()
+                if not checked:
+                    await check_upstream(self.upstream.bootstrap_string, self.upstream.security, self.upstream.checks)
+                    checked = True
                 await self.store.start()
                 break
             except Exception as exc:  # noqa: BLE001 - keep trying until the cluster is reachable

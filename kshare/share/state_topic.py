@@ -83,6 +83,7 @@ from .states import (
     normalize,
 )
 from .store import GroupRecord, NotOwned, SharePartitionKey, StateWrite
+from .upstream_checks import UpstreamChecks, cluster_refusals
 
 log = logging.getLogger(__name__)
 
@@ -460,6 +461,8 @@ class TopicStateStore:
         self.client_id = client_id
         # TLS and SASL to the cluster, for every client the store runs
         self.security = security or ClientSecurity()
+        # what the cluster does differently (the service shares its own: one set of findings)
+        self.checks = UpstreamChecks()
         auth = self.security.aiokafka_kwargs()
         self._producer_config = {**auth, **(producer_config or {})}
         self._admin_config = {**auth, **(admin_config or {})}
@@ -539,14 +542,14 @@ class TopicStateStore:
                 self._maintenance = asyncio.create_task(self._maintenance_loop(), name="kshare-state-pruner")
                 return
             await self._load(empty=created)
-            # expected on Tansu (the embedded broker): one line each at start-up, nothing to act on
-            refusal, no_pruning = await _cluster_refusals(self.bootstrap_servers, self.topic, self.security)
+            # expected on Tansu: one line each at start-up (upstream_checks), and a metric
+            refusal, no_pruning = await cluster_refusals(self.bootstrap_servers, self.topic, self.security)
             if refusal is not None:
-                log.info("the cluster %s; state writes use acks=all without idempotence (a write the cluster "
-                         "did not confirm may still have landed; replaying it gives the same state)", refusal)
+                self.checks.found("producer_ids", refusal, "state writes use acks=all without idempotence (a write "
+                                  "the cluster did not confirm may still have landed; replaying it gives the same state)")
             if no_pruning is not None:
-                log.info("the cluster %s: the state topic %s is not pruned (it keeps every state record written; "
-                         "replay stays short through re-snapshots)", no_pruning, self.topic)
+                self.checks.found("delete_records", no_pruning, f"the state topic {self.topic} is not pruned (it "
+                                  "keeps every state record written; replay stays short through re-snapshots)")
             self._prunes = no_pruning is None
             try:
                 await self._start_producer(idempotent=refusal is None)
@@ -1684,59 +1687,3 @@ __all__ = [
     "TopicStateStore",
     "WriteStats",
 ]
-
-
-UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION = -1, 35
-
-
-async def _cluster_refusals(bootstrap_servers: str | Sequence[str], topic: str,
-                            security: ClientSecurity | None = None) -> tuple[str | None, str | None]:
-    """What the cluster will not do for the state store: (idempotent producer ids, DeleteRecords).
-
-    Each is None when the cluster does it (or cannot be asked), else why not, so that the store
-    chooses its fallback before it starts instead of through failures logged later:
-
-    * an idempotent producer's id, asked exactly as aiokafka's producer does (InitProducerId v0,
-      no transactional id): Tansu answers v0-v2 with UNKNOWN_SERVER_ERROR;
-    * DeleteRecords of nothing (below offset 0 of the state topic's partition 0): any answer,
-      even an error for the partition, means it is served; Tansu lists it and closes the connection.
-    """
-    from ..client import KafkaConnection
-    from ..protocol import messages
-    from ..proxy.config import parse_hostports
-
-    servers = bootstrap_servers if isinstance(bootstrap_servers, str) else ",".join(bootstrap_servers)
-    for host, port in parse_hostports(servers):
-        try:
-            conn = await KafkaConnection.open(host, port, "kshare-state-probe", security=security)
-        except (OSError, ConnectionError, TimeoutError):
-            continue
-        producer_ids = delete_records = None
-        try:
-            if 22 not in conn.versions:
-                producer_ids = "does not support InitProducerId (idempotent producers)"
-            else:
-                request = messages.message_class("InitProducerIdRequest")(
-                    transactional_id=None, transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1)
-                resp = await asyncio.wait_for(conn.request(22, 0, request), 10)
-                # only a refusal counts: a broker just started answers COORDINATOR_LOAD_IN_PROGRESS
-                # or the like for a while, which the producer retries through
-                if resp.error_code in (UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION):
-                    producer_ids = (f"refuses InitProducerId v0 (error code {resp.error_code}), which idempotent "
-                                    "producers send")
-            if 21 not in conn.versions:
-                delete_records = "does not support DeleteRecords"
-            else:
-                req = messages.message_class("DeleteRecordsRequest")
-                body = req(timeout_ms=10000, topics=[req.DeleteRecordsTopic(
-                    name=topic, partitions=[req.DeleteRecordsPartition(partition_index=0, offset=0)])])
-                try:
-                    await asyncio.wait_for(conn.request(21, conn.best_version(21), body), 10)
-                except ConnectionError:
-                    delete_records = "closes the connection on DeleteRecords"
-        except (OSError, ConnectionError, TimeoutError):
-            pass  # cannot tell: let the clients find out
-        finally:
-            await conn.close()
-        return producer_ids, delete_records
-    return None, None

@@ -18,7 +18,9 @@ from ..protocol import messages
 from ..proxy.rewrite import ZERO_UUID, synthetic_topic_id
 from ..security import ClientSecurity
 from .errors import ErrorCode
+from .records import split_batches
 from .tasks import shared_task
+from .upstream_checks import UpstreamChecks
 
 log = logging.getLogger("kshare.share")
 
@@ -70,6 +72,11 @@ class UpstreamCluster:
         self._meta_lock = asyncio.Lock()
         self._bootstrap_conn: KafkaConnection | None = None
         self.metadata_at = 0.0
+        self.checks = UpstreamChecks()  # what this cluster does differently from Kafka (upstream_checks)
+
+    @property
+    def bootstrap_string(self) -> str:
+        return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.bootstrap)
 
     # -- connections ----------------------------------------------------------------------------------
     async def connection(self, node_id: int, lane: str = "") -> KafkaConnection:
@@ -220,5 +227,29 @@ class UpstreamCluster:
                 if p.partition_index == partition:
                     if p.error_code in _STALE_METADATA:
                         self.metadata_at = 0.0
+                    if timestamp == LATEST and not p.error_code and self.checks.short_end_offsets:
+                        return p.error_code, await self.end_from_batches(topic, partition, p.offset)
                     return p.error_code, p.offset
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
+
+    async def end_from_batches(self, topic: TopicInfo, partition: int, reported: int, steps: int = 8) -> int:
+        """The partition's end offset, on a cluster that answers one short of its last batch's records
+        (``checks.short_end_offsets``): the end of the batches found from ``reported - 1`` on.
+
+        Tansu answers the last batch's base offset + 1; reading from there returns that batch whole,
+        and its last offset + 1 is the end. A Fetch that fails leaves the cluster's answer as it was.
+        """
+        end = reported
+        for _ in range(steps):
+            if end <= 0:
+                break
+            # a wait, not 0: Tansu answers empty when it has not found the data within MaxWaitMs (the
+            # record at end - 1 exists, so Kafka answers at once)
+            res = await self.fetch(topic, partition, end - 1, max_bytes=64 << 10, max_wait_ms=500)
+            batches = split_batches(res.records) if not res.error_code and res.records is not None else []
+            if not batches or batches[-1].last_offset + 1 <= end:
+                break
+            end = batches[-1].last_offset + 1
+        if end != reported:
+            self.checks.end_offset_corrections += 1
+        return end
