@@ -370,7 +370,12 @@ def bench(out_dir: str | None, only: tuple[str, ...], quick: bool, repeats: int 
     except BenchError as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
+        if (out / "results.md").exists():
+            click.echo(out / "results.md")
         raise click.ClickException(f"interrupted; what ran so far is in {out}") from None
+    # where the results are, on stdout (progress and notes go to stderr): for scripts and for
+    # `less $(kshare bench ...)`; also when a scenario failed, since the others' results are there
+    click.echo(out / "results.md")
     if results.get("errors"):
         raise click.ClickException(f"{len(results['errors'])} scenario(s) failed: {', '.join(results['errors'])} "
                                    f"(see {out / 'results.md'})")

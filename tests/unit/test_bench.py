@@ -325,6 +325,21 @@ def test_cli_parses_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert bad.exit_code == 2 and "nope" in bad.output
 
 
+def test_cli_prints_where_the_results_are(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The path of results.md is the one line on stdout (progress and notes go to stderr), also
+    when a scenario failed (the others' results are there)."""
+    out = tmp_path / "r"
+    monkeypatch.setattr(runner, "run", lambda options: {"errors": {}})
+    result = CliRunner().invoke(main, ["bench", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{out / 'results.md'}\n"
+    monkeypatch.setattr(runner, "run", lambda options: {"errors": {"share": "RuntimeError: boom"}})
+    result = CliRunner().invoke(main, ["bench", "--out", str(out)])
+    assert result.exit_code == 1
+    assert result.stdout == f"{out / 'results.md'}\n"
+    assert "1 scenario(s) failed: share" in result.stderr
+
+
 def test_clear_error_without_kafka(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from kshare.bench import brokers
 
