@@ -91,6 +91,12 @@ async def check_upstream(bootstrap: str, security: ClientSecurity, checks: Upstr
                                 request_timeout_ms=int(timeout * 1000), **conf)
     tp = TopicPartition(PROBE_TOPIC, 0)
     step = "connecting"
+    # The clients retry through what a cluster just started answers (no leader yet, no group
+    # coordinator yet), logging each retry at WARNING or ERROR: quiet while the probe runs (nothing
+    # else of kshare's uses aiokafka before the share state loads). The probe reports what failed.
+    aiokafka_log = logging.getLogger("aiokafka")
+    level = aiokafka_log.level
+    aiokafka_log.setLevel(logging.CRITICAL)
     try:
         async with asyncio.timeout(timeout * 2):
             await admin.start()
@@ -134,6 +140,7 @@ async def check_upstream(bootstrap: str, security: ClientSecurity, checks: Upstr
         for client in (consumer, producer, admin):
             with contextlib.suppress(Exception):  # closing after a failure
                 await (client.stop() if hasattr(client, "stop") else client.close())
+        aiokafka_log.setLevel(level)
 
 
 UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION = -1, 35

