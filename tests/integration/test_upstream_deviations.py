@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.brokers import KafkaBroker, TansuBroker
 
-from .share_helpers import ShareProxyThread, poll_until, quiet_logger, subscribed
+from .share_helpers import ShareProxyThread, poll_until, quiet_logger, share_group, subscribed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,3 +116,67 @@ def test_no_deviation_on_apache_kafka(kafka39: KafkaBroker) -> None:
         one_batch(kafka39.bootstrap, topic, [b"a", b"b", b"c"])
         assert watermarks(proxy.bootstrap, topic) == (0, 3)
         assert checks.end_offset_corrections == 0
+
+
+def test_the_state_is_replayed_whole_on_tansu(tansu: TansuBroker) -> None:
+    """A proxy restarted on a Tansu cluster: what was acknowledged stays so (the store-level test
+    below makes the state topic end in a batch of several records)."""
+    state_topic = f"__kshare_state_dev_{uuid.uuid4().hex[:8]}"
+    topic = f"dev-{uuid.uuid4().hex[:8]}"
+    tansu.create_topic(topic, partitions=4)
+    group = f"g-{topic}"
+    values = [b"r%d" % i for i in range(20)]
+    p = Producer({"bootstrap.servers": tansu.bootstrap, "linger.ms": 200, "logger": quiet_logger()})
+    for i, v in enumerate(values):
+        p.produce(topic, value=v, partition=i % 4)
+    assert p.flush(30) == 0
+    # one state partition: the writes of the four share-partitions go out together, several records
+    # in a batch, which the cluster's end offset then falls inside
+    config = {"state_topic": state_topic, "state_topic_partitions": 1}
+    with ShareProxyThread(tansu.bootstrap, **config) as proxy:
+        share_group(proxy.bootstrap, group)
+        with subscribed(proxy.bootstrap, group, topic) as consumer:
+            got = poll_until(consumer, lambda out: len(out) >= 20, 60.0)
+            assert sorted(g.value for g in got) == sorted(values)
+            poll_until(consumer, lambda out: False, 2.0)  # acknowledges the last poll (implicit mode)
+        before = {k: v.start_offset for k, v in proxy.service.store.share_partitions().items() if k.group_id == group}
+    assert sorted(before.values()) == [5, 5, 5, 5], before
+    with ShareProxyThread(tansu.bootstrap, **config) as proxy:
+        after = {k: v.start_offset for k, v in proxy.service.store.share_partitions().items() if k.group_id == group}
+        assert after == before
+        with subscribed(proxy.bootstrap, group, topic) as consumer:
+            assert poll_until(consumer, lambda out: False, 3.0) == []
+
+
+def test_the_state_store_replays_a_last_batch_of_several_records(tansu: TansuBroker) -> None:
+    """The state store alone: one round writes four share-partitions' snapshots in one batch, the
+    last of the topic; a new store replays all four, although Tansu's end offset stops after the first."""
+    import uvloop
+
+    from kshare.security import ClientSecurity
+    from kshare.share.state_topic import TopicStateStore
+    from kshare.share.states import ShareSnapshot
+    from kshare.share.store import SharePartitionKey
+    from kshare.share.upstream_checks import UpstreamChecks, check_upstream
+
+    topic = f"__kshare_state_dev_{uuid.uuid4().hex[:8]}"
+    keys = [SharePartitionKey("g", bytes(range(16)), p) for p in range(4)]
+    written = {k: ShareSnapshot(10 + i, ()) for i, k in enumerate(keys)}
+
+    async def go() -> dict:
+        checks = UpstreamChecks()
+        await check_upstream(tansu.bootstrap, ClientSecurity(), checks)
+        assert checks.short_end_offsets
+        store = TopicStateStore(tansu.bootstrap, topic=topic, partitions=1, prune_interval_s=3600)
+        store.checks = checks
+        await store.start()
+        await store.write(list(written.items()))
+        await store.close()
+        again = TopicStateStore(tansu.bootstrap, topic=topic, partitions=1, prune_interval_s=3600)
+        again.checks = checks
+        await again.start()
+        await again.close()
+        return again.share_partitions()
+
+    replayed = uvloop.run(go())
+    assert {k: s.start_offset for k, s in replayed.items()} == {k: s.start_offset for k, s in written.items()}
