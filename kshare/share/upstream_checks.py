@@ -12,7 +12,8 @@ check                    how it is found                                      wh
 ``end_offsets``          a batch of 3 records written to ``__kshare_probe``,  reads the last batch to correct
                          then ListOffsets LATEST; or a Fetch returns records  every end offset it uses or
                          beyond the high watermark it reports                 answers (``latest``, lag,
-                                                                              ListOffsets through the proxy)
+                                                                              ListOffsets through the proxy,
+                                                                              the state topic's replay)
 ``offset_commit_         an offset committed with metadata to the group       nothing in the proxy; the Spark
 metadata``               ``__kshare_probe`` and read back                     source refuses such a cluster
 ``producer_ids``         InitProducerId as idempotent producers send it       state writes: acks=all without
