@@ -151,41 +151,35 @@ def kshare_env() -> dict[str, str]:
 
 class ProxyProcess(Child):
     """``python -m kshare proxy --upstream UPSTREAM`` on free ports, a state topic of its own and a
-    metrics port; ``extra`` are more ``kshare proxy`` arguments (``kshare bench --proxy-arg``)."""
+    metrics port; ``extra`` are more ``kshare proxy`` arguments (``kshare bench --proxy-arg``).
+
+    ``upstream=None``: no ``--upstream``, so the proxy starts its embedded broker (``extra`` may say
+    which, ``--embedded``, and where, ``--data-dir``) and keeps the default state topic, as a user's
+    proxy does; ``env`` adds to its environment (e.g. ``KSHARE_CACHE``)."""
 
     def __init__(
         self,
-        upstream: str,
+        upstream: str | None,
         extra: list[str] | tuple[str, ...] = (),
         *,
         name: str = "kshare",
         log_path: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         self.metrics_port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "kshare",
-            "proxy",
-            "--upstream",
-            upstream,
-            "--port",
-            str(self.port),
-            "--broker-port-base",
-            "0",
-            "--state-topic",
-            f"__kshare_bench_{uuid.uuid4().hex[:8]}",
-            "--state-topic-partitions",
-            "1",
-            "--metrics-port",
-            str(self.metrics_port),
-        ]
+        cmd = [sys.executable, "-m", "kshare", "proxy"]
+        if upstream is not None:
+            cmd += ["--upstream", upstream]
+        cmd += ["--port", str(self.port), "--broker-port-base", "0"]
+        if upstream is not None:
+            cmd += ["--state-topic", f"__kshare_bench_{uuid.uuid4().hex[:8]}", "--state-topic-partitions", "1"]
+        cmd += ["--metrics-port", str(self.metrics_port)]
         for limit in KSHARE_LIMITS:
             cmd += ["--group-limit", limit]
         cmd += list(extra)
         ready = r"upstream cluster has \d+ broker" if "--no-share-groups" in extra else r"share state loaded"
-        super().__init__(name, cmd, ready, env=kshare_env(), log_path=log_path)
+        super().__init__(name, cmd, ready, env={**kshare_env(), **(env or {})}, log_path=log_path)
 
     @property
     def bootstrap(self) -> str:

@@ -14,6 +14,7 @@ TITLES = {
     "ack": "ShareAcknowledge round trip with concurrent members",
     "cpu": "Proxy CPU per MB/s delivered",
     "memory": "Proxy memory with many share-partitions and connections",
+    "embedded": "kshare on its embedded broker (no --upstream) vs native Kafka 4.4: latency over time, time to ready",
 }
 COLORS = {
     "direct": "tab:gray",
@@ -384,6 +385,91 @@ def _memory(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def _embedded(res: dict[str, Any]) -> list[str]:
+    cfg = res.get("config", {})
+    rate, window = cfg.get("rate", 0), cfg.get("window_s", 10)
+    names = {"kshare": "kshare, embedded Apache Kafka 3.9", "native": "native Kafka 4.4 share groups"}
+    out = [
+        f"One producer at {_num(rate)} records/s ({cfg.get('value_size', 100)} B, linger.ms "
+        f"{cfg.get('linger_ms', 5)}, acks=all) and "
+        f"one confluent-kafka `ShareConsumer`, each its own process, for {_num(cfg.get('warmup_s'))} s of "
+        f"warm-up (left out of every figure, for both) and {_num(cfg.get('seconds'))} s measured, first "
+        "through `kshare proxy` with no `--upstream` (its embedded broker, the last proxy started below), "
+        "then directly on native Apache Kafka 4.4 share groups; latency = time `poll()` returned the record "
+        f"- time it was handed to `produce()` (one clock). Windows: {window:g} s of send time each."
+        + (
+            " With linger.ms 0 each record goes out in a Produce request of its own, as a latency-minded "
+            "producer sends it; librdkafka's default (5) would add up to 5 ms of waiting in the producer "
+            "to both systems."
+            if cfg.get("linger_ms") == 0
+            else ""
+        ),
+        "",
+    ]
+    rows = [
+        [
+            names.get(r["system"], r["system"]),
+            _num(r["p50_ms"], 2),
+            _num(r["p99_ms"], 2),
+            _num(r["p999_ms"], 2),
+            _num(r["max_ms"], 1),
+            f"{_num(r.get('window_p50_min_ms'), 2)} - {_num(r.get('window_p50_max_ms'), 2)}",
+            f"{_num(r.get('window_p99_min_ms'), 2)} - {_num(r.get('window_p99_max_ms'), 2)}",
+            f"{_num(r['received'])} / {_num(r['sent'])}",
+            str(r.get("duplicates", 0)),
+        ]
+        for r in res.get("rows", [])
+    ]
+    out += _table(
+        ["system", "p50 ms", "p99 ms", "p99.9 ms", "max ms", f"{window:g} s medians ms", f"{window:g} s p99s ms",
+         "received / sent", "duplicates"],
+        rows,
+    )
+    out.append("")
+    ready = res.get("ready", {})
+    starts = res.get("starts", [])
+    if starts:
+        out += [
+            f"Time to ready: from starting `{cfg.get('command', 'kshare proxy')}` to the first 200 of `/ready` on "
+            "its metrics port; the first start with an empty `KSHARE_CACHE` (the jars fetched from Maven "
+            "Central) and an empty `--data-dir`, then restarts with the same cache and data dir "
+            f"(**first {_num(ready.get('first_s'), 1)} s, later {_num(ready.get('later_median_s'), 1)} s median**).",
+            "",
+        ]
+        out += _table(
+            ["start", "ready s", "embedded broker up s", "fetched"],
+            [
+                [
+                    st.get("run", "?"),
+                    _num(st.get("ready_s"), 2),
+                    _num(st.get("broker_start_s"), 1),
+                    f"{st['fetched_jars']} jars, {_num(st.get('fetched_mb'))} MB" if st.get("fetched_jars") else "-",
+                ]
+                for st in starts
+            ],
+            "lrrl",
+        )
+        out.append("")
+    by = {r["system"]: {w["start_s"]: w for w in r.get("windows", []) if not w.get("warmup")} for r in res.get("rows", [])}
+    systems = list(by)
+    if systems:
+        head = ["window (s after the warm-up)"]
+        for name in systems:
+            head += [f"{name} p50 ms", f"{name} p99 ms", f"{name} records"]
+        table = []
+        for start in sorted({t for ws in by.values() for t in ws}):
+            row = [f"{start:g}-{start + window:g}"]
+            for name in systems:
+                w = by[name].get(start)
+                row += [_num(w["p50_ms"], 2), _num(w["p99_ms"], 2), _num(w["received"])] if w else ["-"] * 3
+            table.append(row)
+        out += _table(head, table) + [""]
+    notes = res.get("proxy_log_notes")
+    if notes:
+        out += ["The embedded kshare proxy's log lines worth a look:", "", "```", *notes, "```", ""]
+    return out
+
+
 SECTIONS = {
     "passthrough": _passthrough,
     "share": _share,
@@ -392,6 +478,7 @@ SECTIONS = {
     "ack": _ack,
     "cpu": _cpu,
     "memory": _memory,
+    "embedded": _embedded,
 }
 
 
@@ -622,6 +709,51 @@ def _plot_cpu(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
+def _log_label(y: float, _: Any = None) -> str:
+    """A log axis' tick as a plain number, at 1, 2 and 5 times a power of ten only."""
+    if y <= 0:
+        return ""
+    mantissa = y / 10 ** math.floor(math.log10(y) + 1e-9)
+    return f"{y:g}" if any(abs(mantissa - m) < 1e-6 for m in (1, 2, 5)) else ""
+
+
+def _plot_embedded(plt: Any, res: dict[str, Any]) -> Any:
+    from matplotlib import ticker
+
+    cfg = res.get("config", {})
+    window = cfg.get("window_s", 10)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [2, 2, 1]})
+    for ax, key, title, limit, what in (
+        (axes[0], "p50_ms", f"median of each {window:g} s", 3.0, "every window's median"),
+        (axes[1], "p99_ms", f"p99 of each {window:g} s", 25.0, "the p99 over the run"),
+    ):
+        for r in res["rows"]:
+            ws = r.get("windows") or []
+            ax.plot([w["start_s"] + window / 2 for w in ws], [w[key] for w in ws], marker=".",
+                    color=COLORS.get(r["system"]), label=r["system"])
+        ax.axhline(limit, color="tab:red", ls=":", lw=1, label=f"kshare's target: {what} <= {limit:g} ms")
+        ax.axvspan(-cfg.get("warmup_s", 0), 0, color="gray", alpha=0.15, label="warm-up (left out)")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(_log_label))
+        ax.yaxis.set_minor_formatter(ticker.FuncFormatter(_log_label))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+        ax.set_xlabel("seconds of send time after the warm-up")
+        ax.set_ylabel("end-to-end latency (ms)")
+        ax.set_title(f"{title} at {cfg.get('rate', 0):,.0f} records/s", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    starts = res.get("starts") or []
+    axes[2].bar(range(len(starts)), [st.get("ready_s") or 0 for st in starts],
+                color=["tab:orange"] + [COLORS["kshare"]] * (len(starts) - 1))
+    axes[2].set_xticks(range(len(starts)))
+    axes[2].set_xticklabels(["first\n(download)" if i == 0 else f"restart\n{i}" for i in range(len(starts))],
+                            fontsize=8)
+    axes[2].set_ylabel("seconds to /ready 200")
+    axes[2].set_title("kshare proxy, no --upstream: time to ready", fontsize=9)
+    axes[2].grid(True, axis="y", alpha=0.3)
+    return fig
+
+
 PLOTS = {
     "passthrough": _plot_passthrough,
     "share": _plot_share,
@@ -630,6 +762,7 @@ PLOTS = {
     "ack": _plot_ack,
     "memory": _plot_memory,
     "cpu": _plot_cpu,
+    "embedded": _plot_embedded,
 }
 
 

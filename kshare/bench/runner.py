@@ -59,7 +59,15 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"groups": 10, "members": 100, "partitions": 1000, "records": 200},
         {"groups": 2, "members": 10, "partitions": 100, "records": 20},
     ),
+    # 10 minutes measured after a warm-up, at a laptop's rate, for each of kshare and native 4.4 (a
+    # full run about 25 minutes: the two runs, the jars' download and four proxy starts)
+    "embedded": (
+        {"rate": 1000.0, "seconds": 600.0, "warmup_s": 30.0, "linger_ms": 0},
+        {"rate": 1000.0, "seconds": 60.0, "warmup_s": 10.0, "linger_ms": 0},
+    ),
 }
+# scenarios that take no --repeats (one long run each, or one load)
+NO_REPEATS = ("memory", "embedded")
 # scenarios whose repeats are fewer than --repeats (their runs are long, and alternate anyway)
 MAX_REPEATS = {"scaling": 1}
 # scenarios with more repeats than the default 3 in a full run: one share consumer reads 500,000 x
@@ -88,7 +96,9 @@ class Options:
 
     @property
     def scenarios(self) -> list[str]:
-        return [s for s in scenarios.SCENARIOS if not self.only or s in self.only]
+        if self.only:
+            return [s for s in scenarios.SCENARIOS if s in self.only]
+        return [s for s in scenarios.SCENARIOS if s not in scenarios.OPT_IN]
 
     @property
     def n_repeats(self) -> int:
@@ -276,9 +286,9 @@ def check_prerequisites(options: Options) -> None:
         raise BenchError("confluent-kafka is not installed: pip install 'kshare[bench]'") from None
     need = set()
     wanted = set(options.scenarios)
-    if not options.upstream:
+    if not options.upstream and wanted - {"embedded"}:
         need.add(KAFKA_3)
-    if wanted & {"share", "scaling", "latency"}:
+    if wanted & {"share", "scaling", "latency", "embedded"}:
         need.add(KAFKA_4)
     from .brokers import _java
 
@@ -294,7 +304,7 @@ def check_prerequisites(options: Options) -> None:
 def scenario_args(name: str, options: Options) -> dict[str, Any]:
     full, quick = SIZES[name]
     args = dict(quick if options.quick else full)
-    if name not in ("memory",):
+    if name not in NO_REPEATS:
         repeats = options.n_repeats
         if options.repeats is None and not options.quick:
             repeats = DEFAULT_REPEATS.get(name, repeats)
@@ -319,7 +329,12 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
             "quick": options.quick,
             "repeats": {name: scenario_args(name, options).get("repeats", 1) for name in options.scenarios},
             "scenarios": options.scenarios,
-            "upstream": options.upstream or f"Apache Kafka {KAFKA_3} (started by the bench)",
+            "upstream": options.upstream
+            or (
+                f"Apache Kafka {KAFKA_3} (started by the bench)"
+                if set(options.scenarios) - {"embedded"}
+                else "none (the embedded scenario's kshare proxy starts its own broker)"
+            ),
             "reference": f"Apache Kafka {KAFKA_4} with share groups",
             "proxy_args": options.proxy_args,
             "machine": machine_info(),

@@ -16,13 +16,18 @@ import math
 import multiprocessing as mp
 import queue
 import random
+import re
+import shlex
+import shutil
 import statistics
 import struct
 import threading
 import time
+import urllib.request
 import uuid
 from array import array
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import clients
@@ -31,7 +36,9 @@ from .procs import ProxyProcess, cpu_seconds, load, rss_bytes
 if TYPE_CHECKING:
     from .runner import Env, Progress
 
-SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory")
+SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded")
+# run only when named (--only): kshare on its embedded broker takes 25 minutes of its own
+OPT_IN = ("embedded",)
 
 # the issue's targets
 PASSTHROUGH_TARGET = 0.95  # kshare / relay
@@ -42,6 +49,8 @@ CPU_TARGET = 35.0  # proxy millicores per MB/s
 FULL_BATCHES_LINGER_MS = 1000  # the share scenario's producer: batches cut by size alone
 MEMORY_OVERHEAD_MB = 200  # RSS may exceed the idle proxy's by the record-cache budget plus this
 DEFAULT_CACHE_MB = 256  # kshare proxy --record-cache-mb's default
+EMBEDDED_WINDOW_P50_MS = 3.0  # kshare on its embedded broker: every 10 s window's median
+EMBEDDED_P99_MS = 25.0  # kshare on its embedded broker: p99 over the run
 
 
 def _size(b: int) -> str:
@@ -542,7 +551,7 @@ _VALUE = struct.Struct(">qq")  # sequence number (-1: probe), send time (ns, CLO
 
 
 def _latency_producer(
-    bootstrap: str, topic: str, rate: float, seconds: float, size: int, go, t0, out
+    bootstrap: str, topic: str, rate: float, seconds: float, size: int, go, t0, out, linger_ms: int = 5
 ) -> None:
     """Probes every 50 ms until ``go``; then ``rate`` records a second from ``t0`` for ``seconds``."""
     from confluent_kafka import Producer
@@ -550,10 +559,10 @@ def _latency_producer(
     p = Producer(
         {
             "bootstrap.servers": bootstrap,
-            # librdkafka's default. With 0, each record was a Produce request of its own: 5,000 a
+            # 5: librdkafka's default. With 0, each record was a Produce request of its own: 5,000 a
             # second kept the broker at 80 % of a core here, and the direct consumer's own p99
             # swung between 180 and 380 ms, hiding what the proxy adds (6 ms with 5).
-            "linger.ms": 5,
+            "linger.ms": linger_ms,
             "acks": "all",
             "error_cb": clients._quiet,
             "log_level": 3,
@@ -641,8 +650,20 @@ def _latency_consumer(kind: str, bootstrap: str, topic: str, group: str, ready, 
 
 
 def _latency_run(
-    system: str, bootstrap: str, admin_bootstrap: str, rate: float, seconds: float, size: int, skip_s: float
+    system: str,
+    bootstrap: str,
+    admin_bootstrap: str,
+    rate: float,
+    seconds: float,
+    size: int,
+    skip_s: float,
+    window_s: float = 0.0,
+    linger_ms: int = 5,
 ) -> dict[str, Any]:
+    """One producer and one consumer for ``seconds``; the records of the first ``skip_s`` are left out
+    of the figures. With ``window_s``: also ``windows``, the figures of every ``window_s`` of send
+    time (record ``i`` was due at ``i / rate``), counted from the end of ``skip_s`` (the skipped
+    records' windows come first, ``warmup`` true)."""
     ctx = mp.get_context("spawn")
     topic = clients.create_topic(admin_bootstrap, f"bench-latency-{system}-{uuid.uuid4().hex[:8]}", 1)
     group = f"bench-latency-{uuid.uuid4().hex[:8]}"
@@ -657,7 +678,9 @@ def _latency_run(
             target=_latency_consumer, args=(kind, bootstrap, topic, group, ready, stop, out), daemon=True
         ),
         ctx.Process(
-            target=_latency_producer, args=(bootstrap, topic, rate, seconds, size, go, t0, out), daemon=True
+            target=_latency_producer,
+            args=(bootstrap, topic, rate, seconds, size, go, t0, out, linger_ms),
+            daemon=True,
         ),
     ]
     try:
@@ -694,7 +717,9 @@ def _latency_run(
     skip = int(rate * skip_s)  # the first records: the consumer's fetch loop settles
     measured = sorted(x for s, x in zip(seqs, lat, strict=True) if s >= skip)
     sent = produced[1]
+    windows = _windows(seqs, lat, rate, skip, window_s) if window_s else None
     return {
+        **({"windows": windows} if windows is not None else {}),
         "system": system,
         "sent": sent,
         "received": len(set(seqs)),
@@ -709,6 +734,29 @@ def _latency_run(
         "quantiles_ms": [pct(measured, q / 200) for q in range(1, 201)] if measured else [],
         "tail_ms": [pct(measured, 1 - 10 ** -(k / 4)) for k in range(8, 17)] if measured else [],
     }
+
+
+def _windows(seqs: array, lat: array, rate: float, skip: int, window_s: float) -> list[dict[str, Any]]:
+    """p50 / p99 / max of each ``window_s`` of send time from record ``skip`` on (before it: the
+    warm-up's windows, negative ``start_s``), and how many records it got (duplicates included)."""
+    per = max(1, round(rate * window_s))
+    buckets: dict[int, list[float]] = {}
+    for seq, x in zip(seqs, lat, strict=True):
+        buckets.setdefault((seq - skip) // per, []).append(x)
+    out = []
+    for w in sorted(buckets):
+        xs = sorted(buckets[w])
+        out.append(
+            {
+                "start_s": w * window_s,
+                "received": len(xs),
+                "p50_ms": pct(xs, 0.5),
+                "p99_ms": pct(xs, 0.99),
+                "max_ms": xs[-1],
+                "warmup": w < 0,
+            }
+        )
+    return out
 
 
 def latency(
@@ -782,6 +830,199 @@ def latency(
                 "<=",
                 "ms",
             )
+        ],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 4b. kshare on its embedded broker (no --upstream): latency over time beside native Kafka 4.4,
+# and the time from the start of ``kshare proxy`` to ready, the first time (jars fetched) and later
+
+
+def _files_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def _embedded_proxy(env: Env, cache: Path, data: Path, timeout: float) -> tuple[ProxyProcess, dict[str, Any]]:
+    """``kshare proxy --embedded kafka --data-dir DATA`` (no ``--upstream``) with ``KSHARE_CACHE=CACHE``,
+    started; with the seconds from the start of the process to the first 200 of ``/ready`` on its
+    metrics port (polled every 20 ms) and what its log says of the broker it started."""
+    proxy = ProxyProcess(
+        None,
+        ["--embedded", "kafka", "--data-dir", str(data), *env.proxy_args],
+        name="kshare-embedded",
+        log_path=env.options.out / "kshare-embedded.log",
+        env={"KSHARE_CACHE": str(cache)},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no HTTP proxy
+    url = f"http://127.0.0.1:{proxy.metrics_port}/ready"
+    ready_at: list[float] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError):  # refused (not listening yet) or 503 (an HTTPError)
+                with opener.open(url, timeout=5) as answer:
+                    if answer.status == 200:
+                        ready_at.append(time.monotonic())
+                        return
+            done.wait(0.02)
+
+    poller = threading.Thread(target=poll, name="ready-poll", daemon=True)
+    t0 = time.monotonic()
+    poller.start()
+    try:
+        proxy.start(timeout)  # returns at the log line "share state loaded"
+        logged = time.monotonic() - t0
+        poller.join(60)
+    except BaseException:
+        proxy.stop()
+        raise
+    finally:
+        done.set()
+    if not ready_at:
+        proxy.stop()
+        raise RuntimeError(f"/ready of the embedded kshare proxy did not answer 200 within 60 s of its log "
+                           f"saying the share state is loaded:\n{''.join(proxy.output[-30:])}")
+    text = "".join(proxy.output)
+    started = re.search(r"started the embedded (.+?) at (\S+) in ([\d.]+) s", text)
+    fetched = re.search(r"fetching Apache Kafka \S+ for the embedded broker: (\d+) jars, (\d+) MB", text)
+    return proxy, {
+        "ready_s": ready_at[0] - t0,
+        "logged_ready_s": logged,
+        "broker": started[1] if started else None,
+        "broker_bootstrap": started[2] if started else None,
+        "broker_start_s": float(started[3]) if started else float("nan"),
+        "fetched_jars": int(fetched[1]) if fetched else 0,
+        "fetched_mb": float(fetched[2]) if fetched else 0.0,
+    }
+
+
+def embedded(
+    env: Env,
+    progress: Progress,
+    *,
+    rate: float,
+    seconds: float,
+    warmup_s: float,
+    window_s: float = 10.0,
+    restarts: int = 3,
+    size: int = 100,
+    linger_ms: int = 5,
+    start_timeout: float = 900.0,
+) -> dict[str, Any]:
+    """``kshare proxy`` with no ``--upstream`` (``--embedded kafka``, a fresh ``--data-dir`` and an empty
+    ``KSHARE_CACHE`` in the results folder): its time to ready, the first time (the jars fetched) and
+    after ``restarts`` restarts; then end-to-end latency at ``rate`` for ``warmup_s + seconds``
+    through it (the last restart's proxy), and the same on native Kafka 4.4 share groups, one after
+    the other; every ``window_s`` of the measured ``seconds`` gets its p50 and p99."""
+    root = env.options.out / "embedded"
+    cache, data = root / "cache", root / "data"
+    for d in (cache, data):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    progress.begin("embedded", 1 + restarts + 2)
+    starts: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    notes: list[str] = []
+    proxy: ProxyProcess | None = None
+    command = ""
+    total_s = warmup_s + seconds
+
+    def done(s: dict[str, Any]) -> None:
+        samples.append(s)
+        progress.step(
+            f"{s['system']}: p50 {s['p50_ms']:.2f} p99 {s['p99_ms']:.2f} ms, window p50 up to "
+            f"{max((w['p50_ms'] for w in s['windows'] if not w['warmup']), default=float('nan')):.2f} ms, "
+            f"{s['received']:,}/{s['sent']:,} received"
+        )
+
+    try:
+        for i in range(1 + restarts):
+            if proxy is not None:
+                proxy.stop()
+                notes += proxy.notes()
+                proxy = None
+            proxy, st = _embedded_proxy(env, cache, data, start_timeout)
+            if i == 0:
+                command = "KSHARE_CACHE=" + shlex.join([str(cache), "kshare", *proxy.cmd[3:]])
+                st["cache_mb"] = round(_files_bytes(cache) / 1e6, 1)
+            st["run"] = "first (empty cache, empty data dir)" if i == 0 else f"restart {i}"
+            starts.append(st)
+            progress.step(
+                f"{st['run']}: ready in {st['ready_s']:.2f} s (embedded broker up in {st['broker_start_s']:.1f} s"
+                + (f", {st['fetched_jars']} jars, {st['fetched_mb']:.0f} MB fetched)" if st["fetched_jars"] else ")")
+            )
+        assert proxy is not None
+        env.started["kshare-embedded"] = (
+            f"kshare proxy (no --upstream) at {proxy.bootstrap} on the embedded "
+            f"{starts[-1]['broker']} at {starts[-1]['broker_bootstrap']} (data in {data}, pid {proxy.pid})"
+        )
+        # topics are made and deleted on the embedded broker itself, as the latency scenario does on 3.9
+        admin = starts[-1]["broker_bootstrap"] or proxy.bootstrap
+        done(_latency_run("kshare", proxy.bootstrap, admin, rate, total_s, size, warmup_s, window_s, linger_ms))
+        if not proxy.running:
+            raise RuntimeError("the embedded kshare proxy exited:\n" + "".join(proxy.output[-30:]))
+    finally:
+        if proxy is not None:
+            proxy.stop()
+            notes += proxy.notes()
+    k4 = env.kafka4()
+    done(_latency_run("native", k4, k4, rate, total_s, size, warmup_s, window_s, linger_ms))
+    progress.end()
+    rows = []
+    for s in samples:
+        measured = [w for w in s["windows"] if not w["warmup"]]
+        rows.append(
+            {
+                "system": s["system"],
+                **{k: s[k] for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms", "sent", "received", "duplicates",
+                                     "measured", "producer_lag_max_ms")},
+                "window_p50_min_ms": min((w["p50_ms"] for w in measured), default=float("nan")),
+                "window_p50_max_ms": max((w["p50_ms"] for w in measured), default=float("nan")),
+                "window_p99_min_ms": min((w["p99_ms"] for w in measured), default=float("nan")),
+                "window_p99_max_ms": max((w["p99_ms"] for w in measured), default=float("nan")),
+                "windows": s["windows"],
+            }
+        )
+    later = [st["ready_s"] for st in starts[1:]]
+    kshare = rows[0]
+    return {
+        "config": {
+            "rate": rate,
+            "seconds": seconds,
+            "warmup_s": warmup_s,
+            "window_s": window_s,
+            "value_size": size,
+            "linger_ms": linger_ms,
+            "restarts": restarts,
+            "command": command,
+        },
+        "rows": rows,
+        "starts": starts,
+        "ready": {
+            "first_s": starts[0]["ready_s"],
+            "later_s": later,
+            "later_median_s": median(later),
+        },
+        "samples": [{k: v for k, v in s.items() if k not in ("quantiles_ms", "tail_ms", "windows")} for s in samples],
+        "proxy_log_notes": notes[-20:],
+        "targets": [
+            target(
+                f"kshare on its embedded broker at {rate:,.0f} records/s: every {window_s:g} s window's "
+                "median (the highest)",
+                kshare["window_p50_max_ms"],
+                EMBEDDED_WINDOW_P50_MS,
+                "<=",
+                "ms",
+            ),
+            target(
+                f"kshare on its embedded broker at {rate:,.0f} records/s: p99 over {seconds:g} s",
+                kshare["p99_ms"],
+                EMBEDDED_P99_MS,
+                "<=",
+                "ms",
+            ),
         ],
     }
 

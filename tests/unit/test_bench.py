@@ -134,6 +134,35 @@ def synthetic() -> dict:
             "mcores_per_mbps": 20.0,
         }
     ]
+    embedded_rows = [
+        {
+            "system": system,
+            "p50_ms": 1.5 + i,
+            "p99_ms": 9.0 + i,
+            "p999_ms": 15.0,
+            "max_ms": 40.0,
+            "sent": 63_000,
+            "received": 63_000,
+            "duplicates": 0,
+            "measured": 60_000,
+            "producer_lag_max_ms": 2.0,
+            "window_p50_min_ms": 1.2 + i,
+            "window_p50_max_ms": 2.5 + i,
+            "window_p99_min_ms": 5.0 + i,
+            "window_p99_max_ms": 20.0 + i,
+            "windows": [
+                {"start_s": t0, "received": 10_000, "p50_ms": 1.5 + i, "p99_ms": 9.0 + i, "max_ms": 12.0,
+                 "warmup": t0 < 0}
+                for t0 in (-30.0, -20.0, -10.0, 0.0, 10.0, 20.0)
+            ],
+        }
+        for i, system in enumerate(("kshare", "native"))
+    ]
+    embedded_starts = [
+        {"run": "first (empty cache, empty data dir)", "ready_s": 31.5, "broker_start_s": 27.0,
+         "fetched_jars": 70, "fetched_mb": 90.0},
+        *({"run": f"restart {i}", "ready_s": 6.0 + i, "broker_start_s": 4.0, "fetched_jars": 0} for i in (1, 2, 3)),
+    ]
     t = scenarios.target
     results = {
         "meta": {
@@ -190,6 +219,14 @@ def synthetic() -> dict:
                 "rows": [mem_row],
                 "targets": [t("peak RSS", 300.0, 344.0, "<=", "MB"), t("cache", 63.0, 64.0, "<=", "MB")],
             },
+            "embedded": {
+                "config": {"rate": 1000.0, "seconds": 60.0, "warmup_s": 30.0, "window_s": 10.0,
+                           "command": "KSHARE_CACHE=c kshare proxy --embedded kafka"},
+                "rows": embedded_rows,
+                "starts": embedded_starts,
+                "ready": {"first_s": 31.5, "later_s": [7.0, 8.0, 9.0], "later_median_s": 8.0},
+                "targets": [t("window medians", 2.5, 3.0, "<=", "ms"), t("p99", 9.0, 25.0, "<=", "ms")],
+            },
         },
         "errors": {"other": "TimeoutError: synthetic"},
     }
@@ -203,12 +240,17 @@ def test_markdown_has_every_section_and_marks_targets() -> None:
     assert "| pass-through produce 100 B: kshare / relay | 0.98 | >= 0.95 | **met** |" in text
     assert "| share 100 B: kshare / native | 1.33 | >= 1.00 | **met** |" in text
     assert "**not met**" not in text
-    assert "7 of 7 met." in text
+    assert "9 of 9 met." in text
     assert "**other failed**" in text
     assert "WARNING kshare: something" in text
     assert "| kshare | closed loop | 16 | 100 | - | 2.00 |" in text  # ack table
     assert "| native | 400 cycles/s | 16 | 100 | - | 2.00 |" in text
     assert "| 4 on 4 | 800 | 760 | 95% | 600 | 75% | 4 / 4 |" in text  # scaling table
+    # embedded: both systems side by side, the windows after the warm-up only, the starts
+    assert "| kshare, embedded Apache Kafka 3.9 | 1.50 | 9.00 | 15.00 | 40.0 | 1.20 - 2.50 | 5.00 - 20.00 |" in text
+    assert "| 0-10 | 1.50 | 9.00 | 10,000 | 2.50 | 10.00 | 10,000 |" in text and "| -30--20 |" not in text
+    assert "| first (empty cache, empty data dir) | 31.50 | 27.0 | 70 jars, 90 MB |" in text
+    assert "**first 31.5 s, later 8.0 s median**" in text
 
 
 def test_target_met_and_not_met() -> None:
@@ -242,6 +284,28 @@ def test_alternate_and_percentiles() -> None:
     assert scenarios._cache_budget_mb(["--record-cache-mb", "32"], 64) == 32
     assert scenarios._cache_budget_mb(["--record-cache-mb=16"], 64) == 16
     assert scenarios._cache_budget_mb([], 64) == 64
+
+
+def test_latency_windows() -> None:
+    from array import array
+
+    # 100 records/s, 10 s windows, the first 5 s (500 records) a warm-up
+    seqs = array("q", range(2500))
+    lat = array("d", [100.0 if s < 500 else 1.0 + (s % 1000) / 1000 for s in range(2500)])
+    ws = scenarios._windows(seqs, lat, 100.0, 500, 10.0)
+    assert [(w["start_s"], w["received"], w["warmup"]) for w in ws] == [
+        (-10.0, 500, True), (0.0, 1000, False), (10.0, 1000, False)
+    ]
+    assert ws[0]["p50_ms"] == 100.0 and ws[1]["p50_ms"] == pytest.approx(1.499) and ws[1]["p99_ms"] == pytest.approx(1.989)
+
+
+def test_embedded_runs_only_when_named() -> None:
+    assert "embedded" in scenarios.SCENARIOS and "embedded" not in runner.Options(out=Path("x")).scenarios
+    o = runner.Options(out=Path("x"), only=["embedded"], quick=True)
+    assert o.scenarios == ["embedded"]
+    args = runner.scenario_args("embedded", o)
+    assert "repeats" not in args and args["seconds"] == 60.0
+    assert runner.scenario_args("embedded", runner.Options(out=Path("x")))["seconds"] == 600.0
 
 
 def test_per_round_ratio() -> None:
