@@ -916,7 +916,8 @@ def embedded(
     after ``restarts`` restarts; then end-to-end latency at ``rate`` for ``warmup_s + seconds``
     through it (the last restart's proxy), and the same on native Kafka 4.4 share groups, one after
     the other; every ``window_s`` of the measured ``seconds`` gets its p50 and p99."""
-    root = env.options.out / "embedded"
+    # absolute: the embedded broker runs in its data dir, where a relative --data-dir would not be found
+    root = env.options.out.resolve() / "embedded"
     cache, data = root / "cache", root / "data"
     for d in (cache, data):
         shutil.rmtree(d, ignore_errors=True)
