@@ -155,9 +155,11 @@ def ensure_kafka(version: str = KAFKA_3, *, timeout: float = 1200.0, quiet: bool
         with distribution.locked(version, timeout):
             if distribution.is_complete(version, recipe):  # someone else finished while we waited
                 return distribution.libs_dir(version)
-            return distribution.install(
+            libs = distribution.install(
                 version, recipe, lambda target: _maven_fetch(version, target, timeout=timeout, quiet=quiet),
                 maven_args=_maven_args(version))
+            log.info("fetched Apache Kafka %s with Maven into %s", version, libs)
+            return libs
     except distribution.FetchError as exc:
         raise BrokerError(str(exc)) from None
 

@@ -163,7 +163,6 @@ def install(version: str, recipe: str, fill: Callable[[Path], None], **marker: o
     tmp = version_dir / f"{MARKER}.tmp"
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     tmp.rename(version_dir / MARKER)
-    log.info("fetched Apache Kafka %s (%d jars) in %.1f s into %s", version, doc["jars"], doc["seconds"], libs)
     return libs
 
 
@@ -187,10 +186,14 @@ def fetch(version: str, *, progress: Callable[[Manifest], contextlib.AbstractCon
         if is_complete(version, manifest.digest):  # another process finished while we waited
             return libs_dir(version)
         bar = progress(manifest) if progress is not None else contextlib.nullcontext(lambda n: None)
+        t0 = time.monotonic()
         with bar as advance:
-            return install(version, manifest.digest,
+            libs = install(version, manifest.digest,
                            lambda target: _download_all(manifest, target, advance, workers, timeout),
                            source=repository())
+        log.info("fetched Apache Kafka %s (%d jars, %.0f MB) in %.1f s into %s", version, len(manifest.jars),
+                 manifest.size / 1e6, time.monotonic() - t0, libs)
+        return libs
 
 
 def _download_all(manifest: Manifest, target: Path, advance: Progress, workers: int, timeout: float) -> None:
