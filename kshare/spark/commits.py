@@ -27,6 +27,17 @@ _ALSO_RETRIED = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABL
                  KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
 
 
+WRITE_CONFIRM_S = 30.0  # how long a marker written may take to read back before the query fails
+
+METADATA_DROPPED = ("drops offset-commit metadata ({what}), which the kshare source's commit marker and rejects "
+                    "ledger are kept in: the embedded Tansu broker does this (run kshare proxy on Apache Kafka, its "
+                    "default embedded broker when Java 17+ is installed, or in front of a real cluster)")
+
+
+class ChannelError(RuntimeError):
+    """The commit channel cannot carry what the source relies on (one line, naming the cause)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Marker:
     run: int  # the query run that wrote it; a later run has a larger number
@@ -77,7 +88,9 @@ class CommitChannel:
     """Reads and writes the marker of one stream (blocking calls)."""
 
     def __init__(self, opts: Options, stream: str, group: str | None = None) -> None:
-        self._consumer = offsets_client(opts, group or marker_group(opts, stream))
+        self.group = group or marker_group(opts, stream)
+        self._bootstrap = opts.bootstrap
+        self._consumer = offsets_client(opts, self.group)
         self._tp = TopicPartition(opts.topics[0], 0)
 
     def read(self, timeout: float = 10.0) -> Marker | None:
@@ -87,8 +100,26 @@ class CommitChannel:
         run, _, base = tp.metadata.partition(":")
         return Marker(int(run), int(base), tp.offset)
 
-    def write(self, marker: Marker) -> None:
-        self._write(marker.committed, f"{marker.run}:{marker.base}")
+    def write(self, marker: Marker, *, confirm_s: float = WRITE_CONFIRM_S) -> None:
+        """Write ``marker`` and read it back: the workers decide from what they read, so a marker
+        the cluster did not keep must stop the query with its cause, not leave the records held
+        until commitTimeoutMs releases them. A later marker (another run) read back is fine."""
+        deadline = time.monotonic() + confirm_s
+        while True:
+            self._write(marker.committed, f"{marker.run}:{marker.base}")
+            tp = self._retry(lambda: self._consumer.committed([self._tp], timeout=10.0))
+            if tp.offset >= 0 and tp.offset == marker.committed and not tp.metadata:
+                raise ChannelError(f"kshare source: the cluster at {self._bootstrap} " + METADATA_DROPPED.format(
+                    what=f"committed offset {marker.committed} of group {self.group} with metadata "
+                         f"{marker.run}:{marker.base}, read back {tp.metadata!r}"))
+            back = self.read()
+            if back is not None and (back.run, back.committed) >= (marker.run, marker.committed):
+                return
+            if time.monotonic() > deadline:
+                raise ChannelError(f"kshare source: the commit marker of group {self.group} at {self._bootstrap} "
+                                   f"did not advance to micro-batch {marker.committed} within {confirm_s:.0f} s "
+                                   f"(read back {back}): the workers cannot learn what Spark committed")
+            time.sleep(0.5)
 
     def _write(self, offset: int, metadata: str) -> None:
         tp = TopicPartition(self._tp.topic, 0, offset, metadata=metadata)

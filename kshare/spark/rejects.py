@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from ..tools.admin_client import ShareGroupAdmin, parse_bootstrap
+from .commits import METADATA_DROPPED
 from .ledger import (
     MAX_CHARS,
     TP,
@@ -71,6 +72,11 @@ def reject(rows: Any, *, options: Mapping[str, Any] | None = None, bootstrap: st
             texts = {tp: _merged(tp, entries[tp], offsets, starts.get(tp, 0)) for tp, offsets in wanted.items()}
             _call("write", opts, ledger.write, {tp: Entry(entries[tp].version + 1, t) for tp, t in texts.items()})
             check = _call("read", opts, ledger.read, wanted)
+            dropped = [tp for tp in wanted if check[tp].version == entries[tp].version + 1 and not check[tp].text]
+            if dropped:  # our write landed (its version is there), without what it said
+                t, p = dropped[0]
+                raise RejectError("kshare.spark.reject: the cluster at " + opts.bootstrap + " " + METADATA_DROPPED.format(
+                    what=f"the rejects ledger entry of {t}-{p} in group {ledger_group(opts.group)} read back empty"))
             lost = [tp for tp, offsets in wanted.items() if not _holds(check[tp], offsets, starts.get(tp, 0))]
             if not lost:
                 n = sum(len(o) for o in wanted.values())

@@ -235,6 +235,52 @@ def test_the_commit_channel_carries_the_marker(kshare39, kafka39):
         reader.close()
 
 
+@pytest.fixture(scope="module")
+def kshare_tansu(tansu) -> Iterator[share_helpers.ShareProxyThread]:
+    """kshare in front of the real Tansu broker, which drops offset-commit metadata."""
+    with share_helpers.ShareProxyThread(tansu.bootstrap) as proxy:
+        yield proxy
+
+
+def _tansu_names(tansu) -> tuple[str, str]:
+    suffix = uuid.uuid4().hex[:8]
+    tansu.create_topic(f"spark-tansu-{suffix}", 1)
+    return f"spark-tansu-{suffix}", f"spark-tansu-{suffix}"
+
+
+def test_the_commit_channel_refuses_a_cluster_that_drops_its_metadata(kshare_tansu, tansu):
+    from kshare.spark.commits import ChannelError, CommitChannel, Marker
+    from kshare.spark.options import parse
+
+    topic, group = _tansu_names(tansu)
+    opts = parse({"kafka.bootstrap.servers": kshare_tansu.bootstrap, "kafka.share.group.id": group,
+                  "subscribe": topic})
+    channel = CommitChannel(opts, "s1")
+    try:
+        with pytest.raises(ChannelError) as err:
+            channel.write(Marker(5, 2, 3))
+    finally:
+        channel.close()
+    line = str(err.value)
+    assert "\n" not in line and "drops offset-commit metadata" in line and kshare_tansu.bootstrap in line, line
+
+
+def test_reject_on_a_cluster_that_drops_its_metadata_says_why(kshare_tansu, tansu):
+    topic, group = _tansu_names(tansu)
+    with pytest.raises(RejectError) as err:
+        reject([(topic, 0, 3)], bootstrap=kshare_tansu.bootstrap, group=group)
+    line = str(err.value)
+    assert "\n" not in line and "drops offset-commit metadata" in line, line
+
+
+def test_the_query_fails_at_start_on_a_cluster_that_drops_its_metadata(spark, kshare_tansu, tansu, tmp_path):
+    topic, group = _tansu_names(tansu)
+    produce(kshare_tansu.bootstrap, topic, values("m", 20), per_batch=5)
+    q = _start(_stream(spark, kshare_tansu.bootstrap, topic, group), Sink(), tmp_path / "ck")
+    with pytest.raises(StreamingQueryException, match="drops offset-commit metadata"):
+        q.awaitTermination(120)
+
+
 def _start_offset(bootstrap: str, group: str, topic: str) -> int | None:
     """The share-partition start offset of partition 0 (DescribeShareGroupOffsets through kshare)."""
     from kshare.tools.admin_client import ShareGroupAdmin, parse_bootstrap
