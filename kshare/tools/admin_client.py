@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..client import KafkaConnection, ProxyUpstreamUnavailable
+from ..client import ConnectionClosed, KafkaConnection, ProxyUpstreamUnavailable
 from ..protocol import messages
 from ..security import ClientSecurity
 
 LIST_OFFSETS, METADATA, FIND_COORDINATOR, LIST_GROUPS, DELETE_GROUPS = 2, 3, 10, 16, 42
 SHARE_GROUP_DESCRIBE, DESCRIBE_OFFSETS, ALTER_OFFSETS, DELETE_OFFSETS = 77, 90, 91, 92
-DESCRIBE_CONFIGS = 32
+DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 44
 GROUP_RESOURCE = 32  # ConfigResource.Type.GROUP
 # DescribeConfigs ConfigSource values a group config can have
 _CONFIG_SOURCES = {5: "default", 8: "dynamic", 4: "static broker", 1: "dynamic topic"}
@@ -85,6 +85,105 @@ class GroupNotEmpty(AdminError):
 
 class Unreachable(AdminError):
     pass
+
+
+# The wording of the failures to reach a server, shared by ``kshare groups`` and the console
+# commands (kshare.tools.console), so that every tool says the same thing about the same server.
+
+
+def unreachable_message(servers: list[tuple[str, int]], timeout: float, last: BaseException | None) -> str:
+    """``cannot reach HOST:PORT within 5000 ms (connection refused)``."""
+    hosts = ",".join(f"{h}:{p}" for h, p in servers)
+    return f"cannot reach {hosts} within {int(timeout * 1000)} ms ({_reason(last)})"
+
+
+def proxy_without_cluster_message(host: str, port: int) -> str:
+    return (f"{host}:{port} is a kshare proxy that cannot reach its upstream Kafka cluster "
+            "(it answers BROKER_NOT_AVAILABLE): check that the cluster is up and that the proxy's "
+            "--upstream points at it; the proxy's log names the cause")
+
+
+TLS_HINT_GROUPS = ("use --command-config FILE with security.protocol=SSL (and ssl.ca.location=CA.pem unless "
+                   "a CA the system trusts signed its certificate)")
+
+
+def tls_message(host: str, port: int, hint: str) -> str:
+    """A plaintext client at a TLS listener: the server reads its first request as a broken TLS
+    handshake and closes the connection (with a TLS alert, which the client reads as the length of
+    a huge response frame, or without a word)."""
+    return f"{host}:{port} speaks TLS (it closed the plaintext connection without answering): {hint}"
+
+
+async def speaks_tls(host: str, port: int, timeout: float) -> bool:
+    """Whether ``host:port`` completes a TLS handshake (its certificate not checked: only the
+    protocol is asked). A server that sends a TLS alert speaks TLS too (mutual TLS without a client
+    certificate, an old protocol version)."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=context), timeout)
+    except ssl.SSLError as exc:
+        return "ALERT" in (exc.reason or "").upper()
+    except (OSError, TimeoutError):
+        return False
+    await _close(writer)
+    return True
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
+    except (OSError, TimeoutError):  # ssl.SSLError included
+        pass
+
+
+async def probe(servers: list[tuple[str, int]], timeout: float, *, plaintext: bool, tls_hint: str,
+                client_id: str = "kshare-probe", answer_wait: float = 2.0) -> None:
+    """Fail fast, in ``kshare groups``' words, where a client library would wait for its own timeouts:
+    raises :class:`Unreachable` when no server accepts a connection within ``timeout`` seconds
+    (retrying, a server may be starting), when the server is a kshare proxy without its cluster all
+    that time, and, for a ``plaintext`` client, when it answers as a TLS listener.
+
+    A server that accepts but is slow to answer passes: its ApiVersions answer is awaited at most
+    ``answer_wait`` seconds, the client library waits as long as it is configured to."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    upstream_down: tuple[str, int] | None = None
+    while True:
+        for host, port in servers:
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), remaining)
+            except (OSError, TimeoutError) as exc:
+                last = exc
+                continue
+            await _close(writer)
+            if not plaintext:
+                return  # TLS and SASL_SSL clients: their library reports a handshake that fails
+            try:
+                conn = await asyncio.wait_for(KafkaConnection.open(host, port, client_id, timeout=answer_wait),
+                                              answer_wait)
+            except ProxyUpstreamUnavailable:
+                upstream_down = (host, port)  # it may be starting: asked again until the deadline
+                continue
+            except ConnectionClosed:
+                if await speaks_tls(host, port, max(1.0, deadline - time.monotonic())):
+                    raise Unreachable(tls_message(host, port, tls_hint)) from None
+                return  # something else that closes connections: the library says what it sees
+            except (OSError, ConnectionError, TimeoutError):
+                return  # reachable; slow, or an answer the library will judge
+            await conn.close()
+            return
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+    if upstream_down is not None:
+        raise Unreachable(proxy_without_cluster_message(*upstream_down))
+    raise Unreachable(unreachable_message(servers, timeout, last))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -309,6 +408,7 @@ class ShareGroupAdmin:
         """Reach a bootstrap server (retrying until the timeout) and read the cluster metadata."""
         deadline = time.monotonic() + self.timeout
         last: BaseException | None = None
+        asked_tls = False
         while True:
             for host, port in self.bootstrap:
                 remaining = deadline - time.monotonic()
@@ -320,21 +420,23 @@ class ShareGroupAdmin:
                     await self.refresh_metadata()
                     return
                 except ProxyUpstreamUnavailable:
-                    raise Unreachable(
-                        f"{host}:{port} is a kshare proxy that cannot reach its upstream Kafka cluster "
-                        "(it answers BROKER_NOT_AVAILABLE): check that the cluster is up and that the proxy's "
-                        "--upstream points at it; the proxy's log names the cause") from None
+                    raise Unreachable(proxy_without_cluster_message(host, port)) from None
                 except (OSError, ConnectionError, TimeoutError) as exc:
                     last = exc
                     if self._bootstrap_conn is not None:
                         await self._bootstrap_conn.close()
                         self._bootstrap_conn = None
+                    # closed without an answer: a TLS listener does that to a plaintext request (asked
+                    # once, not on every retry; retrying would only repeat it until the timeout)
+                    if (isinstance(exc, ConnectionClosed) and not asked_tls
+                            and (self.security is None or self.security.ssl is None)):
+                        asked_tls = True
+                        if await speaks_tls(host, port, max(0.5, deadline - time.monotonic())):
+                            raise Unreachable(tls_message(host, port, TLS_HINT_GROUPS)) from None
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-        servers = ",".join(f"{h}:{p}" for h, p in self.bootstrap)
-        reason = _reason(last)
-        raise Unreachable(f"cannot reach {servers} within {int(self.timeout * 1000)} ms ({reason})")
+        raise Unreachable(unreachable_message(self.bootstrap, self.timeout, last))
 
     async def close(self) -> None:
         for conn in list(self._conns.values()):
@@ -549,6 +651,30 @@ class ShareGroupAdmin:
             out.append((c.name, c.value, source))
         return sorted(out)
 
+    # -- IncrementalAlterConfigs (GROUP resource) --------------------------------------------------
+    async def set_configs(self, group: str, configs: Mapping[str, str]) -> None:
+        """Set group configs (IncrementalAlterConfigs, operation SET), retried while the server is
+        still loading its share state (a kshare proxy just started answers COORDINATOR_LOAD_IN_PROGRESS)."""
+        cls = messages.message_class("IncrementalAlterConfigsRequest")
+        req = cls(validate_only=False, resources=[cls.AlterConfigsResource(
+            resource_type=GROUP_RESOURCE, resource_name=group,
+            configs=[cls.AlterableConfig(name=k, config_operation=0, value=v) for k, v in configs.items()])])
+        deadline = time.monotonic() + self.timeout
+        while True:
+            conn = await self._any()
+            version = self._version(conn, INCREMENTAL_ALTER_CONFIGS, hi=1)
+            resp = await self._request(conn, INCREMENTAL_ALTER_CONFIGS, version, req)
+            r = resp.responses[0] if resp.responses else None
+            code = r.error_code if r is not None else -1
+            if code in _RETRIABLE_COORDINATOR and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                continue
+            if code:
+                message = r.error_message if r is not None else "no answer"
+                raise AdminError(f"cannot set {', '.join(f'{k}={v}' for k, v in configs.items())} on group "
+                                 f"{group}: {error_name(code)}" + (f" ({message})" if message else ""))
+            return
+
     async def _topic_name(self, topic_id: bytes) -> str:
         for t in self.topics.values():
             if t.topic_id == topic_id:
@@ -729,6 +855,7 @@ def _reason(exc: BaseException | None) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     text = str(exc)
-    if "IncompleteReadError" in text or isinstance(exc, asyncio.IncompleteReadError):
+    if ("IncompleteReadError" in text or isinstance(exc, asyncio.IncompleteReadError)
+            or (isinstance(exc, ConnectionClosed) and text.endswith("lost: None"))):
         return "the server closed the connection without answering: is it a Kafka listener?"
     return text or type(exc).__name__
