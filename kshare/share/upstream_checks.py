@@ -10,8 +10,8 @@ the cluster does and what kshare does about it, and shows on ``/metrics`` as
 check                    how it is found                                      what kshare does
 =======================  ===================================================  ==============================
 ``end_offsets``          a batch of 3 records written to ``__kshare_probe``,  reads the last batch to correct
-                         then ListOffsets LATEST; or a Fetch returns records  every end offset it uses or
-                         beyond the high watermark it reports                 answers (``latest``, lag,
+                         then ListOffsets LATEST                              every end offset it uses or
+                                                                              answers (``latest``, lag,
                                                                               ListOffsets through the proxy,
                                                                               the state topic's replay)
 ``offset_commit_         an offset committed with metadata to the group       nothing in the proxy; the Spark
@@ -77,7 +77,8 @@ async def check_upstream(bootstrap: str, security: ClientSecurity, checks: Upstr
     """Probe end offsets and offset-commit metadata through ``__kshare_probe`` (see the module's table).
 
     A cluster that will not let kshare create or write the probe topic (ACLs) is not probed: one
-    INFO line says so, and the passive check on fetched batches still finds short end offsets.
+    INFO line says so (the record cache still takes a fetch's records past its high watermark as
+    the end, whatever the cluster).
     """
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
