@@ -326,14 +326,15 @@ def ready(metrics_address: str, timeout: float) -> None:
         time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
 
-_BENCH_SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded")
+_BENCH_SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded", "spark")
 
 
 @main.command()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Results folder (default: bench-results/<timestamp>).")
 @click.option("--only", multiple=True, type=click.Choice(_BENCH_SCENARIOS),
-              help="Run only this scenario (repeatable; default: all but embedded, which runs only when named).")
+              help="Run only this scenario (repeatable; default: all but embedded and spark, which run only "
+                   "when named).")
 @click.option("--quick", is_flag=True, help="Small sizes and one repeat: a smoke run of a few minutes.")
 @click.option("--repeats", type=click.IntRange(1), default=None,
               help="Alternated repeats per configuration (default 3, 1 with --quick).")
@@ -354,7 +355,8 @@ def bench(out_dir: str | None, only: tuple[str, ...], quick: bool, repeats: int 
     folder. A full run takes about 25 minutes; needs Java 17+ (and Maven the first time, to fetch
     Kafka) and `pip install 'kshare[bench]'`. `--only embedded` (25 minutes of its own) measures
     `kshare proxy` with no --upstream on its embedded broker against native Kafka 4.4 instead, and its
-    time to ready. Reference: docs/cli.md.
+    time to ready; `--only spark` (about 25 minutes, needs pyspark) the kshare PySpark source against
+    Spark's own Kafka source. Reference: docs/cli.md.
     """
     from pathlib import Path
 

@@ -15,6 +15,7 @@ TITLES = {
     "cpu": "Proxy CPU per MB/s delivered",
     "memory": "Proxy memory with many share-partitions and connections",
     "embedded": "kshare on its embedded broker (no --upstream) vs native Kafka 4.4: latency over time, time to ready",
+    "spark": "The kshare PySpark source vs Spark's own Kafka source: 5 ms of work per record",
 }
 COLORS = {
     "direct": "tab:gray",
@@ -22,6 +23,7 @@ COLORS = {
     "relay": "tab:orange",
     "kshare": "tab:blue",
     "native": "tab:green",
+    "kafka": "tab:red",
 }
 
 
@@ -470,6 +472,85 @@ def _embedded(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def _spark(res: dict[str, Any]) -> list[str]:
+    cfg = res.get("config", {})
+    per_task, work = cfg.get("per_task", 500), cfg.get("work_ms", 5)
+    out = [
+        f"One Spark session ({cfg.get('spark', '?')}, `local[{cfg.get('cores', '?')}]`, "
+        f"`spark.jars.packages={cfg.get('packages', '?')}`), streaming queries one after the other: "
+        f"`value` -> a Python UDF sleeping {work:g} ms -> `foreachBatch` counting the rows of each task (one "
+        "action), default trigger (processing time 0). The kshare source (`format(\"kshare\")`) reads through "
+        "the kshare proxy, `parallelism` = tasks, `maxRecordsPerTask` "
+        f"{per_task}, a fresh share group each query with `share.partition.max.record.locks` twice what one "
+        "micro-batch holds of a partition (at most 4000, kshare's default cap); Spark's Kafka source "
+        "(`format(\"kafka\")`) reads the same topic from the Kafka 3.9 broker directly, `startingOffsets` "
+        f"earliest, `minPartitions` = tasks, `maxOffsetsPerTrigger` = tasks x {per_task}. Topics of "
+        f"{cfg.get('value_size', 100)} B records in 16 KB producer batches, tasks x {1000 / work:.0f} x "
+        f"{_num(cfg.get('seconds'))} s of records per query (whole micro-batches of tasks x {per_task}).",
+        "",
+        "From `StreamingQueryProgress` (`query.recentProgress`), the first micro-batch left out: records/s = "
+        "the rows of the later micro-batches / the time from the end of the first to the end of the last; "
+        f"overhead per micro-batch = `durationMs.triggerExecution` - rows x {work:g} ms / tasks (the ideal), "
+        "mean (median in brackets); 2nd = the overhead of the first measured micro-batch (the Python "
+        "workers' first read). Medians over the repeats.",
+        "",
+    ]
+    rows = res.get("rows", [])
+    pairs = [r for r in rows if any((r["partitions"], r["tasks"]) == tuple(p) for p in cfg.get("pairs", []))]
+    alone = [r for r in rows if r["kind"] == "kshare" and r["partitions"] == 1]
+
+    def phases(r: dict[str, Any]) -> str:
+        ph = r.get("phases_ms") or {}
+        return " / ".join(_num(ph.get(k)) for k in ("addBatch", "latestOffset", "walCommit", "commitOffsets"))
+
+    names = {"kafka": "Spark's Kafka source", "kshare": "kshare source"}
+    out += _table(
+        ["partitions, tasks", "source", "records/s", "of ideal", "vs Kafka source", "overhead ms", "2nd ms",
+         "rows / micro-batch", "addBatch / latestOffset / walCommit / commitOffsets ms"],
+        [
+            [
+                f"{r['partitions']}, {r['tasks']}",
+                names.get(r["kind"], r["kind"].replace("kshare-watch", "kshare source, commit watch ") + " ms"),
+                _num(r.get("records_per_s")),
+                _pct(r.get("of_ideal")),
+                _ratio(r.get("vs_kafka_rps")) if r["kind"] != "kafka" else "1",
+                f"{_num(r.get('overhead_ms'))} ({_num(r.get('overhead_median_ms'))})",
+                _num(r.get("second_batch_overhead_ms")),
+                _num(r.get("rows_per_batch")),
+                phases(r),
+            ]
+            for r in pairs
+        ],
+        "llrrrrrrr",
+    )
+    out.append("")
+    if alone:
+        out += ["The kshare source alone on one partition:", ""]
+        out += _table(
+            ["parallelism", "record locks", "ideal rec/s", "records/s", "of ideal", "overhead ms", "2nd ms",
+             "rows / micro-batch", "addBatch / latestOffset / walCommit / commitOffsets ms"],
+            [
+                [
+                    str(r["tasks"]),
+                    _num(r.get("record_locks")),
+                    _num(r.get("ideal_rps")),
+                    _num(r.get("records_per_s")),
+                    _pct(r.get("of_ideal")),
+                    f"{_num(r.get('overhead_ms'))} ({_num(r.get('overhead_median_ms'))})",
+                    _num(r.get("second_batch_overhead_ms")),
+                    _num(r.get("rows_per_batch")),
+                    phases(r),
+                ]
+                for r in sorted(alone, key=lambda r: r["tasks"])
+            ],
+        )
+        out.append("")
+    failed = [r for r in rows if r.get("failed")]
+    for r in failed:
+        out += [f"**{r['label']}: {r['failed']} query(ies) failed** (see results.json, spark.log).", ""]
+    return out
+
+
 SECTIONS = {
     "passthrough": _passthrough,
     "share": _share,
@@ -479,6 +560,7 @@ SECTIONS = {
     "cpu": _cpu,
     "memory": _memory,
     "embedded": _embedded,
+    "spark": _spark,
 }
 
 
@@ -754,6 +836,25 @@ def _plot_embedded(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
+def _plot_spark(plt: Any, res: dict[str, Any]) -> Any:
+    rows = res["rows"]
+    cfg = res.get("config", {})
+    pairs = [tuple(p) for p in cfg.get("pairs", [])]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    groups = [f"{p} partition(s), {t} tasks" for p, t in pairs]
+    kinds = list(dict.fromkeys(r["kind"] for r in rows if (r["partitions"], r["tasks"]) in pairs))
+    by = {(r["kind"], r["partitions"], r["tasks"]): r for r in rows}
+    _bars(ax, groups, {k: [by.get((k, p, t), {}).get("records_per_s") for p, t in pairs] for k in kinds},
+          "records/s (steady)")
+    for i, (_, t) in enumerate(pairs):
+        ax.plot([i - 0.45, i + 0.45], [t * 1000 / cfg.get("work_ms", 5.0)] * 2, color="black", lw=0.8, alpha=0.6)
+    ax.set_title("side by side (black: the ideal, tasks x 200 rec/s)", fontsize=10)
+    _bars(ax2, groups, {k: [by.get((k, p, t), {}).get("overhead_ms") for p, t in pairs] for k in kinds},
+          "overhead per micro-batch, ms")
+    ax2.set_title("micro-batch time - rows x 5 ms / tasks", fontsize=10)
+    return fig
+
+
 PLOTS = {
     "passthrough": _plot_passthrough,
     "share": _plot_share,
@@ -763,6 +864,7 @@ PLOTS = {
     "memory": _plot_memory,
     "cpu": _plot_cpu,
     "embedded": _plot_embedded,
+    "spark": _plot_spark,
 }
 
 

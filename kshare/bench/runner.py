@@ -65,6 +65,14 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"rate": 1000.0, "seconds": 600.0, "warmup_s": 30.0, "linger_ms": 0},
         {"rate": 1000.0, "seconds": 60.0, "warmup_s": 10.0, "linger_ms": 0},
     ),
+    # the kshare PySpark source vs Spark's Kafka source: queries of 30 s of ideal work (12 micro-batches of
+    # 2.5 s), 9 per repeat (2 pairs side by side, each also with the kshare workers' commit watch at 20 ms
+    # instead of 100, and kshare alone at 3 more parallelisms), about 8 minutes a repeat on the project's
+    # 2-core machine
+    "spark": (
+        {"seconds": 30.0, "pairs": [(1, 4), (2, 8)], "alone": [1, 2, 4, 8], "watch_ms": [20]},
+        {"seconds": 8.0, "pairs": [(1, 4), (2, 8)], "alone": [1, 8], "warmup": False},
+    ),
 }
 # scenarios that take no --repeats (one long run each, or one load)
 NO_REPEATS = ("memory", "embedded")
@@ -290,6 +298,12 @@ def check_prerequisites(options: Options) -> None:
         need.add(KAFKA_3)
     if wanted & {"share", "scaling", "latency", "embedded"}:
         need.add(KAFKA_4)
+    if "spark" in wanted:
+        from .sparkrun import pyspark_problem
+
+        problem = pyspark_problem()
+        if problem:
+            raise BenchError(f"the spark scenario needs pyspark: {problem}")
     from .brokers import _java
 
     try:

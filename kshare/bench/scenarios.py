@@ -36,9 +36,10 @@ from .procs import ProxyProcess, cpu_seconds, load, rss_bytes
 if TYPE_CHECKING:
     from .runner import Env, Progress
 
-SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded")
-# run only when named (--only): kshare on its embedded broker takes 25 minutes of its own
-OPT_IN = ("embedded",)
+SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded", "spark")
+# run only when named (--only): kshare on its embedded broker takes 25 minutes of its own, the Spark
+# sources about 25 (and need pyspark, and Spark's Kafka source from Maven Central)
+OPT_IN = ("embedded", "spark")
 
 # the issue's targets
 PASSTHROUGH_TARGET = 0.95  # kshare / relay
@@ -51,6 +52,8 @@ MEMORY_OVERHEAD_MB = 200  # RSS may exceed the idle proxy's by the record-cache 
 DEFAULT_CACHE_MB = 256  # kshare proxy --record-cache-mb's default
 EMBEDDED_WINDOW_P50_MS = 3.0  # kshare on its embedded broker: every 10 s window's median
 EMBEDDED_P99_MS = 25.0  # kshare on its embedded broker: p99 over the run
+SPARK_RATE_TARGET = 0.9  # the kshare source's records/s / Spark's Kafka source's (issue 38)
+SPARK_OVERHEAD_TARGET_MS = 200.0  # the kshare source's overhead per micro-batch - the Kafka source's
 
 
 def _size(b: int) -> str:
@@ -1499,4 +1502,299 @@ def memory(
         "samples": [],
         "targets": targets,
         "notes": notes,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 9. the kshare PySpark source vs Spark's own Kafka source
+
+
+def _produce_records(bootstrap: str, topic: str, records: int, size: int, partitions: int) -> None:
+    """``records`` values of ``size`` bytes, round robin over the partitions, in producer batches of
+    16 KB (the Java producer's default ``batch.size``; about 150 records of 100 B), as an application
+    writes them: the topic both Spark sources read."""
+    from confluent_kafka import KafkaException, Producer
+
+    errors: list[object] = []
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "batch.size": 16384,
+            "compression.type": "none",
+            "acks": "all",
+            "delivery.report.only.error": True,
+            "on_delivery": lambda err, msg: errors.append(err),
+        }
+    )
+    value = bytes(size)
+    for i in range(records):
+        try:
+            producer.produce(topic, value, partition=i % partitions)
+        except BufferError:
+            producer.poll(0.05)
+            producer.produce(topic, value, partition=i % partitions)
+    left = producer.flush(120)
+    if left or errors:
+        raise KafkaException(f"produce to {topic}: {left} undelivered, errors {errors[:3]}")
+
+
+def _spark_locks(tasks: int, partitions: int, per_task: int, cap: int = 4000) -> int:
+    """``share.partition.max.record.locks`` as docs/spark.md advises: twice what one micro-batch's
+    tasks hold of a partition (so micro-batch N+1 acquires while N waits for its commit), at least
+    the default 2000 and at most kshare's default cap."""
+    return max(2000, min(cap, 2 * math.ceil(tasks / partitions) * per_task))
+
+
+def _spark_child(env: Env, progress: Progress, plan: dict[str, Any], label: dict[str, str],
+                 timeout: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run ``plan`` in ``python -m kshare.bench.sparkrun`` (output to spark.log); one progress step
+    per query. Returns the session's line and the queries' results."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from .brokers import _die_with_parent
+    from .procs import kshare_env
+
+    out = env.options.out / "spark"
+    out.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:6]
+    plan_path, results_path = out / f"plan-{tag}.json", out / f"results-{tag}.jsonl"
+    plan = {**plan, "results": str(results_path.resolve())}
+    plan_path.write_text(json.dumps(plan, indent=1))
+    results_path.write_text("")
+    log = open(env.options.out / "spark.log", "a")  # noqa: SIM115
+    child_env = {**os.environ, **kshare_env(), "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.Popen(
+        _die_with_parent([sys.executable, "-m", "kshare.bench.sparkrun", str(plan_path.resolve())]),
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
+    )
+    session: dict[str, Any] = {}
+    runs: list[dict[str, Any]] = []
+    seen = 0
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            lines = results_path.read_text().splitlines()
+            for line in lines[seen:]:
+                d = json.loads(line)
+                if d.get("event") == "session":
+                    session = d
+                    if "error" in d:
+                        raise RuntimeError(f"Spark did not start: {d['error']} (see spark.log)")
+                    progress.note(f"Spark {d['spark']} ({d['master']}, {d['packages'] or 'no packages'}) "
+                                  f"ready in {d['session_s']:.0f} s")
+                    continue
+                runs.append(d)
+                what = label.get(d.get("config", ""), d.get("config", ""))
+                progress.step(
+                    f"{what}: " + (f"failed: {d['error']}" if "error" in d else
+                                   f"{d['records_per_s']:,.0f} rec/s ({d['of_ideal']:.0%} of ideal), overhead "
+                                   f"{d['overhead_ms']:,.0f} ms per micro-batch")
+                )
+            seen = len(lines)
+            if proc.poll() is not None:
+                if len(runs) < len(plan["runs"]) and not session.get("error"):
+                    raise RuntimeError(f"the Spark process exited ({proc.returncode}) after {len(runs)} of "
+                                       f"{len(plan['runs'])} queries (see spark.log)")
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the Spark queries did not finish within {timeout:.0f} s (see spark.log)")
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+    return session, runs
+
+
+def spark(
+    env: Env,
+    progress: Progress,
+    *,
+    seconds: float,
+    repeats: int,
+    pairs: list[tuple[int, int]] | None = None,
+    alone: list[int] | None = None,
+    per_task: int = 500,
+    value_size: int = 100,
+    watch_ms: list[float] | None = None,
+    warmup: bool = True,
+) -> dict[str, Any]:
+    """The kshare source (``format("kshare")``, through the kshare proxy) against Spark's own Kafka
+    source (``format("kafka")``, directly on the fronted Kafka 3.9) in one Spark session, local mode:
+    the same topic, a Python UDF of 5 ms per record, a ``foreachBatch`` sink counting rows, the default
+    trigger. ``pairs`` (partitions, tasks): both sources side by side (kshare ``parallelism`` = tasks,
+    the Kafka source's ``minPartitions`` = tasks and ``maxOffsetsPerTrigger`` = tasks x ``per_task``,
+    kshare's ``maxRecordsPerTask``); ``alone``: the kshare source alone at these parallelisms on one
+    partition (a pair's figure is reused for its parallelism). Each query reads ``tasks x 200 x
+    seconds`` records (its ideal run time is ``seconds``). ``watch_ms``: more kshare configurations in
+    the pairs, with the workers' commit watch at these intervals instead of the code's."""
+    from . import sparkrun
+
+    problem = sparkrun.pyspark_problem()
+    if problem:
+        raise RuntimeError(problem)
+    import pyspark
+
+    pairs = [tuple(p) for p in (pairs or [(1, 4), (2, 8)])]  # type: ignore[misc]
+    alone = [p for p in (alone or [1, 2, 4, 8]) if (1, p) not in pairs]
+    watch_ms = list(watch_ms or [])
+    upstream = env.upstream()
+    proxy = env.proxy()
+    cores = max([t for _, t in pairs] + alone)
+    rate = 1.0 / sparkrun.WORK_S  # per task
+    kinds = ["kafka", "kshare", *(f"kshare-watch{w:g}" for w in watch_ms)]
+    label = {}
+
+    def records_for(tasks: int) -> int:
+        # whole micro-batches: every one full, for both sources
+        batch = tasks * per_task
+        return max(3, round(tasks * rate * seconds / batch)) * batch
+
+    topics: dict[tuple[int, int], str] = {}
+
+    def topic_for(partitions: int, records: int) -> str:
+        if (partitions, records) not in topics:
+            name = clients.create_topic(upstream, f"bench-spark-{partitions}p-{uuid.uuid4().hex[:8]}", partitions)
+            topics[(partitions, records)] = name
+            _produce_records(upstream, name, records, value_size, partitions)
+        return topics[(partitions, records)]
+
+    def query(kind: str, partitions: int, tasks: int, records: int) -> dict[str, Any]:
+        config = f"{kind} {partitions}p {tasks}t"
+        topic = topic_for(partitions, records)
+        q: dict[str, Any] = {"config": config, "kind": kind, "source": "kafka" if kind == "kafka" else "kshare",
+                             "partitions": partitions, "tasks": tasks, "per_task": per_task, "records": records,
+                             "topic": topic, "timeout_s": 10 * seconds + 300}
+        if kind == "kafka":
+            q["bootstrap"] = upstream
+            label[config] = f"Kafka source, {partitions} partition(s), {tasks} tasks"
+        else:
+            group = f"bench-spark-{uuid.uuid4().hex[:8]}"
+            locks = _spark_locks(tasks, partitions, per_task)
+            clients.set_group_configs(proxy.bootstrap, group, {"share.auto.offset.reset": "earliest",
+                                                               "share.partition.max.record.locks": locks})
+            q.update(bootstrap=proxy.bootstrap, group=group, record_locks=locks)
+            if kind != "kshare":
+                q["watch_ms"] = float(kind.removeprefix("kshare-watch"))
+            label[config] = f"{kind}, {partitions} partition(s), {tasks} tasks"
+        return q
+
+    runs: list[dict[str, Any]] = []
+    if warmup:  # the JVM, the Python workers, the first connections: not measured
+        wp, wt = pairs[0]
+        for kind in kinds[:2]:
+            runs.append({**query(kind, wp, wt, 3 * wt * per_task), "warmup": True})
+    for r in range(repeats):
+        for partitions, tasks in pairs:
+            for kind in alternate(kinds, r):
+                runs.append({**query(kind, partitions, tasks, records_for(tasks)), "repeat": r})
+        for tasks in alternate(alone, r):
+            runs.append({**query("kshare", 1, tasks, records_for(tasks)), "repeat": r})
+    progress.begin("spark", len(runs))
+    packages = sparkrun.kafka_package(pyspark.__version__, sparkrun.published_versions())
+    plan = {"cores": cores, "packages": packages, "runs": runs}
+    expected_s = sum(q["records"] / (q["tasks"] * rate) * 1.4 + 10 for q in runs)
+    try:
+        session, results = _spark_child(env, progress, plan, label, timeout=expected_s + 900)
+    finally:
+        for name in topics.values():
+            clients.delete_topic(upstream, name)
+    progress.end()
+    samples = [s for s in results if not s.get("warmup")]
+
+    def med(config: str, key: str) -> float:
+        return median([s.get(key) for s in samples if s.get("config") == config and "error" not in s])
+
+    rows: list[dict[str, Any]] = []
+    configs = list(dict.fromkeys(s["config"] for s in runs if not s.get("warmup")))
+    for config in configs:
+        first = next(s for s in runs if s["config"] == config)
+        done = [s for s in samples if s.get("config") == config and "error" not in s]
+        row: dict[str, Any] = {
+            "config": config,
+            "label": label.get(config, config),
+            "kind": first["kind"],
+            "source": first["source"],
+            "partitions": first["partitions"],
+            "tasks": first["tasks"],
+            "records": first["records"],
+            "record_locks": first.get("record_locks"),
+            "runs": len(done),
+            "failed": len([s for s in samples if s.get("config") == config and "error" in s]),
+            "records_per_s": med(config, "records_per_s"),
+            "ideal_rps": first["tasks"] * rate,
+            "overhead_ms": med(config, "overhead_ms"),
+            "overhead_median_ms": med(config, "overhead_median_ms"),
+            "overhead_busiest_ms": med(config, "overhead_busiest_ms"),
+            "second_batch_overhead_ms": med(config, "second_batch_overhead_ms"),
+            "first_batch_ms": med(config, "first_batch_ms"),
+            "rows_per_batch": med(config, "rows_per_batch"),
+            "batches": med(config, "batches"),
+            "gaps_ms": med(config, "gaps_ms"),
+            "rows_delivered": [s.get("rows") for s in done],
+            "phases_ms": {k: median([s["phases_ms"].get(k) for s in done if s.get("phases_ms")])
+                          for k in sparkrun.PHASES},
+        }
+        row["of_ideal"] = row["records_per_s"] / row["ideal_rps"]
+        rows.append(row)
+    targets = []
+    by = {r["config"]: r for r in rows}
+    for partitions, tasks in pairs:
+        kafka, kshare = by.get(f"kafka {partitions}p {tasks}t"), by.get(f"kshare {partitions}p {tasks}t")
+        if not kafka or not kshare:
+            continue
+        kshare["vs_kafka_rps"] = kshare["records_per_s"] / kafka["records_per_s"]
+        kshare["vs_kafka_per_round"] = median([
+            a["records_per_s"] / b["records_per_s"]
+            for a, b in zip(
+                [s for s in samples if s["config"] == kshare["config"] and "error" not in s],
+                [s for s in samples if s["config"] == kafka["config"] and "error" not in s],
+                strict=False,
+            )
+        ])
+        kshare["overhead_over_kafka_ms"] = kshare["overhead_ms"] - kafka["overhead_ms"]
+        for w in watch_ms:
+            other = by.get(f"kshare-watch{w:g} {partitions}p {tasks}t")
+            if other:
+                other["vs_kafka_rps"] = other["records_per_s"] / kafka["records_per_s"]
+                other["overhead_over_kafka_ms"] = other["overhead_ms"] - kafka["overhead_ms"]
+        what = f"{partitions} partition{'s' if partitions > 1 else ''}, {tasks} tasks"
+        targets += [
+            target(f"Spark, {what}: kshare source / Kafka source, records/s", kshare["vs_kafka_rps"],
+                   SPARK_RATE_TARGET, ">="),
+            target(f"Spark, {what}: kshare's overhead per micro-batch - the Kafka source's",
+                   kshare["overhead_over_kafka_ms"], SPARK_OVERHEAD_TARGET_MS, "<=", "ms"),
+        ]
+    return {
+        "config": {
+            "seconds": seconds,
+            "per_task": per_task,
+            "value_size": value_size,
+            "work_ms": sparkrun.WORK_S * 1000,
+            "pairs": pairs,
+            "alone": alone,
+            "watch_ms": watch_ms,
+            "repeats": repeats,
+            "cores": cores,
+            "packages": packages,
+            "spark": session.get("spark"),
+            "session_s": session.get("session_s"),
+            "kafka_bootstrap": "the Kafka 3.9 broker directly" if not env.options.upstream else "--upstream directly",
+            "kshare_bootstrap": "kshare proxy",
+        },
+        "rows": rows,
+        "samples": samples,
+        "targets": targets,
     }

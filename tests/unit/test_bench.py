@@ -163,6 +163,21 @@ def synthetic() -> dict:
          "fetched_jars": 70, "fetched_mb": 90.0},
         *({"run": f"restart {i}", "ready_s": 6.0 + i, "broker_start_s": 4.0, "fetched_jars": 0} for i in (1, 2, 3)),
     ]
+    spark_rows = [
+        {"config": f"{kind} {p}p {n}t", "label": kind, "kind": kind, "source": kind.split("-")[0], "partitions": p,
+         "tasks": n, "records": n * 6000, "record_locks": 4000 if kind != "kafka" else None, "runs": 1, "failed": 0,
+         "records_per_s": 160.0 * n, "ideal_rps": 200.0 * n, "of_ideal": 0.8, "overhead_ms": 600.0 + i,
+         "overhead_median_ms": 550.0, "second_batch_overhead_ms": 900.0, "rows_per_batch": 500.0 * n,
+         "phases_ms": {"addBatch": 2900.0, "latestOffset": 10.0, "walCommit": 50.0, "commitOffsets": 50.0}}
+        for p, n in ((1, 4), (2, 8)) for i, kind in enumerate(("kafka", "kshare"))
+    ] + [
+        {"config": f"kshare 1p {n}t", "label": "kshare", "kind": "kshare", "source": "kshare", "partitions": 1,
+         "tasks": n, "records": n * 6000, "record_locks": 2000, "runs": 1, "failed": 0, "records_per_s": 160.0 * n,
+         "ideal_rps": 200.0 * n, "of_ideal": 0.8, "overhead_ms": 600.0, "overhead_median_ms": 550.0,
+         "second_batch_overhead_ms": 900.0, "rows_per_batch": 500.0 * n, "phases_ms": {}}
+        for n in (1, 2, 8)
+    ]
+    spark_rows[1]["vs_kafka_rps"] = spark_rows[3]["vs_kafka_rps"] = 1.0
     t = scenarios.target
     results = {
         "meta": {
@@ -227,6 +242,13 @@ def synthetic() -> dict:
                 "ready": {"first_s": 31.5, "later_s": [7.0, 8.0, 9.0], "later_median_s": 8.0},
                 "targets": [t("window medians", 2.5, 3.0, "<=", "ms"), t("p99", 9.0, 25.0, "<=", "ms")],
             },
+            "spark": {
+                "config": {"seconds": 30.0, "per_task": 500, "work_ms": 5.0, "pairs": [[1, 4], [2, 8]],
+                           "alone": [1, 2, 8], "cores": 8, "spark": "4.3.0",
+                           "packages": "org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0"},
+                "rows": spark_rows,
+                "targets": [t("kshare / Kafka source", 1.0, 0.9, ">="), t("overhead", 1.0, 200.0, "<=", "ms")],
+            },
         },
         "errors": {"other": "TimeoutError: synthetic"},
     }
@@ -240,7 +262,7 @@ def test_markdown_has_every_section_and_marks_targets() -> None:
     assert "| pass-through produce 100 B: kshare / relay | 0.98 | >= 0.95 | **met** |" in text
     assert "| share 100 B: kshare / native | 1.33 | >= 1.00 | **met** |" in text
     assert "**not met**" not in text
-    assert "9 of 9 met." in text
+    assert "11 of 11 met." in text
     assert "**other failed**" in text
     assert "WARNING kshare: something" in text
     assert "| kshare | closed loop | 16 | 100 | - | 2.00 |" in text  # ack table
@@ -251,6 +273,10 @@ def test_markdown_has_every_section_and_marks_targets() -> None:
     assert "| 0-10 | 1.50 | 9.00 | 10,000 | 2.50 | 10.00 | 10,000 |" in text and "| -30--20 |" not in text
     assert "| first (empty cache, empty data dir) | 31.50 | 27.0 | 70 jars, 90 MB |" in text
     assert "**first 31.5 s, later 8.0 s median**" in text
+    # spark: both sources side by side, then kshare alone
+    assert "| 1, 4 | Spark's Kafka source | 640 | 80% | 1 | 600 (550) | 900 | 2,000 | 2,900 / 10 / 50 / 50 |" in text
+    assert "| 2, 8 | kshare source | 1,280 | 80% | 1.00 | 601 (550) |" in text
+    assert "| 8 | 2,000 | 1,600 | 1,280 | 80% | 600 (550) |" in text
 
 
 def test_target_met_and_not_met() -> None:
@@ -301,6 +327,7 @@ def test_latency_windows() -> None:
 
 def test_embedded_runs_only_when_named() -> None:
     assert "embedded" in scenarios.SCENARIOS and "embedded" not in runner.Options(out=Path("x")).scenarios
+    assert "spark" in scenarios.SCENARIOS and "spark" not in runner.Options(out=Path("x")).scenarios
     o = runner.Options(out=Path("x"), only=["embedded"], quick=True)
     assert o.scenarios == ["embedded"]
     args = runner.scenario_args("embedded", o)
