@@ -152,7 +152,8 @@ class EmbeddedKafka:
         self.java = java
         self.host = host
         self.version = version
-        self.home = Path(data_dir).expanduser() / "embedded-kafka"
+        # absolute: the broker runs in its own directory and reads the paths it is given from there
+        self.home = Path(data_dir).expanduser().resolve() / "embedded-kafka"
         self.log_dirs = self.home / "data"
         self.config_path = self.home / "server.properties"
         self.log_path = self.home / "server.log"
