@@ -45,6 +45,8 @@ _UNANSWERED_LIMIT = 4096
 _HOLDS_RECHECK_S = 0.1  # see ClientConnection._check_holds
 _REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the answers it is owed
 BROKER_NOT_AVAILABLE = 8
+REATTACH_TIMEOUT_S = 30.0  # how long a client waits for any broker after its upstream connection closed
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 # The slot a locally served request's handler answers: set in the handler's own task (its context
 # is a copy), so ``send_ahead`` knows which response it begins.
 _SERVING: ContextVar[Slot | None] = ContextVar("kshare_serving", default=None)
@@ -127,6 +129,15 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.closed = False
         self.ending = False  # a request was rejected: read no more, close once the answers owed are out
         self.unreachable = False  # the broker could not be reached: answer the client's ApiVersions, close
+        # The upstream connection closed under an idle client (a broker restarting, or closing an idle
+        # connection): a new one is being made, to that broker or, while it is away, to another
+        # (which answers as Kafka does: NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR, new leaders in
+        # Metadata). Meanwhile requests are read and served as usual; forwarded ones wait in
+        # ``_backlog``. The client keeps its connection and with it its share sessions.
+        self.reattaching = False
+        self._backlog: list[bytes] = []
+        self.upstream_addr: tuple[str, int] | None = None  # the broker the upstream connection goes to
+        self.sasl = False  # the client authenticated upstream (SASL): a new connection cannot be made for it
         self._tasks: set[asyncio.Task] = set()
         # the proxy's own requests on this client's upstream connection, waiting for a frame boundary
         self._probes: list[tuple[Slot, bytes]] = []
@@ -165,7 +176,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             except (TimeoutError, OSError) as exc:
                 last = exc
                 continue
-            self.upstream = upstream
+            self.upstream, self.upstream_addr = upstream, (host, port)
             self.proxy.upstream_reached()
             if not self.closed and self.transport is not None:
                 self.transport.resume_reading()
@@ -176,6 +187,59 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.proxy.upstream_unreachable(f"client {self.peer}: cannot reach the {where} upstream "
                                         f"{', '.join(f'{h}:{p}' for h, p in candidates) or '(unknown broker)'}", last)
         self._answer_unreachable()
+
+    def can_reattach(self) -> bool:
+        """Whether the upstream connection may be replaced under this client: nothing is owed or
+        half-sent on it, and it carries no authentication of the client's (SASL) a new one would lack."""
+        return (not self.closed and not self.ending and not self.sasl and not self.awaiting_upstream
+                and not self._forward_left and self.transport is not None)
+
+    def reattach(self) -> None:
+        self.upstream = None
+        self.reattaching = True
+        self._spawn(self._reattach_upstream())
+
+    def rehome(self, attempts: int = 60) -> None:
+        """This listener's broker is back: move the upstream connection to it from the broker that
+        stood in, once nothing is owed on it (retried every half second, for half a minute)."""
+        if self.closed or self.reattaching or self.upstream is None:
+            return
+        if self.can_reattach():
+            self.upstream.close()  # its connection_lost re-attaches, to this listener's broker first
+        elif attempts > 1:
+            asyncio.get_running_loop().call_later(0.5, self.rehome, attempts - 1)
+
+    async def _reattach_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        tls = self.proxy.config.upstream_security.ssl
+        deadline = loop.time() + REATTACH_TIMEOUT_S
+        delay = 0.05
+        while not self.closed:
+            for host, port in self.proxy.brokers.reattach_candidates(self.node_id):
+                try:
+                    _, upstream = await asyncio.wait_for(
+                        loop.create_connection(lambda: UpstreamConnection(self), host, port, ssl=tls,
+                                               server_hostname=host if tls else None),
+                        min(self.proxy.config.upstream_connect_timeout, 2.0))
+                except (TimeoutError, OSError):
+                    continue
+                if self.closed:
+                    upstream.close()
+                    return
+                self.upstream, self.upstream_addr, self.reattaching = upstream, (host, port), False
+                backlog, self._backlog = self._backlog, []
+                if backlog and upstream.transport is not None:
+                    upstream.transport.writelines(backlog)
+                if not self._forward_left:
+                    self._send_probes()
+                return
+            if loop.time() > deadline:
+                log.info("client %s: no broker of the cluster answered for %.0f s; closing client", self.peer,
+                         REATTACH_TIMEOUT_S)
+                self.close()
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def _answer_unreachable(self) -> None:
         """Tell the client why before closing: its ApiVersions gets BROKER_NOT_AVAILABLE.
@@ -305,7 +369,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         future gets the decoded response. Correlation ids are negative (clients count up from 0),
         and the request is written between the client's requests, never inside one."""
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        if self.closed or self.upstream is None or self.upstream.closed:
+        if self.closed or ((self.upstream is None or self.upstream.closed) and not self.reattaching):
             fut.set_exception(ConnectionError("the client's connection is closed"))
             return fut
         self._probe_ids = (self._probe_ids + 1) % 0x7FFFFFFF
@@ -351,6 +415,9 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def flush_upstream(self) -> None:
         out, self._to_broker = self._to_broker, None
+        if out and self.reattaching:
+            self._backlog.append(b"".join(out))  # copied: slices of the read buffer do not last
+            return
         if out and self.upstream is not None and self.upstream.transport is not None and not self.upstream.closed:
             if not self._lend:  # slices of the shared read buffer: the transport may not keep them
                 self.upstream.transport.write(b"".join(out))
@@ -397,7 +464,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             self._check_holds()
         if self.closed or self.ending:
             return
-        if self.upstream is None:  # still connecting: hold everything until the broker is there
+        if self.upstream is None and not self.reattaching:  # first connection: hold everything until it is up
             self._buf += data
             if self.unreachable:
                 self._answer_unreachable_frames()
@@ -469,6 +536,8 @@ class ClientConnection(asyncio.BufferedProtocol):
                 bad = self.proxy.check_forwardable(api_key, version)
                 if bad is not None:
                     return
+                if api_key == SASL_HANDSHAKE or api_key == SASL_AUTHENTICATE:
+                    self.sasl = True
                 if api_key == filters.FETCH and version > filters.FETCH_SERVED_AS:
                     # Fetch v16+ responses differ from v15 only by the new leaders' NodeEndpoints.
                     # Asking the broker for v15 gives a body that is also a valid v16+ answer
@@ -716,12 +785,19 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         client = self.client
+        if client.upstream is not self and client.upstream is not None:
+            return  # one the client has replaced already
         gone = ConnectionError("the upstream connection closed")
         for slot in [*client.awaiting_upstream, *(s for s, _ in client._probes)]:
             if slot.probe is not None and not slot.probe.done():
                 slot.probe.set_exception(gone)
                 slot.probe.exception()  # retrieved: its caller may be gone
         client._probes.clear()
+        if client.can_reattach():
+            log.debug("client %s: upstream connection closed (%s) with nothing owed; reconnecting", client.peer,
+                      exc or "EOF")
+            client.reattach()
+            return
         if not client.closed:
             # The client sees what a broker failure looks like: its connection drops. The broker
             # also closes a connection on a request it cannot parse: name the first unanswered one

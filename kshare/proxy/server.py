@@ -74,17 +74,39 @@ class BrokerMap:
         self.upstream: dict[int, tuple[str, int]] = {}
         self.listeners: dict[int, asyncio.Server] = {}
         self.ports: dict[int, int] = {}
+        # brokers that left the cluster's metadata (restarting, failed): their listeners stay open
+        # and their clients are served through the other brokers until they return
+        self.away: set[int] = set()
         self._lock = asyncio.Lock()
 
     def upstream_candidates(self, node_id: int | None) -> list[tuple[str, int]]:
+        if node_id in self.away:  # a new connection to a broker that is away: served by the others
+            return self.reattach_candidates(node_id)
         if node_id is not None and node_id in self.upstream:
             return [self.upstream[node_id]]
         if node_id is not None:
             return []
         return list(self.proxy.config.upstream) + [a for a in self.upstream.values() if a not in self.proxy.config.upstream]
 
+    def reattach_candidates(self, node_id: int | None) -> list[tuple[str, int]]:
+        """Where a client connection whose upstream closed goes next: its broker first, unless it is
+        away, then any other. Another broker answers what it does not lead as Kafka does
+        (NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR), and the client learns the new leaders from Metadata."""
+        own = self.upstream.get(node_id) if node_id is not None else None
+        others = [a for n, a in self.upstream.items() if n != node_id and n not in self.away]
+        others += [a for a in self.proxy.config.upstream if a not in others and a != own]
+        if own is None:
+            return others
+        return others + [own] if node_id in self.away else [own, *others]
+
     async def expose(self, node_id: int, host: str, port: int) -> tuple[str, int]:
         """Record broker ``node_id`` at ``host:port`` upstream; return the address clients should use."""
+        if node_id in self.away:
+            self.away.discard(node_id)
+            log.warning("broker %d is back in the cluster metadata at %s:%d", node_id, host, port)
+            for conn in list(self.proxy.connections):
+                if conn.node_id == node_id and conn.upstream_addr != (host, port):
+                    conn.rehome()
         if self.upstream.get(node_id) != (host, port):
             if node_id in self.upstream:
                 log.info("broker %d moved from %s:%d to %s:%d", node_id, *self.upstream[node_id], host, port)
@@ -108,10 +130,13 @@ class BrokerMap:
         log.info("broker %d: listening on %s:%d for upstream %s:%d", node_id, cfg.listen_host, self.ports[node_id], *up)
 
     async def forget_missing(self, live: set[int]) -> None:
-        for node_id in [n for n in self.listeners if n not in live]:
-            log.info("broker %d left the cluster metadata: closing its listener", node_id)
-            self.listeners.pop(node_id).close()
-            self.upstream.pop(node_id, None)
+        for node_id in [n for n in self.listeners if n not in live and n not in self.away]:
+            # a rolling restart or a failure: the listener stays (its clients keep their connections
+            # and share sessions, served through the other brokers); a broker removed for good is
+            # simply never named again, and its listener costs nothing
+            self.away.add(node_id)
+            log.warning("broker %d left the cluster metadata (restarting or failed): its clients are served "
+                        "through the other brokers until it is back", node_id)
 
     async def close(self) -> None:
         for server in self.listeners.values():
@@ -143,6 +168,8 @@ class Proxy:
         self._probe_task: asyncio.Task | None = None
         # called with each client connection that closed (the share layer ends its share sessions)
         self.disconnect_listeners: list[Callable[[ClientConnection], None]] = []
+        # called with the (name, topic id) pairs a DeleteTopics answer says were deleted
+        self.topic_deletion_listeners: list[Callable[[list[tuple[str | None, bytes | None]]], None]] = []
         # why the cluster could not be reached, while it cannot (for readiness and for clients)
         self.upstream_error: str | None = None
         # set while client connections cannot reach the cluster (since when, why): readiness

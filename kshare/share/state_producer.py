@@ -10,9 +10,16 @@ other without gaps.
 
 Semantics the store relies on (kshare.share.state_topic): ``send`` gives a future that resolves
 to the record's offset once the broker acknowledged it (acks=all) or fails; records sent in one
-turn of the event loop go out together, one batch per partition. A failure fails the futures of
-that request; nothing is retried here (the store rolls back and renews the producer: a new
-producer id, sequences from 0, so nothing after a failed batch can be appended with a gap).
+turn of the event loop go out together, one batch per partition.
+
+Leader moves (a rolling restart, an election) are ridden through: a batch the broker answered
+with an error that says it did not append it (NOT_LEADER_OR_FOLLOWER, a fenced or unknown leader
+epoch, NOT_ENOUGH_REPLICAS) is sent again, as it was (same producer id and sequence numbers), to
+the partition's new leader, once every earlier request to that partition has been answered, and
+before anything queued for that partition since; for up to ``retry_timeout_s``. Any other failure
+(a connection lost with the request, a timeout: the batch may have landed) fails the futures of
+that request: the store rolls back and renews the producer (a new producer id, sequences from 0,
+so nothing after a failed batch can be appended with a gap).
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ RETRY_MAX_S = 1.0
 _COORDINATOR_NOT_READY = frozenset(
     {ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR})
 _NOT_LEADER = {6, 74, 75}  # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH: ask Metadata again
+# errors with which the broker refused a batch before appending it: sending it again is safe
+_NOT_APPENDED = _NOT_LEADER | {19}  # and NOT_ENOUGH_REPLICAS (checked before the append)
 
 
 class RecordMetadata(NamedTuple):
@@ -62,7 +71,7 @@ class PipelinedProducer:
 
     def __init__(self, bootstrap_servers: Sequence[str], topic: str, *, idempotent: bool = True,
                  security: ClientSecurity | None = None, client_id: str = "kshare-state",
-                 request_timeout_s: float = 30.0) -> None:
+                 request_timeout_s: float = 30.0, retry_timeout_s: float = 20.0) -> None:
         self.bootstrap_servers = list(bootstrap_servers)
         self.topic = topic
         self.idempotent = idempotent
@@ -83,6 +92,14 @@ class PipelinedProducer:
         self._order = asyncio.Lock()
         self._stale_metadata = True
         self._closed = False
+        # riding through leader moves: requests in flight per partition, the batches to send again
+        # (sequence, bytes, records, first failure time) and what was queued meanwhile, per partition
+        self.retry_timeout_s = retry_timeout_s
+        self._in_flight_parts: dict[int, int] = {}
+        self._resend: dict[int, list[tuple[int, bytes, list, float]]] = {}
+        self._held: dict[int, list] = {}
+        self._resending: asyncio.Task | None = None
+        self.resent_batches = 0  # batches sent again after a leader move (a metric)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -163,6 +180,8 @@ class PipelinedProducer:
         known and no earlier batch is still finding its way; otherwise a task finds them first."""
         self._scheduled = False
         pending, self._pending = self._pending, {}
+        for p in [p for p in pending if p in self._resend]:  # after what is sent again, in order
+            self._held.setdefault(p, []).extend(pending.pop(p))
         if not pending:
             return
         if self._routing == 0:
@@ -198,6 +217,11 @@ class PipelinedProducer:
         # request without yielding, so a partition's batches reach its broker in sequence order.
         # (_flush writes without this task only while no such task exists.)
         async with self._order:
+            # a partition with batches to send again since this was queued: behind them
+            for p in [p for p in pending if p in self._resend]:
+                self._held.setdefault(p, []).extend(pending.pop(p))
+            if not pending:
+                return
             # Until the request timeout, a cluster that cannot be reached (a broker restarting, a
             # leader being elected) is asked again: nothing was sent, nothing is lost by waiting.
             deadline = time.monotonic() + self.request_timeout_s
@@ -259,6 +283,8 @@ class PipelinedProducer:
             self._stale_metadata = True
             _fail_all((recs for _, _, recs in batch), StateProduceError(f"state produce not sent: {exc!r}"))
             return
+        for p, _, _ in batch:
+            self._in_flight_parts[p] = self._in_flight_parts.get(p, 0) + 1
         timer = asyncio.get_running_loop().call_later(self.request_timeout_s, self._timed_out, fut)
         self._in_flight.add(fut)
         fut.add_done_callback(settle)
@@ -271,6 +297,12 @@ class PipelinedProducer:
     def _settle(self, fut: asyncio.Future, batch: list, where: str, timer: asyncio.TimerHandle) -> None:
         timer.cancel()
         self._in_flight.discard(fut)
+        for p, _, _ in batch:
+            left = self._in_flight_parts.get(p, 0) - 1
+            if left > 0:
+                self._in_flight_parts[p] = left
+            else:
+                self._in_flight_parts.pop(p, None)
         if fut.cancelled() or fut.exception() is not None:
             # the connection failed or the request timed out: every record of it
             exc = fut.exception() if not fut.cancelled() else TimeoutError(f"no answer within {self.request_timeout_s} s")
@@ -279,19 +311,77 @@ class PipelinedProducer:
             return
         resp = fut.result()
         answers = {pr.index: pr for t in resp.responses for pr in t.partition_responses}
-        for p, _, recs in batch:
+        for p, data, recs in batch:
             pr = answers.get(p)
             if pr is None:
                 _fail_all([recs], StateProduceError(f"no answer for partition {p}"))
             elif pr.error_code:
                 if pr.error_code in _NOT_LEADER:
                     self._stale_metadata = True
+                if pr.error_code in _NOT_APPENDED and self._send_again(p, data, recs, pr.error_code):
+                    continue
                 _fail_all([recs], StateProduceError(
                     f"partition {p}: error code {pr.error_code} {pr.error_message or ''}".strip(), pr.error_code))
             else:
                 for i, (_, _, f) in enumerate(recs):
                     if not f.done():
                         f.set_result(RecordMetadata(pr.base_offset + i))
+
+    # -- sending again after a leader move ----------------------------------------------------------
+    def _send_again(self, partition: int, data: bytes, recs: list, code: int) -> bool:
+        """Keep a batch the broker refused before appending it, to send again; False once its
+        partition has been failing for longer than ``retry_timeout_s`` (then it fails)."""
+        now = time.monotonic()
+        queue = self._resend.setdefault(partition, [])
+        first = min((t for *_, t in queue), default=now)
+        if self._closed or now - first > self.retry_timeout_s:
+            if not queue:
+                del self._resend[partition]
+            return False
+        queue.append((_base_sequence(data), data, recs, first))
+        if self._resending is None or self._resending.done():
+            self._resending = asyncio.get_running_loop().create_task(self._resend_all())
+            self._in_flight.add(self._resending)
+            self._resending.add_done_callback(self._in_flight.discard)
+        log.debug("state topic %s partition %d: batch refused with error code %d; sending it again to the "
+                  "new leader", self.topic, partition, code)
+        return True
+
+    async def _resend_all(self) -> None:
+        """Once every earlier request to them has been answered, send the refused batches again in
+        sequence order, then what was held back behind them (their leaders are asked again first)."""
+        delay = RETRY_FIRST_S
+        while self._resend and not self._closed:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+            ready = [p for p in self._resend if not self._in_flight_parts.get(p)]
+            if not ready:
+                continue
+            async with self._order:
+                self._stale_metadata = True
+                try:
+                    by_node = await self._route({p: [] for p in ready})
+                except Exception as exc:  # noqa: BLE001 - no leader yet: try again, within the limit
+                    log.debug("state topic %s: no leader to send again to yet: %r", self.topic, exc)
+                    self._expire(time.monotonic())
+                    continue
+                for node, parts in by_node.items():
+                    conn = self._conns[node]
+                    for p in parts:
+                        for _, data, recs, _ in sorted(self._resend.pop(p, []), key=lambda b: b[0]):
+                            self.resent_batches += 1
+                            self._produce(conn, [(p, data, recs)])
+                held = {p: self._held.pop(p) for p in parts if p in self._held}
+                if held:
+                    self._write(held, {node: sorted(held)})
+            delay = RETRY_FIRST_S
+
+    def _expire(self, now: float) -> None:
+        """Fail what has waited for a leader longer than ``retry_timeout_s`` (held records too)."""
+        for p in [p for p, q in self._resend.items() if now - min(t for *_, t in q) > self.retry_timeout_s]:
+            exc = StateProduceError(f"partition {p}: no leader took the batch within {self.retry_timeout_s:.0f} s")
+            _fail_all([recs for _, _, recs, _ in self._resend.pop(p)], exc)
+            _fail_all([self._held.pop(p, [])], exc)
 
     async def _route(self, pending: dict[int, list]) -> dict[int, list[int]]:
         if self._stale_metadata or any(p not in self._leaders for p in pending):
@@ -389,6 +479,11 @@ class PipelinedProducer:
         if old is not None and old is not conn:
             await old.close()
         self._conns[node] = conn
+
+
+def _base_sequence(batch: bytes) -> int:
+    """The base sequence of a record batch (v2 header: offset 53)."""
+    return int.from_bytes(batch[53:57], "big", signed=True)
 
 
 def _chunks(recs: list) -> list[list]:

@@ -1,0 +1,120 @@
+"""A cluster of three brokers restarting them under share consumers: nothing lost, little redelivered.
+
+Apache Kafka 3.9 as three KRaft nodes (replication factor 3, ``min.insync.replicas`` 2), kshare in
+front, confluent ``ShareConsumer``s draining a 6-partition topic while a producer keeps writing
+through kshare. Each broker in turn gets SIGTERM (a controlled shutdown, as a rolling restart) and
+is started again, then one is SIGKILLed and started again.
+
+What may be redelivered: the records a consumer held when its acknowledgement could not be written
+(a state write that failed past its retries) or that it held past its lock while the cluster had no
+leader for their state partition; records lost: none, ever. kshare holds the share state in the
+proxy, which does not move when a broker does: a client keeps its connections to the proxy (they are
+re-attached to another broker under it), its share sessions and what it acquired. Native Kafka
+loses the acquired records of every moved share-partition leader (about 2 redeliveries a record in
+the same scenario, docs/benchmarks-failover.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.integration.cluster import ThreeNodeCluster
+
+from .share_helpers import ConsumerLoop, ShareProxyThread, quiet_logger, share_group, stop_all, wait_until
+
+log = logging.getLogger("kshare.tests.broker_roll")
+
+pytestmark = pytest.mark.timeout(420)
+
+RECORDS_BEFORE = 6000
+RECORDS_DURING = 3000
+CONSUMERS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster3() -> Iterator[ThreeNodeCluster]:
+    with ThreeNodeCluster() as cluster:
+        log.info("three-node cluster ready in %.1f s: %s", cluster.start_seconds, cluster.bootstrap)
+        yield cluster
+
+
+class SteadyProducer:
+    """Produces ``n`` records through kshare at ``rate`` a second, idempotent with acks=all."""
+
+    def __init__(self, bootstrap: str, topic: str, prefix: str, n: int, rate: float) -> None:
+        self.values = [b"%s-%06d" % (prefix.encode(), i) for i in range(n)]
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                                  "linger.ms": 5, "logger": quiet_logger()})
+        self.rate = rate
+        self.topic = topic
+        self.failed: list[str] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        for i, v in enumerate(self.values):
+            delay = t0 + i / self.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            self.producer.produce(self.topic, value=v, on_delivery=self._report)
+            self.producer.poll(0)
+        self.producer.flush(120)
+
+    def _report(self, err, _msg) -> None:
+        if err is not None:
+            self.failed.append(str(err))
+
+    def start(self) -> SteadyProducer:
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def test_a_rolling_restart_and_a_crash_lose_nothing_and_redeliver_little(cluster3: ThreeNodeCluster) -> None:
+    topic = f"roll-{uuid.uuid4().hex[:8]}"
+    group = f"roll-{uuid.uuid4().hex[:8]}"
+    admin = cluster3.admin()
+    from confluent_kafka.admin import NewTopic
+
+    admin.create_topics([NewTopic(topic, 6, 3)])[topic].result(30)
+    with ShareProxyThread(cluster3.bootstrap, state_topic_replication_factor=3) as proxy:
+        share_group(proxy.bootstrap, group)
+        before = SteadyProducer(proxy.bootstrap, topic, "before", RECORDS_BEFORE, rate=100_000)
+        before.start().join(60)
+        assert not before.failed, before.failed[:3]
+        loops = [ConsumerLoop(f"c{i}", proxy.bootstrap, group, topic, process_s=0.004,
+                              **{"max.poll.records": 100}).start() for i in range(CONSUMERS)]
+        during = SteadyProducer(proxy.bootstrap, topic, "during", RECORDS_DURING, rate=60).start()
+        try:
+            t0 = time.monotonic()
+            for node in (1, 2, 3):
+                cluster3.restart(node)
+                log.info("node %d restarted (SIGTERM) at %.1f s", node, time.monotonic() - t0)
+            cluster3.restart(2, hard=True)
+            log.info("node 2 restarted (SIGKILL) at %.1f s", time.monotonic() - t0)
+            during.join(180)
+            expected = set(before.values) | set(during.values)
+            wait_until(lambda: expected <= {v for lp in loops for v in lp.values()}, 180,
+                       "every record delivered")
+        finally:
+            stop_all(loops)
+        assert not during.failed, during.failed[:3]
+        deliveries = sum(len(lp.received) for lp in loops)
+        redelivered = deliveries - len(expected)
+        log.info("%d records, %d deliveries, %d redeliveries (%.1f %%)", len(expected), deliveries, redelivered,
+                 100 * redelivered / len(expected))
+        assert redelivered <= 0.10 * len(expected), (deliveries, len(expected))
+        # what was acknowledged stays so: a newcomer gets nothing
+        late = ConsumerLoop("late", proxy.bootstrap, group, topic).start()
+        time.sleep(5)
+        stop_all([late])
+        assert late.received == [], late.received[:5]
