@@ -11,12 +11,14 @@ streaming query in which 4 tasks per micro-batch read the one partition as 4 mem
 group, each job taking 5 ms of work, results appended to Parquet under ``--output``. Jobs that do
 not parse are rejected from the sink (``kshare.spark.reject``): never delivered again, and on the
 group's dead-letter topic if it has one. It stops once every good job is done and prints the
-throughput. Needs ``pip install 'kshare[spark]'`` and Java 17+.
+throughput; it exits 0 once the share group has acknowledged every job (1 if some are still in
+flight after a minute). Needs ``pip install 'kshare[spark]'`` and Java 17+.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import sys
@@ -35,6 +37,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from kshare.spark import register, reject
+from kshare.tools.admin_client import ShareGroupAdmin, parse_bootstrap
 
 
 def prepare(bootstrap: str, topic: str, group: str, jobs: int, poison: int) -> None:
@@ -112,13 +115,35 @@ def main() -> int:
                 with contextlib.suppress(Exception):  # no output yet
                     done = spark.read.parquet(data).count()
             print(f"{done} of {expect} jobs done", flush=True)
+        took = time.monotonic() - started
+        # Spark commits a micro-batch when it plans the next one, and the workers then acknowledge
+        # its records: wait for that before stopping, or the last batch's jobs are redelivered.
+        left = settled(args.bootstrap, args.group, args.topic)
     finally:
         query.stop()
-    took = time.monotonic() - started
     print(f"{done} jobs in {took:.1f} s: {done / took:.0f} jobs/s with {args.tasks} tasks "
           f"(ideal {args.tasks * 200}/s); results in {args.output}/data")
     spark.stop()
+    if left:
+        print(f"{left} job(s) of topic {args.topic} are not acknowledged yet: the share group delivers them "
+              f"again", file=sys.stderr)
+        return 1
+    print(f"every job of topic {args.topic} is acknowledged (group {args.group} has no lag)")
     return 0
+
+
+def settled(bootstrap: str, group: str, topic: str, timeout: float = 60.0) -> int:
+    """Wait until the share group has acknowledged (or rejected) every record of ``topic``; the
+    records still in flight after ``timeout`` seconds."""
+    async def lag() -> int:
+        async with ShareGroupAdmin(parse_bootstrap(bootstrap)) as admin:
+            offsets = await admin.describe_offsets(group, {topic: [0]})
+        return sum(o.lag or 0 for o in offsets)
+
+    deadline = time.monotonic() + timeout
+    while (left := asyncio.run(lag())) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 if __name__ == "__main__":

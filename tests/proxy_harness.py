@@ -189,7 +189,7 @@ class ProxyProcess:
                 self.process.wait()
 
     def __enter__(self) -> ProxyProcess:
-        return self.start()
+        return self if self.process is not None else self.start()  # started already: start(timeout=...)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
