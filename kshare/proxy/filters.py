@@ -4,7 +4,8 @@ Every request is forwarded to the broker behind the listener it arrived on, as o
 only its header read, unless it appears here:
 
 * ``RESPONSE_FILTERS``: forwarded, but the response is decoded and rewritten (broker addresses,
-  topic ids, advertised versions). ``from_version`` skips versions that carry nothing to rewrite.
+  topic ids, advertised versions) or only read (the topics DeleteTopics deleted). ``from_version``
+  skips versions that carry nothing to rewrite.
 * served APIs: answered by the proxy itself; handlers register through ``Proxy.serve`` (the
   share-group APIs), and ApiVersions requests newer than the proxy knows get the
   UNSUPPORTED_VERSION fallback locally.
@@ -22,6 +23,7 @@ PRODUCE = 0
 FETCH = 1
 METADATA = 3
 FIND_COORDINATOR = 10
+DELETE_TOPICS = 20
 API_VERSIONS = 18
 DESCRIBE_CLUSTER = 60
 
@@ -54,6 +56,8 @@ RESPONSE_FILTERS: dict[int, ResponseFilter] = {
     # NodeEndpoints; the filter stays for a broker that sends them anyway.
     FETCH: ResponseFilter(rewrite.rewrite_node_endpoints, 16, rewrite.needs_node_endpoint_rewrite),
     API_VERSIONS: ResponseFilter(rewrite.rewrite_api_versions),
+    # not rewritten: read for the topics deleted (the share layer forgets them at once)
+    DELETE_TOPICS: ResponseFilter(rewrite.note_deleted_topics),
 }
 
 

@@ -49,6 +49,17 @@ async def rewrite_metadata(proxy: Proxy, body: Any, version: int) -> None:
         _virtualize_metadata(proxy, view, body, version)
 
 
+def note_deleted_topics(proxy: Proxy, body: Any, version: int) -> None:
+    """DeleteTopics goes through unchanged; the topics it deleted are told to
+    ``proxy.topic_deletion_listeners`` as (name, topic id) pairs (either may be None), so the share
+    layer stops serving them at once, as a broker does, instead of at its next metadata refresh."""
+    deleted = [(r.name, r.topic_id if version >= 6 and r.topic_id != ZERO_UUID else None)
+               for r in body.responses if r.error_code == 0]
+    if deleted:
+        for listener in proxy.topic_deletion_listeners:
+            listener(deleted)
+
+
 def _every_listener(view: ClusterView, brokers: Any, broker_ids: Any) -> list[tuple[Any, int, str, int]]:
     """(broker entry, node id, host, port) of every proxy's listener for every upstream broker."""
     out = []

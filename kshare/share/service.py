@@ -354,18 +354,24 @@ class ShareGroupService(InstanceGroupMember):
             return ErrorCode.NONE, sp.engine
         if not self.ownership.owns(sp.key):  # moved to another proxy of the instance group meanwhile
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, None
+        task = self.start_engine(sp)
+        try:
+            return await asyncio.shield(task)
+        except WriteFailed:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+        except NotOwned:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, None
+
+    def start_engine(self, sp: SharePartitionState) -> asyncio.Task:
+        """The task initialising the share-partition's engine, started unless under way (for
+        ``engine``, and for a ShareFetch that answers without waiting for it)."""
         if sp.init_task is None or sp.init_task.done():
             sp.init_task = shared_task(self._initialise(sp))
             # dropped once done (its awaiters hold it): a done task keeps its context, and with
             # it the request that started it, for as long as the share-partition lives (10,000
             # share-partitions: 7 MB)
             sp.init_task.add_done_callback(partial(_forget_init, sp))
-        try:
-            return await asyncio.shield(sp.init_task)
-        except WriteFailed:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
-        except NotOwned:
-            return ErrorCode.NOT_LEADER_OR_FOLLOWER, None
+        return sp.init_task
 
     async def _initialise(self, sp: SharePartitionState) -> tuple[int, SharePartition | None]:
         key = sp.key
@@ -681,6 +687,7 @@ class ShareGroupService(InstanceGroupMember):
         from .handlers import HANDLERS
 
         proxy.disconnect_listeners.append(self.connection_closed)
+        proxy.topic_deletion_listeners.append(self.topics_deleted)
         for h in HANDLERS:
             lo, hi = h.VERSIONS
 
@@ -757,10 +764,24 @@ class ShareGroupService(InstanceGroupMember):
             except Exception as exc:  # noqa: BLE001
                 log.debug("metadata refresh failed: %r", exc)
                 continue
-            for group_id in self.coordinator.refresh_topics():
-                group = self.coordinator.group(group_id)
-                if group is not None:
-                    self.persist_group(group)
+            self._reassign()
+
+    def _reassign(self) -> None:
+        for group_id in self.coordinator.refresh_topics():
+            group = self.coordinator.group(group_id)
+            if group is not None:
+                self.persist_group(group)
+
+    def topics_deleted(self, deleted: list[tuple[str | None, bytes | None]]) -> None:
+        """A DeleteTopics through the proxy deleted these (name, topic id) topics: from now on
+        their acknowledgements and fetches are answered UNKNOWN_TOPIC_ID, as Apache Kafka 4.4
+        answers them once the deletion reached its metadata (KafkaApis looks every topic id of a
+        ShareFetch or ShareAcknowledge up in its metadata cache), instead of NO_ERROR until the
+        next metadata refresh (up to 5 s later). Deletions made elsewhere are seen at that refresh."""
+        gone = self.upstream.forget_topics(deleted)
+        if gone:
+            log.info("topics deleted through the proxy: %s", ", ".join(sorted(t.name for t in gone)))
+            self._reassign()
 
     # -- waiting --------------------------------------------------------------------------------------
     async def wait_for_records(self, states: Sequence[SharePartitionState], timeout_ms: int) -> None:

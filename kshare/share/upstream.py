@@ -72,6 +72,9 @@ class UpstreamCluster:
         self._meta_lock = asyncio.Lock()
         self._bootstrap_conn: KafkaConnection | None = None
         self.metadata_at = 0.0
+        # ids of topics known deleted (forget_topics): a metadata answer a broker gives before it
+        # has applied the deletion does not bring them back (a topic created again has a new id)
+        self._deleted_ids: set[bytes] = set()
         self.checks = UpstreamChecks()  # what this cluster does differently from Kafka (upstream_checks)
 
     @property
@@ -144,6 +147,8 @@ class UpstreamCluster:
                     continue
                 real = version >= 10 and t.topic_id != ZERO_UUID
                 topic_id = t.topic_id if real else synthetic_topic_id(t.name)
+                if real and topic_id in self._deleted_ids:
+                    continue
                 leaders = [-1] * len(t.partitions)
                 for p in t.partitions:
                     if 0 <= p.partition_index < len(leaders):
@@ -154,6 +159,23 @@ class UpstreamCluster:
             self.metadata_at = time.monotonic()
             for key in [k for k in self._conns if k[0] not in self.brokers]:
                 await self._conns.pop(key).close()
+
+    def forget_topics(self, deleted: list[tuple[str | None, bytes | None]]) -> list[TopicInfo]:
+        """Topics deleted (name, topic id; either may be None), as a DeleteTopics answer said:
+        gone from the metadata at once. Returns the topics forgotten."""
+        gone = []
+        for name, topic_id in deleted:
+            info = self.by_id.get(topic_id) if topic_id is not None else self.topics.get(name or "")
+            if info is None:
+                continue
+            gone.append(info)
+            self.topics.pop(info.name, None)
+            self.by_id.pop(info.topic_id, None)
+            if info.has_real_id:
+                if len(self._deleted_ids) >= 100_000:
+                    self._deleted_ids.clear()  # bounded; ids of deletions long applied everywhere
+                self._deleted_ids.add(info.topic_id)
+        return gone
 
     def topic_view(self) -> dict[str, tuple[bytes, int]]:
         return {name: (t.topic_id, t.partitions) for name, t in self.topics.items()}

@@ -62,7 +62,9 @@ from tests.integration.share_helpers import (
     Transactions,
     acknowledger,
     acquired,
+    admin,
     describe_group_configs,
+    fetch_request,
     newcomer_gets,
     partitions,
     poll_until,
@@ -70,6 +72,7 @@ from tests.integration.share_helpers import (
     produce_poison_bad_good,
     quiet_logger,
     read_plain,
+    records_of,
     set_group_configs,
     share_group,
     stop_all,
@@ -821,3 +824,144 @@ def test_work_is_balanced_while_members_come_and_go(targets, members, partitions
     k, n = r[KSHARE], r[KAFKA4]
     assert k.missing == n.missing == 0, (k, n)
     assert k.ratio >= n.ratio - NOISE, (k, n)
+
+
+# ------------------------------------------------------------------------------------------------
+# behaviours librdkafka's own share tests check (tests/0176, 0179, 0180, 0181 of librdkafka 2.15+)
+
+
+def _delete_topic(bootstrap: str, topic: str) -> None:
+    """DeleteTopics through ``bootstrap`` (through the proxy for kshare, as librdkafka's tests do)."""
+    client = admin(bootstrap)  # kept until the answer is in (a destroyed handle fails the future)
+    for fut in client.delete_topics([topic], operation_timeout=30).values():
+        fut.result(60)
+
+
+def deleted_topic_acks(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """Records acquired, the topic deleted, 1 s (librdkafka 0181 waits 1 s, 0176 3 s), then
+    acknowledged with ShareAcknowledge and with a ShareFetch: error codes per partition."""
+    t.create_topic(topic, 1)
+    t.configure(group)
+    produce(t.bootstrap, topic, values("d", 4), per_batch=4)
+
+    async def run() -> dict[str, Any]:
+        raw = await Raw.open(t.bootstrap, "differential")
+        out: dict[str, Any] = {}
+        try:
+            tid = await raw.topic_id(topic)
+            member, _ = await raw.join(group, topic)
+            s = Session(raw, group, member)
+            _, out["acquired"] = await s.acquire({tid: [0]})
+            await asyncio.to_thread(_delete_topic, t.bootstrap, topic)
+            await asyncio.sleep(1.0)
+            r = await s.ack({(tid, 0): [(0, 0, [ACCEPT])]})
+            out["share_acknowledge"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
+            r = await s.fetch(acks={(tid, 0): [(1, 1, [ACCEPT])]})
+            p = partitions(r)[(tid, 0)]
+            out["share_fetch_ack"] = (r.error_code, p.acknowledge_error_code)
+        finally:
+            await raw.close()
+        return out
+
+    return asyncio.run(run())
+
+
+def test_acknowledging_records_of_a_deleted_topic(targets, names):
+    """librdkafka 0176 do_test_commit_sync_after_topic_deletion, 0181: acknowledgements of a
+    deleted topic's records are answered UNKNOWN_TOPIC_ID per partition, on ShareAcknowledge and
+    on a ShareFetch (kshare answered NO_ERROR until its next metadata refresh)."""
+    r = on_both(targets, deleted_topic_acks, *names)
+    assert r[KSHARE] == r[KAFKA4] == {
+        "acquired": [(0, 3, 1)],
+        "share_acknowledge": (NONE, UNKNOWN_TOPIC_ID),
+        "share_fetch_ack": (NONE, UNKNOWN_TOPIC_ID),
+    }
+
+
+def commit_after_deletion(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """An implicit-mode ShareConsumer polls records, the topic is deleted, 1 s later it commits:
+    what ``commit_sync`` says per partition (librdkafka 0176, 0181 with confluent-kafka)."""
+    t.create_topic(topic, 1)
+    t.configure(group)
+    produce(t.bootstrap, topic, values("c", 5), per_batch=5)
+    with subscribed(t.bootstrap, group, topic) as c:
+        got = poll_until(c, lambda recs: len(recs) >= 5, 60)
+        _delete_topic(t.bootstrap, topic)
+        time.sleep(1.0)
+        result = c.commit_sync(30)
+    return {"polled": len(got),
+            "commit": {tp.partition: None if e is None else e.args[0].name() for tp, e in result.items()}}
+
+
+def test_commit_sync_after_topic_deletion(targets, names):
+    r = on_both(targets, commit_after_deletion, *names)
+    assert r[KSHARE] == r[KAFKA4], r
+    assert r[KSHARE]["polled"] == 5 and r[KSHARE]["commit"][0] is not None, r
+
+
+def fetch_max_bytes_zero(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """librdkafka 0180 test_fetch_max_bytes_zero_returns_no_records: a ShareConsumer with
+    fetch.max.bytes=0 gets nothing in 5 polls of 1 s; a raw ShareFetch with MaxBytes 0 and 3 s
+    MaxWaitMs is answered at once without records; nothing was acquired (a normal consumer then
+    gets every record at its first delivery)."""
+    t.create_topic(topic, 1)
+    t.configure(group)
+    produce(t.bootstrap, topic, values("z", 10), per_batch=1)
+    out: dict[str, Any] = {}
+    with subscribed(t.bootstrap, group, topic, **{"fetch.max.bytes": 0}) as c:
+        out["polled"] = sum(len(records_of(c, 1.0)) for _ in range(5))
+
+    async def run() -> tuple[int, list, bool]:
+        raw = await Raw.open(t.bootstrap, "differential")
+        try:
+            tid = await raw.topic_id(topic)
+            member, _ = await raw.join(group, topic)
+            req = fetch_request(group, member, 0, {tid: [0]}, max_wait_ms=3000)
+            req.max_bytes = 0
+            started = time.monotonic()
+            r = await raw.conn.request(78, 1, req)
+            quick = time.monotonic() - started < 1.5
+            await raw.fetch(group, member, -1, {})
+            await raw.hb(group, member, -1, None)
+            return r.error_code, acquired(r), quick
+        finally:
+            await raw.close()
+
+    out["raw"] = asyncio.run(run())
+    with subscribed(t.bootstrap, group, topic) as c:
+        got = poll_until(c, lambda recs: len(recs) >= 10, 60)
+    out["then"] = sorted((g.offset, g.delivery_count) for g in got)
+    return out
+
+
+def test_fetch_max_bytes_zero_returns_no_records(targets, names):
+    r = on_both(targets, fetch_max_bytes_zero, *names)
+    assert r[KSHARE] == r[KAFKA4] == {"polled": 0, "raw": (NONE, [], True),
+                                      "then": [(i, 1) for i in range(10)]}
+
+
+def first_polls_of_two_partitions(t: Target, topic: str, group: str) -> list[dict[int, int]]:
+    """librdkafka 0179 do_test_destroy_with_*_ack: a new group's consumer of a 2-partition topic
+    with 50 records in each; the records per partition of each non-empty poll."""
+    t.create_topic(topic, 2)
+    t.configure(group)
+    for p in (0, 1):
+        produce(t.bootstrap, topic, values(f"p{p}-", 50), partition=p, per_batch=10)
+    polls: list[dict[int, int]] = []
+    with subscribed(t.bootstrap, group, topic) as c:
+        deadline = time.monotonic() + 60
+        while sum(sum(p.values()) for p in polls) < 100 and time.monotonic() < deadline:
+            recs = records_of(c, 3.0)
+            if recs:
+                polls.append(dict(Counter(m.partition() for m in recs)))
+    return polls
+
+
+def test_a_share_fetch_answers_with_the_first_share_partition_ready(targets, names):
+    """Kafka 4.4 answers a new session's first ShareFetch as soon as one of its share-partitions
+    is initialised, with that one's records; the other's come with the next ShareFetch: 50, then
+    50 (kshare waited for both and answered 100)."""
+    r = on_both(targets, first_polls_of_two_partitions, *names)
+    for name in (KSHARE, KAFKA4):
+        assert [sorted(p.values()) for p in r[name]] == [[50], [50]], (name, r[name])
+        assert set(r[name][0]) != set(r[name][1]), (name, r[name])

@@ -122,10 +122,13 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
 
     later: list[tuple[PartitionLog, int]] | None = None
     dropped = False  # records left out of the answer after its beginning went ahead
-    if not renew_only:
+    # MaxBytes 0 asks for no records: answered at once, with the acknowledgements above applied
+    # (Apache Kafka 4.4, SharePartitionManager.processShareFetch: a ShareFetch with maxBytes 0 is
+    # completed with an empty answer before any share-partition is looked at). Not "unlimited".
+    if not renew_only and req.max_bytes != 0:
         max_records = req.max_records if req.max_records > 0 else DEFAULT_MAX_RECORDS
         mode = req.share_acquire_mode if version >= 2 else AcquireMode.BATCH_OPTIMIZED
-        max_bytes = req.max_bytes if req.max_bytes > 0 else 0x7FFFFFFF
+        max_bytes = req.max_bytes if req.max_bytes > 0 else 0x7FFFFFFF  # (negative: no limit)
         batch_size = req.batch_size if req.batch_size > 0 and mode == AcquireMode.BATCH_OPTIMIZED else 0
         deadline = time.monotonic() + max(req.max_wait_ms, 0) / 1000
         writes: list[tuple[bytes, int, asyncio.Future]] = []
@@ -233,7 +236,9 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
     rc = cfg.read_committed
     states: list[SharePartitionState] = []
     pool = service.cache_pool
-    for topic_id, partition in session.rotated():
+    order = session.rotated()
+    loading: set[tuple[bytes, int]] | None = None  # not ready when this pass first waited for one
+    for i, (topic_id, partition) in enumerate(order):
         if out.record_count >= max_records or out.record_bytes >= max_bytes:
             break
         if out.record_count and pool.answer_room() <= 0:
@@ -258,6 +263,22 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
             out.errors += 1
             continue
         sp = service.partition_state(group_id, topic, partition)
+        # A share-partition still initialising is waited for only while the answer has no records,
+        # and one that was not ready when this pass began waiting for another is left out once the
+        # answer has records (ready by now or not); it goes on initialising for the next ShareFetch.
+        # Apache Kafka 4.4 does the same: a DelayedShareFetch completes from the first of its
+        # share-partitions to finish initialising (SharePartitionManager.processShareFetch triggers
+        # it from each one's initialisation future), and DelayedShareFetch.acquirablePartitions
+        # takes only the share-partitions ready by then. So a consumer of a new group on 2
+        # partitions of 50 records each gets 50, then 50 (librdkafka 0179), as from Kafka.
+        if sp.engine is None or sp.broken:
+            if out.record_count:
+                service.start_engine(sp)
+                continue
+            if loading is None:
+                loading = {tp for tp in order[i + 1:] if not _ready(service, group_id, tp)}
+        elif out.record_count and loading is not None and (topic_id, partition) in loading:
+            continue  # ready by now, but not when this pass began waiting for another
         err, engine = await service.engine(sp)
         if err or engine is None:
             out.partition(topic_id, partition).error_code = err or ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -360,6 +381,11 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         pool.hold_answer(len(records))
         service.stats.deliveries[(group_id, topic.name)] += result.count
     return states
+
+
+def _ready(service: ShareGroupService, group_id: str, tp: tuple[bytes, int]) -> bool:
+    sp = service.partitions.get(SharePartitionKey(group_id, *tp))
+    return sp is not None and sp.engine is not None and not sp.broken
 
 
 def _record_keys(batches: list[tuple[Batch, memoryview]], known_to: int,
