@@ -101,11 +101,7 @@ class FairShare:
         ``held_of``: records a member holds here; with it, quiet members (see the module) do not
         count.
         """
-        members = self.active(now_ms, idle_ms)
-        if held_of is not None:
-            members = {k: m for k, m in members.items()
-                       if k == member_id or now_ms - m.last_fetch_ms <= QUIET_MS or held_of(k) > 0}
-        expected = [k for k in assigned if k not in self.members and k not in self.seen]
+        members, expected = self._competing(member_id, now_ms, idle_ms, assigned, held_of)
         if len(members) + len(expected) <= 1:
             return None
         if sum(m.wanted for m in members.values()) + DEFAULT_WANTED * len(expected) <= budget:
@@ -114,6 +110,23 @@ class FairShare:
         median = _median(weights) if weights else 1.0
         total = sum(weights.values()) + median * len(expected)
         return max(1, int(budget * weights.get(member_id, median) / total))
+
+    def _competing(self, member_id: str, now_ms: int, idle_ms: int, assigned: Iterable[str],
+                   held_of: Callable[[str], int] | None) -> tuple[dict[str, _Member], list[str]]:
+        """The members competing for records here (those fetching, less the quiet ones), and the
+        assigned ones expected to (not fetched here yet)."""
+        members = self.active(now_ms, idle_ms)
+        if held_of is not None:
+            members = {k: m for k, m in members.items()
+                       if k == member_id or now_ms - m.last_fetch_ms <= QUIET_MS or held_of(k) > 0}
+        expected = [k for k in assigned if k not in self.members and k not in self.seen]
+        return members, expected
+
+    def count(self, member_id: str, now_ms: int, idle_ms: int, assigned: Iterable[str] = (),
+              held_of: Callable[[str], int] | None = None) -> int:
+        """How many members share the partition, as ``share`` counts them (at least 1)."""
+        members, expected = self._competing(member_id, now_ms, idle_ms, assigned, held_of)
+        return max(1, len(members) + len(expected))
 
     def cap(self, member_id: str, held: int, budget: int, now_ms: int, idle_ms: int,
             assigned: Iterable[str] = (), available: int | None = None,

@@ -202,6 +202,12 @@ class SharePartition:
         self._key_of: dict[int, int] = {}
         self._key_queue: dict[int, deque[int]] = {}
         self._keys_left = 0  # keyed records the acquire under way may still take
+        # Affinity: the member that finished each key's last record (by acknowledging it), and per
+        # member those keys. An acquire of that member under a key budget takes them first.
+        self._finisher: dict[int, str] = {}
+        self._finished_by: dict[str, set[int]] = {}
+        self._preferred: set[int] = set()  # heads the acquire under way takes first (its member's keys)
+        self._preferred_to = -1  # the last of them
         self.key_ordered = key_ordered
 
     # ------------------------------------------------------------------ configuration
@@ -229,6 +235,7 @@ class SharePartition:
         self._key_ordered = value
         self._key_of.clear()
         self._key_queue.clear()
+        self._forget_finishers()
         # Turned on: keys are learnt again from the SPSO (records acquired before stay acquired).
         # Turned off: records waiting for their key are plain Available.
         self._keyed_to = self._spso
@@ -457,7 +464,9 @@ class SharePartition:
         batch (None: a batch whose keys could not be read, taken as keyless): a record is
         acquired only when every earlier record of its key is finished, records waiting for
         their key are set aside until then, and ``max_keys`` bounds how many keyed records
-        (so how many keys) this member takes, so that the keys spread over the members.
+        (so how many keys) this member takes, so that the keys spread over the members. Under
+        that bound the next records of the keys this member finished last (acknowledged while
+        holding them) are taken first, the other keys' heads then in offset order (affinity).
         """
         now = self._clock()
         old_start = self._begin()
@@ -466,6 +475,12 @@ class SharePartition:
             if record_keys is not None:
                 self.learn_keys(fetched_batches, record_keys, fetch_offset)
             self._keys_left = (1 << 62) if max_keys is None else max_keys
+            self._preferred = set()
+            self._preferred_to = -1
+            if max_keys is not None and max_keys < len(self._key_queue) and fetched_batches:
+                # (a budget for every key takes every free head: nothing to prefer)
+                self._choose_preferred(member_id, max_keys, fetched_batches[-1][1])
+                self._keys_left -= len(self._preferred)
         pieces: list[list[int]] = []  # [first, last, delivery count], merged as they come
         total = 0
         if max_records > 0 and fetched_batches:
@@ -690,6 +705,7 @@ class SharePartition:
         key_of = self._key_of
         limit = self._limit
         taken = 0
+        preferred, preferred_to = self._preferred, self._preferred_to
 
         def decide(o: int, at_limit: bool) -> bool | None:
             nonlocal taken
@@ -700,11 +716,18 @@ class SharePartition:
                 take = False
             elif at_limit:  # archived rather than acquired: uses no budget
                 take = True
+            elif o in preferred:  # (budget set aside for it)
+                take = True
+                self._drop_finisher(k)
             elif self._keys_left <= 0:
+                if o < preferred_to:
+                    return False  # left Available; the member's own keys come further on
                 return None
             else:
                 self._keys_left -= 1
                 take = True
+                if k in self._finisher:
+                    self._drop_finisher(k)  # its next record goes out: nothing left to keep
             if take and not at_limit:
                 if cap is not None and taken >= cap:
                     return None
@@ -795,8 +818,9 @@ class SharePartition:
                     self._touch(r.first, r.last)
                 i += 1
 
-    def _finish_keys(self, first: int, last: int) -> None:
-        """Records first..last are finished: the next record of each of their keys may go."""
+    def _finish_keys(self, first: int, last: int, member: str | None = None) -> None:
+        """Records first..last are finished: the next record of each of their keys may go.
+        ``member``: who finished them (acknowledged them while holding them), or None."""
         top = min(last, self._keyed_to - 1)
         if top < first or not self._key_of:
             return
@@ -807,7 +831,75 @@ class SharePartition:
             if k is not None:
                 keys.add(k)
         for k in keys:
+            if member is not None:
+                self._set_finisher(k, member)
             self._next_of_key(k)
+
+    def _set_finisher(self, key: int, member: str) -> None:
+        old = self._finisher.get(key)
+        if old == member:
+            return
+        if old is not None:
+            self._drop_finished(old, key)
+        self._finisher[key] = member
+        mine = self._finished_by.get(member)
+        if mine is None:
+            self._finished_by[member] = {key}
+        else:
+            mine.add(key)
+
+    def _drop_finisher(self, key: int) -> None:
+        member = self._finisher.pop(key, None)
+        if member is not None:
+            self._drop_finished(member, key)
+
+    def _drop_finished(self, member: str, key: int) -> None:
+        mine = self._finished_by.get(member)
+        if mine is not None:
+            mine.discard(key)
+            if not mine:
+                del self._finished_by[member]
+
+    def _forget_finishers(self) -> None:
+        self._finisher.clear()
+        self._finished_by.clear()
+
+    def _head(self, key: int) -> int | None:
+        """The first unfinished learnt record of ``key`` (finished ones dropped from the front)."""
+        q = self._key_queue.get(key)
+        if not q:
+            return None
+        key_of = self._key_of
+        while q and q[0] not in key_of:
+            q.popleft()
+        return q[0] if q else None
+
+    def _choose_preferred(self, member_id: str, budget: int, up_to: int) -> None:
+        """The heads, up to ``budget`` of them (first in offset order) and up to offset ``up_to``,
+        of the keys ``member_id`` finished last that may be acquired now: ``_acquire_keyed`` takes
+        these first, so a consumer asking again with its acknowledgements gets the next record
+        of each key it just finished (within its budget) instead of another member, and the keys
+        stay spread as they were."""
+        self._preferred = set()
+        self._preferred_to = -1
+        mine = self._finished_by.get(member_id)
+        if not mine or budget <= 0:
+            return
+        ranges = self._ranges
+        spso, speo, now = self._spso, self._speo, self._now
+        heads = []
+        for k in mine:
+            h = self._head(k)
+            if h is None or not spso <= h < speo or h > up_to:
+                continue
+            r = ranges[index_of(ranges, h)]
+            if r.state == _AVAILABLE and r.deadline <= now and r.count < self._limit:
+                heads.append(h)
+        if len(heads) > budget:
+            heads.sort()
+            del heads[budget:]
+        self._preferred = set(heads)
+        self._preferred_to = max(heads, default=-1)
 
     def _next_of_key(self, key: int) -> None:
         """Drop the key's finished records from its front; its new head stops waiting."""
@@ -819,6 +911,7 @@ class SharePartition:
             q.popleft()
         if not q:
             del self._key_queue[key]
+            self._drop_finisher(key)
             return
         h = q[0]
         if self._spso <= h < self._speo:
@@ -1058,6 +1151,8 @@ class SharePartition:
         for r in self._ranges:
             if r.state == _ACQUIRED and r.member == member_id:
                 self._apply(r, _T_MEMBER_GONE, None, 0)
+        for k in self._finished_by.pop(member_id, ()):
+            self._finisher.pop(k, None)
         return self._finish(old_start)
 
     # ------------------------------------------------------------------ SPSO movement
@@ -1096,6 +1191,7 @@ class SharePartition:
         self._delays.clear()
         self._key_of.clear()
         self._key_queue.clear()
+        self._forget_finishers()
         self._spso = self._speo = self._available_from = self._keyed_to = offset
         return ResetResult(int(ErrorCode.NONE), ShareSnapshot(offset, ()), None)
 
@@ -1111,7 +1207,10 @@ class SharePartition:
     def _apply(self, r: StateRange, t: Transition, member: str | None, deadline: int) -> None:
         """Move range ``r`` through transition ``t``, recording any durable change."""
         before = durable_view(r.state, r.count)
+        holder = None
         if r.state == _ACQUIRED:
+            if t is not _T_LOCK_TIMEOUT and t is not _T_MEMBER_GONE:
+                holder = r.member  # finished by its member's acknowledgement, if terminal
             self._hold(r.member, r.first - r.last - 1)
         if r.count >= self._limit:
             target = t.at_limit
@@ -1122,7 +1221,8 @@ class SharePartition:
         if target == _ARCHIVED and r.count > 0 and t is not _T_SKIP:
             self._archived.append((r.first, r.last, r.count))
         if self._key_ordered and target in TERMINAL_STATES:
-            self._finish_keys(r.first, r.last)
+            # (acknowledged by the member holding it: its keys stay with it, see _acquire_keyed)
+            self._finish_keys(r.first, r.last, holder)
         if target == _ACQUIRED:
             if t.new_lock:
                 r.deadline = deadline

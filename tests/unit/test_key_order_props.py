@@ -10,7 +10,9 @@ record keys of the log (never from the engine's own bookkeeping):
 * a record is acquired only when every earlier record of its key is finished;
 * a record set aside as waiting for its key has an earlier unfinished record of that key (no
   record waits for nothing, which would strand it);
-* an acquire under a key budget takes at most that many keyed records;
+* an acquire under a key budget takes at most that many keyed records, and first the next
+  records of the keys its member finished last (affinity), against a reference model of who
+  finished which key;
 * the durable writes replay to the engine's snapshot;
 
 and at the end that draining with one member finishes every record (nothing is lost or stuck).
@@ -98,6 +100,10 @@ class KeyOrderMachine(RuleBasedStateMachine):
         self.sp = SharePartition(0, **self.config)
         self.snapshot = ShareSnapshot(0, ())
         self.updates: list[ShareUpdate] = []
+        # reference model of affinity: key -> the member whose acknowledgement finished its last
+        # finished record, until its next record is acquired, while the key has a learnt
+        # unfinished record
+        self.finisher: dict[int, str] = {}
 
     def _record(self, update: ShareUpdate | None) -> None:
         if update is not None:
@@ -107,19 +113,58 @@ class KeyOrderMachine(RuleBasedStateMachine):
         return [o for r in self.sp.in_flight() if r.state == RecordState.ACQUIRED and r.member_id == member
                 for o in range(r.first_offset, r.last_offset + 1)]
 
-    @rule(member=st.sampled_from(MEMBERS), batches=st.integers(1, 6), max_records=st.integers(1, 12),
+    def _state_of(self) -> dict[int, object]:
+        return {o: r for r in self.sp.in_flight() for o in range(r.first_offset, r.last_offset + 1)}
+
+    def _head(self, key: int, states: dict[int, object]) -> int | None:
+        """The first unfinished record of ``key`` by the log and the record states."""
+        for o in sorted(o for o, k in self.log.key_of.items() if k == key):
+            r = states.get(o)
+            if o >= self.sp.end_offset or (r is not None and r.state in (RecordState.AVAILABLE,
+                                                                          RecordState.ACQUIRED)):
+                return o
+        return None
+
+    def _forget_keys_without_work(self) -> None:
+        """A key with no learnt unfinished record keeps no affinity (the engine drops it then)."""
+        states = self._state_of()
+        known = self.sp.keys_known_to
+        for k in list(self.finisher):
+            h = self._head(k, states)
+            if h is None or h >= known:
+                del self.finisher[k]
+
+    @rule(member=st.sampled_from(MEMBERS), batches=st.integers(1, 6), max_records=st.sampled_from([1, 2, 5, 12, 40]),
           record_limit=st.booleans(), max_keys=st.sampled_from([None, 0, 1, 2]))
     def acquire(self, member: str, batches: int, max_records: int, record_limit: bool, max_keys: int | None) -> None:
         offset = self.sp.next_fetch_offset()
         fetched, keys = self.log.fetch(offset, batches)
+        # the heads of the keys the member finished that it may acquire now, per the model
+        states = self._state_of()
+        mine = []
+        for k, m in self.finisher.items():
+            h = self._head(k, states) if m == member else None
+            r = states.get(h) if h is not None else None
+            if (r is not None and r.state == RecordState.AVAILABLE and not r.waits_for_key
+                    and (r.available_at_ms is None or r.available_at_ms <= self.clock.now)
+                    and r.delivery_count < self.config["delivery_count_limit"]
+                    and fetched and offset <= h <= fetched[-1].last_offset):
+                mine.append(h)
         result = self.sp.acquire(member, fetched, max_records, int(record_limit), fetch_offset=offset,
                                  record_keys=keys, max_keys=max_keys)
         self._record(result.update)
         got = [o for a in result.records for o in range(a.first_offset, a.last_offset + 1)]
         if max_keys is not None:
             assert sum(1 for o in got if o in self.log.key_of) <= max_keys
+            span = sum(b.last_offset - b.base_offset + 1 for b in fetched)
+            if max_records >= span:  # the record budget cannot stop it first
+                first = sorted(mine)[:max_keys]
+                assert set(first) <= set(got), f"{member} did not get the heads {first} of its keys: {got}"
         if record_limit:
             assert len(got) <= max_records
+        for o in got:  # a key's next record went out: nothing is kept for anyone
+            self.finisher.pop(self.log.key_of.get(o), None)
+        self._forget_keys_without_work()
 
     @rule(member=st.sampled_from(MEMBERS), data=st.data())
     def acknowledge(self, member: str, data: st.DataObject) -> None:
@@ -132,21 +177,33 @@ class KeyOrderMachine(RuleBasedStateMachine):
         result = self.sp.acknowledge(member, [(o, o, int(ack)) for o in chosen])
         assert result.error_code == 0
         self._record(result.update)
+        states = self._state_of()
+        for o in chosen:
+            k = self.log.key_of.get(o)
+            r = states.get(o)
+            if k is not None and (o < self.sp.start_offset or r.state in (RecordState.ACKNOWLEDGED,
+                                                                          RecordState.ARCHIVED)):
+                self.finisher[k] = member
+        self._forget_keys_without_work()
 
     @rule(ms=st.sampled_from([10, 60, 101, 250]))
     def tick(self, ms: int) -> None:
         self.clock.now += ms
         self._record(self.sp.expire_locks())
+        self._forget_keys_without_work()
 
     @rule(member=st.sampled_from(MEMBERS))
     def release_member(self, member: str) -> None:
         self._record(self.sp.release_member(member))
+        self.finisher = {k: m for k, m in self.finisher.items() if m != member}
+        self._forget_keys_without_work()
 
     @rule()
     def restart(self) -> None:
         self.snapshot = self.sp.snapshot()
         self.updates = []
         self.sp = SharePartition.from_snapshot(self.snapshot, **self.config)
+        self.finisher = {}
 
     # ---------------------------------------------------------------- guarantees
 
@@ -235,3 +292,33 @@ def test_turning_ordering_off_frees_the_records_waiting_for_their_key_and_on_rel
     sp.acknowledge("a", [(0, 0, int(AcknowledgeType.ACCEPT))])
     got = sp.acquire("c", batch, 10, fetch_offset=sp.next_fetch_offset(), record_keys=[keys])
     assert [(r.first_offset, r.last_offset) for r in got.records] == [(1, 1)]
+
+
+def _taken(result) -> list[int]:
+    return [o for r in result.records for o in range(r.first_offset, r.last_offset + 1)]
+
+
+def test_the_keys_a_member_finished_stay_with_it_within_its_budget():
+    """Affinity: a member asking again gets the next records of the keys it just finished before
+    any other free key (so those keys go on at once and stay spread as they were), within its key
+    budget; a member that left (release_member) has no keys kept for it."""
+    keys = Keys(array("q", range(12)), array("q", [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4]))
+    batch = [FetchedBatch(0, 11)]
+    sp = SharePartition(0, key_ordered=True)
+    assert _taken(sp.acquire("a", batch, 50, fetch_offset=0, record_keys=[keys], max_keys=2)) == [0, 1]
+    assert _taken(sp.acquire("b", batch, 50, fetch_offset=sp.next_fetch_offset(), max_keys=2)) == [2, 3]
+    sp.acknowledge("a", [(0, 1, int(AcknowledgeType.ACCEPT))])
+    sp.acknowledge("b", [(2, 3, int(AcknowledgeType.ACCEPT))])
+    # b asks first: the first free heads are 4 and 5 (keys 1, 2: a's), but b finished keys 3 and 4
+    assert _taken(sp.acquire("b", batch, 50, fetch_offset=sp.next_fetch_offset(), max_keys=2)) == [6, 7]
+    assert _taken(sp.acquire("a", batch, 50, fetch_offset=sp.next_fetch_offset(), max_keys=2)) == [4, 5]
+    # within the budget: one key of the two b finished, the first by offset
+    sp.acknowledge("b", [(6, 7, int(AcknowledgeType.ACCEPT))])
+    sp.acknowledge("a", [(4, 5, int(AcknowledgeType.ACCEPT))])
+    assert _taken(sp.acquire("b", batch, 50, fetch_offset=sp.next_fetch_offset(), max_keys=1)) == [10]
+    # free now: 8 and 9 (keys 1, 2: a's), 11 (key 4: b's). b leaves (10 goes back) and comes back:
+    # nothing is kept for it, it gets the first free head
+    sp.release_member("b")
+    assert _taken(sp.acquire("b", batch, 50, fetch_offset=sp.next_fetch_offset(), max_keys=1)) == [8]
+    # without a budget a member takes every free head, in offset order
+    assert _taken(sp.acquire("c", batch, 50, fetch_offset=sp.next_fetch_offset())) == [9, 10, 11]

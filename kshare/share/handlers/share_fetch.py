@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ from .common import (
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
+    from ..partition import SharePartition
     from ..partition_log import PartitionLog
     from ..service import ShareGroupService, SharePartitionState
 
@@ -339,11 +341,9 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
                    for b, _ in read.batches]
         max_keys = None
         if engine.key_ordered:
-            # each member takes its share of the keys (at most one record of a key is out at a
-            # time, so a member taking every key would leave the others idle)
             engine.learn_keys(fetched, _record_keys(read.batches, engine.keys_known_to, sp), read.fetch_offset)
-            members = max(1, len(group.assigned_members(topic_id, partition)))
-            max_keys = max(0, -(-engine.ordered_key_count() // members) - engine.acquired_count(member_id))
+            max_keys = _key_budget(sp, engine, member_id, now, cfg.record_lock_duration_ms,
+                                   group.assigned_members(topic_id, partition))
         result = engine.acquire(member_id, fetched, want, acquire_mode,
                                 fetch_offset=read.fetch_offset, lso=read.lso if rc else None,
                                 aborted_transactions=read.aborted if rc else None,
@@ -381,6 +381,19 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         pool.hold_answer(len(records))
         service.stats.deliveries[(group_id, topic.name)] += result.count
     return states
+
+
+def _key_budget(sp: SharePartitionState, engine: SharePartition, member_id: str, now: int, idle_ms: int,
+                assigned: Sequence[str]) -> int:
+    """Key-ordered groups: how many keys the member may take now. At most one record of a key is
+    out at a time, so a member taking one record of every free key would leave the others idle,
+    and each key would wait for that member's whole batch: each member gets its share of the keys
+    with records waiting or out, ceil(keys / members), less the keys it holds (so, while the others
+    hold theirs, at most its share of the free keys). Members are counted as fair acquisition
+    counts them (fetching here, not quiet, or assigned and expected). Which keys: the engine gives
+    the member the next records of the keys it just finished first (affinity, ``acquire``)."""
+    members = sp.fair.count(member_id, now, idle_ms, assigned, engine.acquired_count)
+    return max(0, -(-engine.ordered_key_count() // members) - engine.acquired_count(member_id))
 
 
 def _ready(service: ShareGroupService, group_id: str, tp: tuple[bytes, int]) -> bool:
