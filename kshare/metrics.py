@@ -115,6 +115,9 @@ class ShareCollector(Collector):
         yield CounterMetricFamily("kshare_end_offset_corrections", "End offsets kshare corrected from the batches it "
                                   "read, on a cluster whose end offsets fall short of its records",
                                   value=checks.end_offset_corrections)
+        yield CounterMetricFamily("kshare_state_batches_resent", "State-topic batches sent again to a partition's "
+                                  "new leader (a broker restarting or failing)",
+                                  value=getattr(getattr(service.store, "stats", None), "resent_batches", 0))
         yield CounterMetricFamily("kshare_authorization_checks", "Questions asked of the cluster, as a client, "
                                   "whether it may do what it asked of the share-group service", value=service.authz.probes)
         yield CounterMetricFamily("kshare_authorization_denials", "Of those, the ones the cluster refused",

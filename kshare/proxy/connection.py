@@ -176,6 +176,9 @@ class ClientConnection(asyncio.BufferedProtocol):
             except (TimeoutError, OSError) as exc:
                 last = exc
                 continue
+            if upstream.closed:  # closed before it was ours (its connection_lost saw no client of it)
+                last = ConnectionError("closed at once")
+                continue
             self.upstream, self.upstream_addr = upstream, (host, port)
             self.proxy.upstream_reached()
             if not self.closed and self.transport is not None:
@@ -199,15 +202,29 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.reattaching = True
         self._spawn(self._reattach_upstream())
 
-    def rehome(self, attempts: int = 60) -> None:
+    def rehome(self) -> None:
         """This listener's broker is back: move the upstream connection to it from the broker that
-        stood in, once nothing is owed on it (retried every half second, for half a minute)."""
+        stood in. From a frame boundary on, new requests wait in the backlog while the answers owed
+        on the old connection come in; then the new connection takes the backlog."""
         if self.closed or self.reattaching or self.upstream is None:
             return
-        if self.can_reattach():
-            self.upstream.close()  # its connection_lost re-attaches, to this listener's broker first
-        elif attempts > 1:
-            asyncio.get_running_loop().call_later(0.5, self.rehome, attempts - 1)
+        if self._forward_left:  # in the middle of a request: at its end
+            asyncio.get_running_loop().call_later(0.01, self.rehome)
+            return
+        self.reattaching = True
+        self._spawn(self._rehome_when_drained(self.upstream))
+
+    async def _rehome_when_drained(self, old: UpstreamConnection) -> None:
+        while self.awaiting_upstream and not self.closed and self.upstream is old:
+            await asyncio.sleep(0.005)
+        if self.closed or self.upstream is not old:
+            return  # lost meanwhile: its connection_lost re-attached or closed the client
+        if self.sasl:  # authenticated as the client on the stand-in: it reconnects, to its broker
+            self.close()
+            return
+        self.upstream = None
+        old.close()
+        await self._reattach_upstream()
 
     async def _reattach_upstream(self) -> None:
         loop = asyncio.get_running_loop()
@@ -226,6 +243,8 @@ class ClientConnection(asyncio.BufferedProtocol):
                 if self.closed:
                     upstream.close()
                     return
+                if upstream.closed:  # closed before it was ours
+                    continue
                 self.upstream, self.upstream_addr, self.reattaching = upstream, (host, port), False
                 backlog, self._backlog = self._backlog, []
                 if backlog and upstream.transport is not None:
@@ -785,8 +804,8 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         client = self.client
-        if client.upstream is not self and client.upstream is not None:
-            return  # one the client has replaced already
+        if client.upstream is not self:
+            return  # one the client has replaced already (re-attached, or rehomed)
         gone = ConnectionError("the upstream connection closed")
         for slot in [*client.awaiting_upstream, *(s for s, _ in client._probes)]:
             if slot.probe is not None and not slot.probe.done():

@@ -80,12 +80,10 @@ class BrokerMap:
         self._lock = asyncio.Lock()
 
     def upstream_candidates(self, node_id: int | None) -> list[tuple[str, int]]:
-        if node_id in self.away:  # a new connection to a broker that is away: served by the others
-            return self.reattach_candidates(node_id)
-        if node_id is not None and node_id in self.upstream:
-            return [self.upstream[node_id]]
         if node_id is not None:
-            return []
+            # its broker, or while it is away (or refuses: restarting before the metadata says so)
+            # another, which answers what it does not lead as Kafka does
+            return self.reattach_candidates(node_id) if node_id in self.upstream else []
         return list(self.proxy.config.upstream) + [a for a in self.upstream.values() if a not in self.proxy.config.upstream]
 
     def reattach_candidates(self, node_id: int | None) -> list[tuple[str, int]]:

@@ -36,7 +36,7 @@ from .sessions import ShareSessionCache
 from .state_fence import expect_fencing
 from .states import ShareSnapshot, ShareUpdate
 from .stats import ShareStats
-from .store import GroupRecord, NotOwned, SharePartitionKey, StateStore
+from .store import GroupRecord, NotOwned, SharePartitionKey, StateStore, StoreWriteError
 from .tasks import shared_task
 from .upstream import EARLIEST, LATEST, TopicInfo, UpstreamCluster
 from .upstream_checks import check_upstream
@@ -359,6 +359,10 @@ class ShareGroupService(InstanceGroupMember):
             return await asyncio.shield(task)
         except WriteFailed:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+        except StoreWriteError as exc:  # its first state write (a broker restarting): tried again later
+            log.info("share-partition %s %s-%d: its initial state was not written (%s); trying again at the next "
+                     "fetch", sp.key.group_id, sp.topic.name, sp.key.partition, exc)
+            return ErrorCode.NETWORK_EXCEPTION, None
         except NotOwned:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, None
 

@@ -12,14 +12,15 @@ Semantics the store relies on (kshare.share.state_topic): ``send`` gives a futur
 to the record's offset once the broker acknowledged it (acks=all) or fails; records sent in one
 turn of the event loop go out together, one batch per partition.
 
-Leader moves (a rolling restart, an election) are ridden through: a batch the broker answered
-with an error that says it did not append it (NOT_LEADER_OR_FOLLOWER, a fenced or unknown leader
-epoch, NOT_ENOUGH_REPLICAS) is sent again, as it was (same producer id and sequence numbers), to
-the partition's new leader, once every earlier request to that partition has been answered, and
-before anything queued for that partition since; for up to ``retry_timeout_s``. Any other failure
-(a connection lost with the request, a timeout: the batch may have landed) fails the futures of
-that request: the store rolls back and renews the producer (a new producer id, sequences from 0,
-so nothing after a failed batch can be appended with a gap).
+Leader moves (a rolling restart, an election, a broker killed) are ridden through: a batch the
+broker answered with an error that says it did not append it (NOT_LEADER_OR_FOLLOWER, a fenced or
+unknown leader epoch, NOT_ENOUGH_REPLICAS), or, from an idempotent producer, one whose connection
+was lost or whose answer timed out, is sent again as it was (same producer id and sequence
+numbers) to the partition's new leader, once every earlier request to that partition has been
+answered, and before anything queued for that partition since; for up to ``retry_timeout_s``.
+Any other failure fails the futures of that request: the store rolls back and renews the
+producer (a new producer id, sequences from 0, so nothing after a failed batch can be appended
+with a gap).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..client import KafkaConnection
@@ -71,7 +72,8 @@ class PipelinedProducer:
 
     def __init__(self, bootstrap_servers: Sequence[str], topic: str, *, idempotent: bool = True,
                  security: ClientSecurity | None = None, client_id: str = "kshare-state",
-                 request_timeout_s: float = 30.0, retry_timeout_s: float = 20.0) -> None:
+                 request_timeout_s: float = 30.0, retry_timeout_s: float = 20.0,
+                 on_resend: Callable[[], None] | None = None) -> None:
         self.bootstrap_servers = list(bootstrap_servers)
         self.topic = topic
         self.idempotent = idempotent
@@ -99,7 +101,7 @@ class PipelinedProducer:
         self._resend: dict[int, list[tuple[int, bytes, list, float]]] = {}
         self._held: dict[int, list] = {}
         self._resending: asyncio.Task | None = None
-        self.resent_batches = 0  # batches sent again after a leader move (a metric)
+        self._on_resend = on_resend  # called for each batch sent again (a metric)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -304,10 +306,16 @@ class PipelinedProducer:
             else:
                 self._in_flight_parts.pop(p, None)
         if fut.cancelled() or fut.exception() is not None:
-            # the connection failed or the request timed out: every record of it
+            # The connection failed (a broker killed) or the request timed out: the batches may or
+            # may not have landed. With an idempotent producer they are sent again as they were:
+            # a batch the new leader has already is a duplicate it acknowledges without appending
+            # (Kafka remembers a producer's last five batches per partition; past those it answers
+            # OUT_OF_ORDER_SEQUENCE_NUMBER, and the records fail as before).
             exc = fut.exception() if not fut.cancelled() else TimeoutError(f"no answer within {self.request_timeout_s} s")
             self._stale_metadata = True
-            _fail_all((recs for _, _, recs in batch), StateProduceError(f"state produce to {where} failed: {exc!r}"))
+            failed = [(p, data, recs) for p, data, recs in batch
+                      if not (self.idempotent and self._send_again(p, data, recs, ErrorCode.NETWORK_EXCEPTION))]
+            _fail_all((recs for _, _, recs in failed), StateProduceError(f"state produce to {where} failed: {exc!r}"))
             return
         resp = fut.result()
         answers = {pr.index: pr for t in resp.responses for pr in t.partition_responses}
@@ -369,7 +377,8 @@ class PipelinedProducer:
                     conn = self._conns[node]
                     for p in parts:
                         for _, data, recs, _ in sorted(self._resend.pop(p, []), key=lambda b: b[0]):
-                            self.resent_batches += 1
+                            if self._on_resend is not None:
+                                self._on_resend()
                             self._produce(conn, [(p, data, recs)])
                 held = {p: self._held.pop(p) for p in parts if p in self._held}
                 if held:

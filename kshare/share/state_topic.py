@@ -82,7 +82,7 @@ from .states import (
     apply_update,
     normalize,
 )
-from .store import GroupRecord, NotOwned, SharePartitionKey, StateWrite
+from .store import GroupRecord, NotOwned, SharePartitionKey, StateWrite, StoreWriteError
 from .upstream_checks import UpstreamChecks, cluster_refusals
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class StateStoreError(Exception):
     """The state store cannot do what was asked (not started, closed, misconfigured topic)."""
 
 
-class StateWriteError(StateStoreError):
+class StateWriteError(StateStoreError, StoreWriteError):
     """A write was not acknowledged by the cluster; it may or may not be on the topic."""
 
 
@@ -135,6 +135,7 @@ class WriteStats:
     tombstones: int = 0
     group_records: int = 0
     failed_records: int = 0
+    resent_batches: int = 0  # batches sent again to a new leader (state_producer: leader moves)
     prunes: int = 0  # DeleteRecords rounds
     pruned_records: int = 0  # by how much log start offsets moved in total
     max_round_records: int = 0
@@ -573,10 +574,12 @@ class TopicStateStore:
         old, self._producers = self._producers, []
         await asyncio.gather(*(p.stop() for p in old), return_exceptions=True)
         # Pipelined: every round's records go out at once, in order per partition (see
-        # state_producer.py); nothing is retried, so order holds without idempotence too.
+        # state_producer.py); what is sent again after a leader move goes before anything queued
+        # behind it, so order holds without idempotence too.
         producers = [
             PipelinedProducer(self.bootstrap_servers, self.topic, idempotent=idempotent, security=self.security,
-                              client_id=self.client_id, request_timeout_s=self.write_timeout_s)
+                              client_id=self.client_id, request_timeout_s=self.write_timeout_s,
+                              retry_timeout_s=self.write_timeout_s * 2 / 3, on_resend=self._count_resend)
             for _ in range(min(self.producer_count, self.partitions))
         ]
         self._idempotent = idempotent
@@ -587,6 +590,9 @@ class TopicStateStore:
             await asyncio.gather(*(p.stop() for p in producers), return_exceptions=True)
             raise
         self._producers = producers
+
+    def _count_resend(self) -> None:
+        self.stats.resent_batches += 1
 
     async def _renew_producer(self) -> None:
         """Replace an idempotent producer one of whose batches failed.

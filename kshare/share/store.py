@@ -42,6 +42,11 @@ class GroupRecord:
 StateWrite = tuple[SharePartitionKey, ShareUpdate | ShareSnapshot]
 
 
+class StoreWriteError(Exception):
+    """A store's write the cluster did not acknowledge (it may or may not have landed); the
+    state store's own write errors derive from it."""
+
+
 class NotOwned(Exception):
     """Raised by a store's write for state this proxy does not (or no longer) own: an instance
     group moved it to another proxy (which fenced this one). Nothing was written."""

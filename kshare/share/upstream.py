@@ -29,6 +29,12 @@ EARLIEST, LATEST = -2, -1
 
 # Fetch errors after which the leader may have moved
 _STALE_METADATA = {3, 6, 74, 75, 100, 103}  # UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER, FENCED/UNKNOWN_LEADER_EPOCH, ...
+# Errors of kshare's own reads that a cluster answers while a leader moves or a broker restarts:
+# a share fetch gets no records from that partition this time (the next one reads from the new
+# leader), never the error: it is kshare's business, not the client's (librdkafka fails a poll on
+# NETWORK_EXCEPTION), and Kafka's own share-partition leader never answers a ShareFetch with it.
+TRANSIENT = frozenset({5, 6, 7, 13, 19, 56, 74, 75})  # LEADER_NOT_AVAILABLE, NOT_LEADER, REQUEST_TIMED_OUT,
+# NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS, KAFKA_STORAGE_ERROR, FENCED/UNKNOWN_LEADER_EPOCH
 OFFSET_OUT_OF_RANGE = 1
 
 
@@ -181,6 +187,9 @@ class UpstreamCluster:
         return {name: (t.topic_id, t.partitions) for name, t in self.topics.items()}
 
     async def leader(self, topic: TopicInfo, partition: int) -> int:
+        if not self.metadata_at:  # a leader moved or a broker went away: ask before going on
+            await self.refresh_metadata(max_age=0.5)
+        topic = self.topics.get(topic.name, topic)  # callers keep the TopicInfo of an older refresh
         leader = topic.leaders[partition] if partition < topic.partitions else -1
         if leader < 0:
             await self.refresh_metadata(max_age=0.5)
@@ -213,7 +222,8 @@ class UpstreamCluster:
                       topics=[fetch_topic], rack_id="")
             resp = await conn.request(FETCH, version, req)
         except (OSError, ConnectionError, TimeoutError) as exc:
-            log.info("fetch %s-%d from the cluster failed: %r", topic.name, partition, exc)
+            log.debug("fetch %s-%d from the cluster failed: %r", topic.name, partition, exc)
+            self.metadata_at = 0.0  # the broker may be gone: its partitions' new leaders are asked for
             return FetchResult(ErrorCode.NETWORK_EXCEPTION)
         if resp.error_code:
             return FetchResult(resp.error_code)
@@ -242,7 +252,8 @@ class UpstreamCluster:
                                                                        current_leader_epoch=-1)])])
             resp = await conn.request(LIST_OFFSETS, version, req)
         except (OSError, ConnectionError, TimeoutError) as exc:
-            log.info("list offsets %s-%d failed: %r", topic.name, partition, exc)
+            log.debug("list offsets %s-%d failed: %r", topic.name, partition, exc)
+            self.metadata_at = 0.0
             return ErrorCode.NETWORK_EXCEPTION, -1
         for t in resp.topics:
             for p in t.partitions:

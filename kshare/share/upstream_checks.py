@@ -87,7 +87,9 @@ async def check_upstream(bootstrap: str, security: ClientSecurity, checks: Upstr
 
     conf = {"bootstrap_servers": bootstrap, "client_id": "kshare-probe", **security.aiokafka_kwargs()}
     admin = AIOKafkaAdminClient(request_timeout_ms=int(timeout * 1000), **conf)
-    producer = AIOKafkaProducer(acks=1, enable_idempotence=False, linger_ms=0,
+    # acks=all: the answer comes once the high watermark includes the batch (with acks=1 a cluster
+    # of several brokers answers end offsets short of it until its followers caught up)
+    producer = AIOKafkaProducer(acks="all", enable_idempotence=False, linger_ms=0,
                                 request_timeout_ms=int(timeout * 1000), **conf)
     consumer = AIOKafkaConsumer(group_id=PROBE_GROUP, enable_auto_commit=False,
                                 request_timeout_ms=int(timeout * 1000), **conf)

@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 
 from tests.integration.cluster import ThreeNodeCluster
 
-from .share_helpers import ConsumerLoop, ShareProxyThread, quiet_logger, share_group, stop_all, wait_until
+from .share_helpers import ConsumerLoop, ShareProxyThread, quiet_logger, read_plain, share_group, stop_all
 
 log = logging.getLogger("kshare.tests.broker_roll")
 
@@ -103,8 +103,16 @@ def test_a_rolling_restart_and_a_crash_lose_nothing_and_redeliver_little(cluster
             log.info("node 2 restarted (SIGKILL) at %.1f s", time.monotonic() - t0)
             during.join(180)
             expected = set(before.values) | set(during.values)
-            wait_until(lambda: expected <= {v for lp in loops for v in lp.values()}, 180,
-                       "every record delivered")
+            deadline = time.monotonic() + 120
+            while not expected <= (seen := {v for lp in loops for v in lp.values()}):
+                if time.monotonic() > deadline:
+                    missing = sorted(expected - seen)
+                    in_log = {m.value() for m in read_plain(cluster3.bootstrap, topic, len(expected), 30)}
+                    raise AssertionError(
+                        f"{len(missing)} of {len(expected)} records never delivered (e.g. {missing[:5]}), "
+                        f"{len(set(missing) & in_log)} of them in the topic; producer failures "
+                        f"{during.failed[:3]}; consumer errors: {[lp.errors for lp in loops]}")
+                time.sleep(0.5)
         finally:
             stop_all(loops)
         assert not during.failed, during.failed[:3]

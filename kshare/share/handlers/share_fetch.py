@@ -27,7 +27,7 @@ from ..records import Batch
 from ..sessions import FINAL_EPOCH
 from ..states import AcquireMode
 from ..store import SharePartitionKey
-from ..upstream import OFFSET_OUT_OF_RANGE
+from ..upstream import OFFSET_OUT_OF_RANGE, TRANSIENT
 from .common import (
     MAX_MEMBER_ID_LENGTH,
     AckOutcome,
@@ -282,6 +282,8 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         elif out.record_count and loading is not None and (topic_id, partition) in loading:
             continue  # ready by now, but not when this pass began waiting for another
         err, engine = await service.engine(sp)
+        if err in TRANSIENT:
+            continue  # its initialisation met a broker restarting: the next fetch tries again
         if err or engine is None:
             out.partition(topic_id, partition).error_code = err or ErrorCode.COORDINATOR_NOT_AVAILABLE
             continue
@@ -318,6 +320,8 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         if read.error_code == OFFSET_OUT_OF_RANGE:
             service.skip_to_log_start(sp, read.log_start_offset)
             continue
+        if read.error_code in TRANSIENT:
+            continue  # kshare reads from the new leader next time (upstream.TRANSIENT)
         if read.error_code:
             if read.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED and topic.name not in _REFUSED_TO_KSHARE:
                 # the client may read it (asked above): kshare's own principal may not
