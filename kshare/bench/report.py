@@ -24,6 +24,7 @@ COLORS = {
     "kshare": "tab:blue",
     "native": "tab:green",
     "kafka": "tab:red",
+    "kshare-watch20": "tab:cyan",  # the spark scenario's kshare source with its commit watch at 20 ms
 }
 
 
@@ -524,6 +525,7 @@ def _spark(res: dict[str, Any]) -> list[str]:
         "llrrrrrrr",
     )
     out.append("")
+    out += _spark_rounds(res)
     if alone:
         out += ["The kshare source alone on one partition:", ""]
         out += _table(
@@ -548,6 +550,36 @@ def _spark(res: dict[str, Any]) -> list[str]:
     failed = [r for r in rows if r.get("failed")]
     for r in failed:
         out += [f"**{r['label']}: {r['failed']} query(ies) failed** (see results.json, spark.log).", ""]
+    return out
+
+
+def _spark_rounds(res: dict[str, Any]) -> list[str]:
+    """Round by round: each repeat ran the configurations of a pair one after the other."""
+    samples = [s for s in res.get("samples", []) if "error" not in s and s.get("repeat") is not None]
+    out = []
+    for p, t in (tuple(x) for x in res.get("config", {}).get("pairs", [])):
+        by = {(s["kind"], s["repeat"]): s for s in samples if (s["partitions"], s["tasks"]) == (p, t)}
+        rounds = sorted({r for _, r in by})
+
+        def pairs(a: str, b: str, by: dict = by, rounds: list = rounds) -> list[tuple[dict, dict]]:
+            return [(by[(a, r)], by[(b, r)]) for r in rounds if (a, r) in by and (b, r) in by]
+
+        ks = pairs("kshare", "kafka")
+        if not ks:
+            continue
+        line = (
+            f"{p} partition{'s' if p > 1 else ''} x {t} tasks, round by round: kshare / Kafka source records/s "
+            + ", ".join(_ratio(k["records_per_s"] / f["records_per_s"]) for k, f in ks)
+            + "; kshare's overhead - the Kafka source's "
+            + ", ".join(f"{k['overhead_ms'] - f['overhead_ms']:+,.0f}" for k, f in ks)
+            + " ms"
+        )
+        for kind in sorted({k for k, _ in by if k.startswith("kshare-watch")}):
+            ws = pairs(kind, "kshare")
+            if ws:
+                line += (f"; {kind.removeprefix('kshare-watch')} ms commit watch / 100 ms, records/s "
+                         + ", ".join(_ratio(w["records_per_s"] / k["records_per_s"]) for w, k in ws))
+        out += [line + ".", ""]
     return out
 
 
