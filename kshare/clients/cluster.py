@@ -1,0 +1,232 @@
+"""A client's view of a Kafka cluster on kshare's own protocol layer: bootstrap, metadata (with each
+topic's error), group coordinators and one pipelined :class:`~kshare.client.KafkaConnection` per
+broker, authenticated as :class:`~kshare.security.ClientSecurity` says.
+
+The share member (:mod:`kshare.clients.share_member`) runs on it; it works the same against a
+kshare proxy and a Kafka broker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+
+from ..client import KafkaConnection, ProxyUpstreamUnavailable
+from ..protocol import messages
+from ..security import AuthenticationFailed, ClientSecurity
+from .errors import error_for
+
+log = logging.getLogger("kshare.clients")
+
+METADATA, FIND_COORDINATOR = 3, 10
+COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR = 14, 15, 16
+RETRIABLE_COORDINATOR = {COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR}
+
+
+@dataclass(slots=True)
+class Node:
+    node_id: int
+    host: str
+    port: int
+
+
+@dataclass(slots=True)
+class TopicMeta:
+    name: str
+    topic_id: bytes
+    leaders: dict[int, int]  # partition -> leader node id (-1 unknown)
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self.leaders)
+
+
+def parse_servers(value: str | Iterable[str] | Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    """``"h1:9092,h2:9092"``, ``["h1:9092", ...]`` or ``[("h1", 9092), ...]`` as (host, port) pairs."""
+    items: list[Any] = value.split(",") if isinstance(value, str) else list(value)
+    out: list[tuple[str, int]] = []
+    for item in items:
+        if isinstance(item, tuple):
+            out.append((str(item[0]), int(item[1])))
+            continue
+        item = item.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"bootstrap server '{item}' is not HOST:PORT")
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise ValueError("no bootstrap server given")
+    return out
+
+
+class Cluster:
+    """Connections and metadata of one cluster. ``timeout_ms`` bounds each request, and the bootstrap
+    (retried until then: a server may be starting)."""
+
+    def __init__(self, bootstrap: list[tuple[str, int]], *, client_id: str = "kshare",
+                 timeout_ms: int = 30000, security: ClientSecurity | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.client_id = client_id
+        self.security = security
+        self.timeout = timeout_ms / 1000.0
+        self.brokers: dict[int, Node] = {}
+        self.topics: dict[str, TopicMeta] = {}
+        self.topic_errors: dict[str, tuple[int, str | None]] = {}  # the last Metadata error of a topic asked for
+        self._conns: dict[tuple[str, int], KafkaConnection] = {}
+        self._opening: dict[tuple[str, int], asyncio.Future] = {}
+        self._coordinators: dict[str, Node] = {}
+        self._bootstrap_conn: KafkaConnection | None = None
+
+    # -- connections ------------------------------------------------------------------------------
+    async def _open(self, host: str, port: int, timeout: float) -> KafkaConnection:
+        try:
+            return await asyncio.wait_for(KafkaConnection.open(host, port, self.client_id, timeout=timeout,
+                                                               security=self.security), timeout)
+        except AuthenticationFailed as exc:
+            raise error_for(58, f"{host}:{port}", str(exc)) from None  # SASL_AUTHENTICATION_FAILED
+        except ssl.SSLError as exc:
+            raise KafkaConnectionError(f"TLS handshake with {host}:{port} failed: {exc}") from None
+        except ProxyUpstreamUnavailable as exc:
+            raise KafkaConnectionError(str(exc)) from None
+
+    async def connect(self) -> None:
+        """Reach a bootstrap server (retrying until the timeout) and read the cluster's brokers."""
+        deadline = time.monotonic() + self.timeout
+        last: BaseException | None = None
+        while True:
+            for host, port in self.bootstrap:
+                remaining = max(0.1, deadline - time.monotonic())
+                try:
+                    self._bootstrap_conn = await self._open(host, port, remaining)
+                    await self.refresh_metadata([])
+                    return
+                except (OSError, TimeoutError, KafkaConnectionError, KafkaTimeoutError) as exc:
+                    last = exc
+                    if self._bootstrap_conn is not None:
+                        await self._bootstrap_conn.close()
+                        self._bootstrap_conn = None
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        servers = ",".join(f"{h}:{p}" for h, p in self.bootstrap)
+        raise KafkaConnectionError(f"cannot reach {servers} within {int(self.timeout * 1000)} ms ({last!r})")
+
+    async def close(self) -> None:
+        for conn in list(self._conns.values()):
+            await conn.close()
+        self._conns.clear()
+        if self._bootstrap_conn is not None:
+            await self._bootstrap_conn.close()
+            self._bootstrap_conn = None
+
+    async def connection(self, node: Node) -> KafkaConnection:
+        """The connection to ``node`` (opened once, by one caller, while others wait for it)."""
+        key = (node.host, node.port)
+        conn = self._conns.get(key)
+        if conn is not None and not conn.closed:
+            return conn
+        pending = self._opening.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._opening[key] = fut
+        try:
+            conn = await self._open(node.host, node.port, self.timeout)
+        except BaseException as exc:
+            fut.set_exception(exc if isinstance(exc, Exception) else KafkaConnectionError(repr(exc)))
+            fut.exception()  # retrieved: no "never retrieved" warning when nobody waited
+            raise
+        finally:
+            self._opening.pop(key, None)
+        self._conns[key] = conn
+        fut.set_result(conn)
+        return conn
+
+    async def _any(self) -> KafkaConnection:
+        if self._bootstrap_conn is not None and not self._bootstrap_conn.closed:
+            return self._bootstrap_conn
+        for node in list(self.brokers.values()):
+            try:
+                return await self.connection(node)
+            except (TimeoutError, OSError, ConnectionError, KafkaConnectionError):
+                continue
+        await self.connect()
+        assert self._bootstrap_conn is not None
+        return self._bootstrap_conn
+
+    async def request(self, conn: KafkaConnection, api_key: int, version: int, body: Any,
+                      timeout: float | None = None) -> Any:
+        """One request; a timeout is a ``KafkaTimeoutError``, a lost connection a ``KafkaConnectionError``."""
+        try:
+            return await asyncio.wait_for(conn.request(api_key, version, body), timeout or self.timeout)
+        except TimeoutError:
+            raise KafkaTimeoutError(f"{messages.api(api_key).name} to {conn.host}:{conn.port} timed out after "
+                                    f"{int((timeout or self.timeout) * 1000)} ms") from None
+        except (OSError, ConnectionError) as exc:
+            raise KafkaConnectionError(f"lost the connection to {conn.host}:{conn.port} ({exc})") from None
+
+    # -- metadata ---------------------------------------------------------------------------------
+    async def refresh_metadata(self, topics: Iterable[str] | None = None) -> dict[str, TopicMeta]:
+        """Metadata of ``topics`` (all topics for None, brokers only for an empty list). Topics the
+        cluster answers with an error are left out; their error is kept in ``topic_errors``."""
+        conn = await self._any()
+        version = conn.best_version(METADATA, hi=12)
+        cls = messages.message_class("MetadataRequest")
+        names = None if topics is None else sorted(set(topics))
+        req = cls(topics=None if names is None else [cls.MetadataRequestTopic(name=n) for n in names],
+                  allow_auto_topic_creation=False)
+        resp = await self.request(conn, METADATA, version, req)
+        self.brokers = {b.node_id: Node(b.node_id, b.host, b.port) for b in resp.brokers}
+        found = {}
+        for t in resp.topics:
+            if not t.name:
+                continue
+            if t.error_code:
+                self.topic_errors[t.name] = (t.error_code, getattr(t, "error_message", None))
+                self.topics.pop(t.name, None)
+                continue
+            self.topic_errors.pop(t.name, None)
+            found[t.name] = TopicMeta(t.name, bytes(t.topic_id) if version >= 10 else bytes(16),
+                                      {p.partition_index: p.leader_id for p in t.partitions})
+        if names is None:
+            self.topics = found
+        else:
+            self.topics.update(found)
+        return found
+
+    # -- coordinators -----------------------------------------------------------------------------
+    def forget_coordinator(self, group: str) -> None:
+        self._coordinators.pop(group, None)
+
+    async def coordinator(self, group: str) -> Node:
+        """The group's coordinator (asked again while the cluster says it is loading or moving)."""
+        node = self._coordinators.get(group)
+        if node is not None:
+            return node
+        deadline = time.monotonic() + self.timeout
+        cls = messages.message_class("FindCoordinatorRequest")
+        while True:
+            conn = await self._any()
+            version = conn.best_version(FIND_COORDINATOR)
+            if version >= 4:
+                resp = await self.request(conn, FIND_COORDINATOR, version, cls(key_type=0, coordinator_keys=[group]))
+                c = resp.coordinators[0]
+                code, node, message = c.error_code, Node(c.node_id, c.host, c.port), c.error_message
+            else:
+                resp = await self.request(conn, FIND_COORDINATOR, version, cls(key=group, key_type=0))
+                code, node = resp.error_code, Node(resp.node_id, resp.host, resp.port)
+                message = getattr(resp, "error_message", None)
+            if code == 0:
+                self._coordinators[group] = node
+                return node
+            if code not in RETRIABLE_COORDINATOR or time.monotonic() >= deadline:
+                raise error_for(code, f"FindCoordinator for group {group}", message)
+            await asyncio.sleep(0.2)

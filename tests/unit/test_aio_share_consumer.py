@@ -1,0 +1,183 @@
+"""kshare.AIOShareConsumer without a cluster: records decoded from batches of every codec with their
+delivery counts, acknowledgement batches, what is acknowledged when (implicit and explicit mode),
+errors named as Kafka names them, the security options, and the import direction (the clients
+layer imports neither the proxy nor the share-group engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import subprocess
+import sys
+
+import pytest
+from aiokafka.errors import (
+    ConsumerStoppedError,
+    IllegalStateError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.structs import ConsumerRecord
+
+from kshare import AIOShareConsumer, ShareConsumerRecord
+from kshare.clients.errors import GroupMaxSizeReachedError, InvalidRecordStateError, error_for, error_name
+from kshare.clients.share_consumer import _Held
+from kshare.clients.share_member import ACCEPT, GAP, REJECT, RELEASE, Acquired, ack_batches
+
+CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def batch(base: int, n: int, codec: int, *, key: bool = True) -> bytes:
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=0, producer_id=-1,
+                                  producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    for i in range(n):
+        b.append(i, timestamp=1000 + i, key=f"k{i}".encode() if key else None, value=b"v" * (i + 1),
+                 headers=[("h", f"{i}".encode())])
+    data = bytearray(b.build())
+    struct.pack_into(">q", data, 0, base)  # the base offset
+    return bytes(data)
+
+
+def consumer(**kw) -> AIOShareConsumer:
+    return AIOShareConsumer("t", bootstrap_servers="127.0.0.1:1", group_id="g", **kw)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_records_of_every_codec_with_their_delivery_counts(codec: str) -> None:
+    raw = batch(10, 5, CODECS[codec]) + batch(15, 3, CODECS[codec], key=False)
+    c = consumer()
+    # offsets 10-11 acquired a second time, 12-16 the first; 17 not acquired (another member's)
+    out = c._decode("t", 2, raw, [(10, 11, 2), (12, 16, 1)])
+    assert [(r.offset, r.delivery_count) for r in out] == [(10, 2), (11, 2), (12, 1), (13, 1), (14, 1), (15, 1),
+                                                           (16, 1)]
+    r = out[1]
+    assert isinstance(r, ConsumerRecord) and isinstance(r, ShareConsumerRecord)
+    assert (r.topic, r.partition, r.timestamp, r.timestamp_type, r.key, r.value, r.checksum) == (
+        "t", 2, 1001, 0, b"k1", b"vv", None)
+    assert (r.serialized_key_size, r.serialized_value_size, list(r.headers)) == (2, 2, [("h", b"1")])
+    assert out[-1].key is None and out[-1].serialized_key_size == -1
+    # one range over whole batches: the fast path
+    whole = c._decode("t", 0, raw, [(10, 17, 3)])
+    assert [r.offset for r in whole] == list(range(10, 18)) and {r.delivery_count for r in whole} == {3}
+
+
+def test_deserializers() -> None:
+    c = consumer(key_deserializer=lambda k: k.decode() if k else None, value_deserializer=len)
+    out = c._decode("t", 0, batch(0, 3, 0), [(0, 2, 1)])
+    assert [(r.key, r.value) for r in out] == [("k0", 1), ("k1", 2), ("k2", 3)]
+
+
+def test_ack_batches() -> None:
+    def plain(bs):
+        return [(b.first_offset, b.last_offset, list(b.acknowledge_types)) for b in bs]
+
+    assert plain(ack_batches({5: ACCEPT, 3: ACCEPT, 4: ACCEPT})) == [(3, 5, [ACCEPT])]
+    assert plain(ack_batches({1: ACCEPT, 2: RELEASE, 4: REJECT})) == [(1, 2, [ACCEPT, RELEASE]), (4, 4, [REJECT])]
+    assert plain(ack_batches({})) == []
+
+
+def acquired(ranges, gaps=()) -> Acquired:
+    return Acquired(1, 0, b"\1" * 16, "t", 0, list(ranges), set(gaps))
+
+
+def sent(acks) -> dict[int, int]:
+    """{offset: type} of acknowledgements."""
+    out = {}
+    for k in acks:
+        for b in k.batches:
+            types = list(b.acknowledge_types)
+            for i, o in enumerate(range(b.first_offset, b.last_offset + 1)):
+                out[o] = types[0] if len(types) == 1 else types[i]
+    return out
+
+
+def test_implicit_mode_accepts_what_was_handed_out() -> None:
+    c = consumer()
+    c._hold([acquired([(0, 4)], gaps={2})])
+    acks = c._collect()
+    assert sent(acks) == {0: ACCEPT, 1: ACCEPT, 2: GAP, 3: ACCEPT, 4: ACCEPT}
+    assert c._held == [] and c._collect() == []
+    # a release among them; records still in the iterator's buffer are not accepted (the leave releases them)
+    c._hold([acquired([(10, 14)])])
+    h = c._held[0]
+    h.undelivered = {13, 14}
+    c.acknowledge(ShareConsumerRecord("t", 0, 11, 0, 0, None, None, None, -1, -1, [], 1), "release")
+    assert sent(c._collect()) == {10: ACCEPT, 11: RELEASE, 12: ACCEPT}
+    h.undelivered = set()  # handed out later
+    assert sent(c._collect()) == {13: ACCEPT, 14: ACCEPT} and c._held == []
+
+
+def test_explicit_mode_sends_what_was_acknowledged() -> None:
+    c = consumer(acknowledgement_mode="explicit")
+    c._hold([acquired([(0, 3)], gaps={1})])
+
+    def rec(o: int) -> ShareConsumerRecord:
+        return ShareConsumerRecord("t", 0, o, 0, 0, None, None, None, -1, -1, [], 1)
+
+    c.acknowledge(rec(0), "reject")
+    assert sent(c._collect()) == {0: REJECT, 1: GAP}
+    assert len(c._held) == 1  # 2 and 3 still held
+    with pytest.raises(IllegalStateError):
+        c.acknowledge(rec(0))  # sent already
+    with pytest.raises(IllegalStateError):
+        c.acknowledge(rec(99))  # never acquired
+    with pytest.raises(ValueError):
+        c.acknowledge(rec(2), "maybe")
+    c.acknowledge(rec(2), "renew")
+    renews = c._collect_renews()
+    assert [(b.first_offset, list(b.acknowledge_types)) for k in renews for b in k.batches] == [(2, [4])]
+    c.acknowledge(rec(2))
+    c.acknowledge(rec(3), "release")
+    assert sent(c._collect()) == {2: ACCEPT, 3: RELEASE} and c._held == []
+
+
+def test_held_lookup() -> None:
+    h = _Held(acquired([(0, 3), (7, 9)]))
+    assert h.holds(8) and not h.holds(5)
+
+
+def test_errors_carry_kafkas_names() -> None:
+    e = error_for(81, "ShareGroupHeartbeat for group g", "The share group has reached its maximum capacity")
+    assert isinstance(e, GroupMaxSizeReachedError) and e.errno == 81 and e.message == "GROUP_MAX_SIZE_REACHED"
+    assert "GROUP_MAX_SIZE_REACHED: ShareGroupHeartbeat for group g" in str(e)
+    assert isinstance(error_for(3), UnknownTopicOrPartitionError)
+    assert isinstance(error_for(29), TopicAuthorizationFailedError)
+    assert isinstance(error_for(121), InvalidRecordStateError)
+    assert error_for(9999).errno == 9999
+    assert error_name(122) == "SHARE_SESSION_NOT_FOUND" and error_name(0) == "NONE"
+
+
+def test_options_checked() -> None:
+    with pytest.raises(ValueError, match="group_id"):
+        AIOShareConsumer("t", group_id="")
+    with pytest.raises(ValueError, match="acknowledgement_mode"):
+        consumer(acknowledgement_mode="auto")
+    with pytest.raises(ValueError, match="sasl_plain_username"):
+        consumer(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512")
+    with pytest.raises(ValueError, match="security_protocol"):
+        consumer(security_protocol="KERBEROS")
+    c = consumer(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="u",
+                 sasl_plain_password="p")
+    assert c._security is not None and c._security.protocol == "SASL_SSL"
+    assert consumer()._security is None
+
+
+def test_not_started_and_stopped() -> None:
+    async def run() -> None:
+        c = consumer()
+        with pytest.raises(IllegalStateError):
+            await c.getmany()
+        await c.stop()
+        with pytest.raises(ConsumerStoppedError):
+            await c.getmany()
+
+    asyncio.run(run())
+
+
+def test_the_clients_layer_imports_neither_proxy_nor_engine() -> None:
+    code = ("import sys, kshare; from kshare import AIOShareConsumer; import kshare.tools.share_member; "
+            "bad = sorted(m for m in sys.modules if m.startswith(('kshare.proxy', 'kshare.share', 'kshare.app'))); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
