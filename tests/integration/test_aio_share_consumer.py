@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ssl
 import time
 import uuid
 from collections import Counter
@@ -37,8 +38,23 @@ from confluent_kafka import Producer
 from kshare import AIOShareConsumer
 from kshare.clients.errors import KafkaError
 from tests.brokers import KafkaBroker
-from tests.integration.share_helpers import TEST_LIMITS, ShareProxyThread, quiet_logger, share_group, values
+from tests.integration.share_helpers import (
+    TEST_LIMITS,
+    ShareProxyThread,
+    produce,
+    quiet_logger,
+    share_group,
+    values,
+)
+from tests.integration.test_security import (
+    KSHARE_STATE_TOPIC_OPS,
+    KSHARE_TOPIC_OPS,
+    _kshare_args,
+    _set_earliest,
+    _start_kshare,
+)
 from tests.integration.test_share_differential import HEARTBEAT_MS, KAFKA4_TEST_LIMITS, KAFKA4_VERSION
+from tests.tls import TlsMaterial
 
 KSHARE, KAFKA4 = "kshare", "kafka4"
 MAX_GROUP_SIZE = 2
@@ -381,3 +397,112 @@ def test_member_joins_and_leaves(targets, names):
         assert shared[name]["union"] == 4 and shared[name]["taker"] >= 1, shared
     assert r[KSHARE]["held_came_back_with_count_2"] == [2, 2, 2]
     assert r[KSHARE]["others_count_1"] == {1} and r[KSHARE]["each_once"] == {1} and r[KSHARE]["all"]
+
+
+# ------------------------------------------------------------------------------------------------
+# TLS + SASL/SCRAM, and what the ACLs refuse: kshare (a proxy process serving TLS, its own SCRAM
+# credentials to the broker) in front of ``kafka39_secure``, and ``kafka44_secure``'s SASL_SSL listener
+
+
+@dataclasses.dataclass
+class SecureTarget:
+    name: str
+    bootstrap: str
+    broker: KafkaBroker
+    tls: TlsMaterial
+
+    def admin_conf(self) -> dict[str, Any]:
+        return self.broker.client_config("admin", "SASL_SSL", "SCRAM-SHA-512", **{"bootstrap.servers": self.bootstrap})
+
+    def consumer(self, topic: str, group: str, user: str, password: str | None = None) -> AIOShareConsumer:
+        return AIOShareConsumer(topic, bootstrap_servers=self.bootstrap, group_id=group, fetch_max_wait_ms=200,
+                                security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                                sasl_plain_username=user,
+                                sasl_plain_password=password if password is not None else self.broker.users[user],
+                                ssl_context=ssl.create_default_context(cafile=str(self.tls.ca_cert)))
+
+
+SECURE_PREFIX = f"aio-sec-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module")
+def secure_targets(kafka39_secure: KafkaBroker, kafka44_secure: KafkaBroker, tls_material: TlsMaterial,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SecureTarget]]:
+    d = tmp_path_factory.mktemp("aio-secure")
+    password_file = d / "kshare-password"
+    password_file.write_text(kafka39_secure.users["kshare"])
+    password_file.chmod(0o600)
+    state_topic = f"__kshare_state_{SECURE_PREFIX}"
+    granted = kafka39_secure.grant("kshare", "topic", state_topic, *KSHARE_STATE_TOPIC_OPS)
+    granted += kafka39_secure.grant("kshare", "topic", SECURE_PREFIX, *KSHARE_TOPIC_OPS, pattern="PREFIXED")
+    proxy = _start_kshare(_kshare_args(kafka39_secure, tls_material, cert=tls_material.server_chain,
+                                       key=tls_material.server_key, password_file=password_file,
+                                       state_topic=state_topic))
+    try:
+        yield {KSHARE: SecureTarget(KSHARE, proxy.bootstrap, kafka39_secure, tls_material),
+               KAFKA4: SecureTarget(KAFKA4, kafka44_secure.secure_bootstrap["SASL_SSL"], kafka44_secure, tls_material)}
+    finally:
+        proxy.stop()
+        kafka39_secure.revoke(granted)
+
+
+def _error(exc: BaseException | None) -> tuple[str, int | None] | None:
+    return None if exc is None else (type(exc).__name__, getattr(exc, "errno", None))
+
+
+async def secure_scenario(t: SecureTarget, topic: str, group: str) -> dict[str, Any]:
+    b = t.broker
+    b.create_topic(topic)
+    vals = values(topic, 10)
+    await asyncio.to_thread(produce, b.bootstrap, topic, vals)
+    groups = {who: f"{group}-{who}" for who in ("alice", "bob", "carol")}
+    granted = b.grant("alice", "topic", topic, "READ") + b.grant("alice", "group", groups["alice"], "READ")
+    granted += b.grant("bob", "group", groups["bob"], "READ") + b.grant("bob", "topic", topic, "DESCRIBE")
+    granted += b.grant("carol", "topic", topic, "READ")  # and nothing on her group
+    out: dict[str, Any] = {}
+    try:
+        for g in groups.values():
+            await asyncio.to_thread(_set_earliest, t.admin_conf(), g)
+        async with t.consumer(topic, groups["alice"], "alice") as alice:
+            got: list[Any] = []
+            await until_records(alice, got, len(vals), 60)
+        out["alice"] = sorted((r.value, r.delivery_count) for r in got)
+
+        async def refusal(c: AIOShareConsumer, seconds: float) -> BaseException | None:
+            try:
+                await c.start()
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    if await c.getmany(timeout_ms=300):
+                        return None
+                return None
+            except KafkaError as exc:
+                return exc
+            finally:
+                await c.stop()
+
+        # bob: READ on his group, DESCRIBE on the topic: assigned, refused its records
+        out["bob"] = _error(await refusal(t.consumer(topic, groups["bob"], "bob"), 20))
+        # carol: READ on the topic, nothing on her group
+        out["carol"] = _error(await refusal(t.consumer(topic, groups["carol"], "carol"), 5))
+        # alice with a wrong password
+        out["wrong_password"] = _error(await refusal(t.consumer(topic, groups["alice"], "alice", "nope"), 1))
+    finally:
+        b.revoke(granted)
+    out["values"] = sorted((v, 1) for v in vals) == out["alice"]
+    return out
+
+
+def test_tls_and_scram_and_refusals(secure_targets):
+    """Through TLS and SASL/SCRAM-SHA-512 alice reads every record once; the ACLs' refusals are raised
+    as Kafka names them, the same through kshare and from Kafka 4.4."""
+    tag = uuid.uuid4().hex[:6]
+    r = on_both(secure_targets, secure_scenario, f"{SECURE_PREFIX}-t-{tag}", f"{SECURE_PREFIX}-g-{tag}")
+    alice = {name: run.pop("alice") for name, run in r.items()}  # the topic names differ
+    assert r[KSHARE] == r[KAFKA4] == {
+        "bob": ("TopicAuthorizationFailedError", 29),
+        "carol": ("GroupAuthorizationFailedError", 30),
+        "wrong_password": ("SaslAuthenticationFailed", 58),
+        "values": True,
+    }
+    assert len(alice[KSHARE]) == len(alice[KAFKA4]) == 10
