@@ -30,7 +30,9 @@ from .cluster import parse_servers
 from .errors import error_for
 from .share_member import (
     ACCEPT,
+    BATCH_OPTIMIZED,
     GAP,
+    RECORD_LIMIT,
     REJECT,
     RELEASE,
     RENEW,
@@ -38,8 +40,11 @@ from .share_member import (
     Acquired,
     Outcomes,
     ShareMember,
+    Undecoded,
+    ack_batch,
     ack_batches,
     batches,
+    gaps_of,
 )
 
 log = logging.getLogger("kshare.aio_share_consumer")
@@ -63,17 +68,58 @@ class ShareConsumerRecord(ConsumerRecord[KT, VT], Generic[KT, VT]):
     delivery_count: int = 1
 
 
+ACK_LINGER_S = 0.5  # acknowledgements due wait at most this long for a ShareFetch to ride on
+
+
 @dataclass(slots=True, eq=False)
 class _Held:
     """One acquisition whose acknowledgements are not all sent yet."""
 
     acquired: Acquired
-    undelivered: set[int] | None = None  # offsets still in the iterator's buffer
+    end: int  # its last offset
+    delivered_to: int  # offsets below it were handed out (gaps among them passed)
+    acked_to: int  # implicit mode: offsets below it are acknowledged
     acks: dict[int, int] = field(default_factory=dict)  # offset -> type, acknowledged, not yet sent
-    sent: set[int] = field(default_factory=set)  # offsets whose acknowledgement went out (gaps too)
+    sent: set[int] = field(default_factory=set)  # explicit mode: offsets whose acknowledgement went out
+    decoded: bool = False  # its records decoded (its gaps known)
+    gaps_sent: bool = False
 
     def holds(self, offset: int) -> bool:
         return any(a <= offset <= z for a, z in self.acquired.ranges)
+
+
+@dataclass(slots=True, eq=False)
+class _Chunk:
+    """The records of one acquisition not handed out yet."""
+
+    held: _Held
+    records: list[Any] | Undecoded
+    next: int = 0
+
+
+def _implicit_batches(a: Acquired, lo: int, hi: int, overrides: dict[int, int]) -> list[Any]:
+    """ACCEPT for the acquired offsets in [lo, hi), GAP for the gaps, ``overrides`` where given."""
+    out = []
+    gaps = a.gaps
+    for x, z in a.ranges:
+        s, e = max(x, lo), min(z, hi - 1)
+        if s > e:
+            continue
+        special = [o for o in gaps if s <= o <= e] if gaps else []
+        if overrides:
+            special += [o for o in overrides if s <= o <= e]
+        if not special:
+            out.append(ack_batch(s, e, [ACCEPT]))
+            continue
+        types = [ACCEPT] * (e - s + 1)
+        for o in gaps:
+            if s <= o <= e:
+                types[o - s] = GAP
+        for o, t in overrides.items():
+            if s <= o <= e:
+                types[o - s] = t
+        out.append(ack_batch(s, e, types))
+    return out
 
 
 class AIOShareConsumer:
@@ -86,6 +132,12 @@ class AIOShareConsumer:
     librdkafka's consumers the next ``getmany`` does not wait for that: records stay acquired
     until acknowledged or their lock runs out). Acknowledgements go out on the next ShareFetch to
     the same broker, or at :meth:`commit`, which returns their outcome per partition.
+
+    ``share_acquire_mode``: ``"batch_optimized"`` (whole record batches are acquired, which may be
+    more records than ``max_poll_records``: they are handed out ``max_poll_records`` at a time, and
+    the next batches are fetched while they are) or ``"record_limit"`` (never more records acquired
+    than ``max_poll_records`` per fetch, and nothing fetched ahead: a slow consumer holds no lock it
+    does not need), as Kafka's ``share.acquire.mode``.
 
     Security options as aiokafka's: ``security_protocol`` (PLAINTEXT, SSL, SASL_PLAINTEXT,
     SASL_SSL), ``ssl_context`` (a default context for SSL without one), ``sasl_mechanism`` (PLAIN,
@@ -100,6 +152,7 @@ class AIOShareConsumer:
         client_id: str = "kshare-aio-share-consumer",
         acknowledgement_mode: Literal["implicit", "explicit"] = "implicit",
         max_poll_records: int = 500,
+        share_acquire_mode: Literal["batch_optimized", "record_limit"] = "batch_optimized",
         fetch_max_wait_ms: int = 500,
         request_timeout_ms: int = 30000,
         client_rack: str | None = None,
@@ -118,6 +171,9 @@ class AIOShareConsumer:
             raise ValueError(f"acknowledgement_mode must be 'implicit' or 'explicit', not {acknowledgement_mode!r}")
         if max_poll_records < 1:
             raise ValueError("max_poll_records must be at least 1")
+        if share_acquire_mode not in ("batch_optimized", "record_limit"):
+            raise ValueError(f"share_acquire_mode must be 'batch_optimized' or 'record_limit', not {share_acquire_mode!r}")
+        self._ahead = share_acquire_mode == "batch_optimized"  # whole batches, fetched ahead
         self._servers = parse_servers(bootstrap_servers)
         self._group = group_id
         self._client_id = client_id
@@ -136,8 +192,12 @@ class AIOShareConsumer:
         self._held: list[_Held] = []
         self._index: dict[tuple[str, int], list[_Held]] = {}
         self._renews: list[tuple[_Held, int]] = []
-        self._buffer: deque[ShareConsumerRecord] = deque()
-        self._buffered: dict[tuple[str, int], _Held] = {}  # the iterator's batch: partition -> its acquisition
+        self._chunks: deque[_Chunk] = deque()  # records fetched, not handed out yet
+        self._unsent: list[Ack] = []  # acknowledgements due, waiting for a request to ride on
+        self._unsent_since = 0.0
+        self._last_due = 0.0
+        self._ack_task: asyncio.Task | None = None
+        self._prefetch: asyncio.Task | None = None  # a fetch under way (its records not taken in yet)
         self._tps: dict[tuple[str, int], TopicPartition] = {}
         self._membership: asyncio.Task | None = None
         self._started = False
@@ -153,7 +213,7 @@ class AIOShareConsumer:
             raise ConsumerStoppedError()
         self._member = ShareMember(self._servers, self._group, self._topics, client_id=self._client_id,
                                    rack=self._rack, timeout_ms=self._timeout_ms, security=self._security,
-                                   decoder=self._decode)
+                                   decoder=Undecoded, acquire_mode=BATCH_OPTIMIZED if self._ahead else RECORD_LIMIT)
         try:
             if self._topics:
                 await self._member.start()
@@ -181,16 +241,10 @@ class AIOShareConsumer:
                 except Exception:  # noqa: BLE001 - stopping anyway
                     pass
             if self._started and not member.closed:
-                acks = self._collect()
-                renews = self._collect_renews()
-                outcomes: Outcomes = {}
-                if renews:
-                    outcomes.update(await member.send_acks(renews, renew=True))
-                if acks:
-                    outcomes.update(await member.send_acks(acks))
-                await self._report(outcomes)
+                await self._drop_prefetch()
+                await self._send_due(member)
         finally:
-            self._buffer.clear()
+            self._chunks.clear()
             await member.close()
 
     async def __aenter__(self) -> AIOShareConsumer:
@@ -254,11 +308,9 @@ class AIOShareConsumer:
     async def _leave(self) -> None:
         m = self._member
         assert m is not None
-        acks = self._collect()
-        self._buffer.clear()
-        self._buffered.clear()
-        if acks:
-            await self._report(await m.send_acks(acks))
+        await self._drop_prefetch()
+        self._chunks.clear()  # not handed out: the leave releases them
+        await self._send_due(m)
         self._held.clear()
         self._index.clear()
         self._renews.clear()
@@ -284,50 +336,62 @@ class AIOShareConsumer:
                       max_records: int | None = None) -> dict[TopicPartition, list[ShareConsumerRecord]]:
         """Records acquired for this member, per partition: up to ``max_records`` (default
         ``max_poll_records``), waiting up to ``timeout_ms`` for the first. In implicit mode the
-        records of the previous call are accepted first (on the same request)."""
+        records handed out before are accepted now (on the next ShareFetch, or within
+        ``ACK_LINGER_S`` in a ShareAcknowledge of their own while fetched records remain)."""
         if partitions:
             raise TypeError("a share consumer reads the partitions the group assigns: getmany() takes none")
         member = self._ready()
         await self._settle_membership()
         limit = max_records or self._max_poll_records
-        if self._buffer:  # records the iterator fetched and did not hand out yet
-            return self._from_buffer(limit)
-        records = await self._fetch(limit, timeout_ms, member)
-        out: dict[TopicPartition, list[ShareConsumerRecord]] = {}
-        for r in records:
-            tp = self._tp(r.topic, r.partition)
-            lst = out.get(tp)
-            if lst is None:
-                out[tp] = [r]
-            else:
-                lst.append(r)
+        self._due()
+        if not self._chunks:
+            await self._fetch(limit, timeout_ms, member)
+        out = self._hand_out(limit)
+        self._linger()
         return out
+
+    async def _drop_prefetch(self) -> None:
+        """Wait for the fetch under way (its acknowledgements' outcomes reported); its records are
+        not handed out (the leave releases them)."""
+        task, self._prefetch = self._prefetch, None
+        if task is None:
+            return
+        try:
+            _, outcomes = await task
+            await self._report(outcomes)
+        except Exception as exc:  # noqa: BLE001 - leaving anyway
+            log.debug("the fetch under way failed: %r", exc)
 
     async def getone(self) -> ShareConsumerRecord:
         """The next record (waiting as long as it takes); records are fetched up to
         ``max_poll_records`` at a time and handed out one by one."""
         member = self._ready()
-        await self._settle_membership()
-        while not self._buffer:
-            records = await self._fetch(self._max_poll_records, self._fetch_max_wait_ms, member)
-            if records:
-                self._buffer.extend(records)
-                self._buffered = {}
-                for r in records:
-                    key = (r.topic, r.partition)
-                    if key not in self._buffered:
-                        h = self._held_for(r.topic, r.partition, r.offset)
-                        if h is not None:
-                            h.undelivered = set()
-                            self._buffered[key] = h
-                    h = self._buffered.get(key)
-                    if h is not None and h.undelivered is not None:
-                        h.undelivered.add(r.offset)
-            member = self._ready()
-        r = self._buffer.popleft()
-        h = self._buffered.get((r.topic, r.partition))
-        if h is not None and h.undelivered:
-            h.undelivered.discard(r.offset)
+        if self._membership is not None:
+            await self._settle_membership()
+        if not self._chunks:
+            self._due()
+            while not self._chunks:
+                await self._fetch(self._max_poll_records, self._fetch_max_wait_ms, member)
+                member = self._ready()
+            self._last_due = time.monotonic()
+        elif (now := time.monotonic()) - self._last_due >= ACK_LINGER_S:
+            self._last_due = now
+            self._due()
+            self._linger()
+        ch = self._chunks[0]
+        if isinstance(ch.records, Undecoded):
+            self._materialize(ch)
+            if not ch.records:
+                self._chunks.popleft()
+                return await self.getone()
+        r = ch.records[ch.next]
+        ch.next += 1
+        h = ch.held
+        if ch.next == len(ch.records):
+            h.delivered_to = h.end + 1
+            self._chunks.popleft()
+        else:
+            h.delivered_to = r.offset + 1
         return r
 
     def __aiter__(self) -> AsyncIterator[ShareConsumerRecord]:
@@ -339,54 +403,115 @@ class AIOShareConsumer:
         except ConsumerStoppedError:
             raise StopAsyncIteration from None
 
-    def _from_buffer(self, limit: int) -> dict[TopicPartition, list[ShareConsumerRecord]]:
+    def _hand_out(self, limit: int) -> dict[TopicPartition, list[ShareConsumerRecord]]:
         out: dict[TopicPartition, list[ShareConsumerRecord]] = {}
-        while self._buffer and limit > 0:
-            r = self._buffer.popleft()
-            h = self._buffered.get((r.topic, r.partition))
-            if h is not None and h.undelivered:
-                h.undelivered.discard(r.offset)
-            out.setdefault(self._tp(r.topic, r.partition), []).append(r)
-            limit -= 1
+        chunks = self._chunks
+        while chunks and limit > 0:
+            ch = chunks[0]
+            if isinstance(ch.records, Undecoded):
+                self._materialize(ch)
+                if not ch.records:
+                    chunks.popleft()
+                    continue
+            recs, i = ch.records, ch.next
+            j = min(len(recs), i + limit)
+            part = recs if i == 0 and j == len(recs) else recs[i:j]
+            h = ch.held
+            tp = self._tp(h.acquired.topic, h.acquired.partition)
+            lst = out.get(tp)
+            if lst is None:
+                out[tp] = part
+            else:
+                lst.extend(part)
+            limit -= j - i
+            if j == len(recs):
+                h.delivered_to = h.end + 1
+                chunks.popleft()
+            else:
+                ch.next = j
+                h.delivered_to = recs[j - 1].offset + 1
         return out
 
-    async def _fetch(self, limit: int, timeout_ms: int, member: ShareMember) -> list[ShareConsumerRecord]:
+    def _materialize(self, ch: _Chunk) -> None:
+        """Decode a chunk's records (when they are first wanted); its gaps are known then."""
+        u = ch.records
+        assert isinstance(u, Undecoded)
+        h = ch.held
+        recs = self._decode(u.topic, u.partition, u.raw, u.counts)
+        h.acquired.gaps = gaps_of(h.acquired.ranges, recs)
+        h.decoded = True
+        ch.records = recs
+        if not recs:
+            h.delivered_to = h.end + 1  # gaps only
+
+    async def _fetch(self, limit: int, timeout_ms: int, member: ShareMember) -> None:
+        """Take in the records of the fetch under way, or fetch (the acknowledgements due riding
+        along), until records came or ``timeout_ms`` passed; in batch-optimized mode the next
+        fetch starts before the records are handed out."""
         deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
-        acks = self._collect()
-        renews = self._collect_renews()
-        if renews:
-            await self._report(await member.send_acks(renews, renew=True))
         while True:
+            task = self._prefetch
+            if task is None:
+                task = self._prefetch = self._start_fetch(member, limit, deadline)
+                await asyncio.sleep(0)  # its request goes out now
             remaining = deadline - time.monotonic()
-            wait_ms = int(max(0.0, min(remaining, self._fetch_max_wait_ms / 1000.0)) * 1000)
-            if not member.assignment:
-                if acks:  # no partition to fetch (yet, or any more): acknowledge on their own
-                    await self._report(await member.send_acks(acks))
-                    acks = []
-                if remaining <= 0 or not await member.wait_assigned(wait_ms / 1000.0):
-                    if time.monotonic() >= deadline:
-                        return []
-                    continue
-                continue
-            records, acquired, outcomes = await member.poll(limit, wait_ms, acks)
-            acks = []
+            if not task.done():
+                await asyncio.wait({task}, timeout=max(0.0, remaining))
+                if not task.done():
+                    return  # still under way: the next call takes it
+            self._prefetch = None
+            pairs, outcomes = task.result()
             if outcomes:
                 await self._report(outcomes)
-            if acquired:
-                self._hold(acquired)
+            self._take_in(pairs)
             if member.failure is not None:
                 raise member.failure
-            if records or time.monotonic() >= deadline:
-                return records
+            if self._chunks:
+                if self._ahead:
+                    self._prefetch = self._start_fetch(member, limit, None)
+                    await asyncio.sleep(0)
+                return
+            if time.monotonic() >= deadline:
+                return
+
+    def _start_fetch(self, member: ShareMember, limit: int, deadline: float | None) -> asyncio.Task:
+        """A fetch carrying the acknowledgements due (and renewals first), waiting at most
+        ``fetch_max_wait_ms`` (and not past ``deadline``) for records."""
+        self._due()
+        acks, self._unsent = self._unsent, []
+        renews = self._collect_renews()
+        wait_s = self._fetch_max_wait_ms / 1000.0
+        if deadline is not None:
+            wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
+        return asyncio.get_running_loop().create_task(self._fetch_once(member, limit, wait_s, acks, renews))
+
+    async def _fetch_once(self, member: ShareMember, limit: int, wait_s: float, acks: list[Ack],
+                          renews: list[Ack]) -> tuple[list[tuple[Acquired, Any]], Outcomes]:
+        await self._flush_background()
+        outcomes: Outcomes = {}
+        if renews:
+            outcomes.update(await member.send_acks(renews, renew=True))
+        if not member.assignment:
+            if acks:  # no partition to fetch (yet, or any more): acknowledge on their own
+                for key, code in (await member.send_acks(acks)).items():
+                    if not outcomes.get(key):
+                        outcomes[key] = code
+            await member.wait_assigned(wait_s)
+            return [], outcomes
+        pairs, more = await member.poll_grouped(limit, int(wait_s * 1000), acks)
+        for key, code in more.items():
+            if not outcomes.get(key):
+                outcomes[key] = code
+        return pairs, outcomes
 
     # -- acknowledgements -------------------------------------------------------------------------
     def acknowledge(self, record: Any, type: AcknowledgeType = "accept") -> None:  # noqa: A002 - Kafka's word
-        """Acknowledge ``record`` (a record this consumer returned): ``"accept"`` (processed),
+        """Acknowledge ``record`` (a record this consumer handed out): ``"accept"`` (processed),
         ``"release"`` (deliver again, to any member), ``"reject"`` (never deliver again) or
-        ``"renew"`` (extend its lock; where the cluster allows it: Kafka 4.2+ ShareAcknowledge v2
-        with ``share.renew.acknowledge.enable``, and kshare). Sent with the next ``getmany`` or
-        ``commit``. Raises ``IllegalStateError`` for a record not held (already acknowledged,
-        or not from this consumer)."""
+        ``"renew"`` (extend its lock, where the cluster allows it: Kafka 4.2+ ShareAcknowledge v2,
+        and kshare). Sent with the next ``getmany`` or ``commit``. In implicit mode this overrides
+        the implicit ACCEPT of a record not yet accepted. Raises ``IllegalStateError`` for a record
+        not held (acknowledged already, or not from this consumer)."""
         try:
             ack_type = ACK_TYPES[type]
         except KeyError:
@@ -395,44 +520,80 @@ class AIOShareConsumer:
             raise ConsumerStoppedError()
         topic, partition, offset = record.topic, record.partition, record.offset
         h = self._held_for(topic, partition, offset)
-        if h is None or offset in h.sent or offset in h.acquired.gaps:
+        if h is None or offset in h.acquired.gaps or offset >= h.delivered_to:
             raise IllegalStateError(f"{topic}-{partition} offset {offset} is not held by this consumer "
                                     "(acknowledged already, or its session was lost)")
-        if ack_type == RENEW:
-            if offset in h.acks:
-                raise IllegalStateError(f"{topic}-{partition} offset {offset} is acknowledged already")
-            self._renews.append((h, offset))
-            return
-        if offset in h.acks:
+        if offset in h.acks or offset in h.sent or (not self._explicit and offset < h.acked_to):
             raise IllegalStateError(f"{topic}-{partition} offset {offset} is acknowledged already")
-        h.acks[offset] = ack_type
+        if ack_type == RENEW:
+            self._renews.append((h, offset))
+        else:
+            h.acks[offset] = ack_type
 
     async def commit(self) -> AcknowledgementOutcomes:
         """Send the acknowledgements due now (implicit mode: the records handed out so far are
         accepted) in ShareAcknowledge requests; their outcome per partition."""
         member = self._ready()
         await self._settle_membership()
-        outcomes: Outcomes = {}
-        renews = self._collect_renews()
-        if renews:
-            outcomes.update(await member.send_acks(renews, renew=True))
-        acks = self._collect()
-        if acks:
-            for key, code in (await member.send_acks(acks)).items():
-                if not outcomes.get(key):
-                    outcomes[key] = code
-        return await self._report(outcomes)
+        return await self._send_due(member)
 
     def set_acknowledgement_callback(self, callback: Callable[[AcknowledgementOutcomes], Any] | None) -> None:
         """``callback(outcomes)`` after every answer to acknowledgements (those that rode on a
         ShareFetch too); may be a coroutine function."""
         self._callback = callback
 
-    def _hold(self, acquired: list[Acquired]) -> None:
-        for a in acquired:
-            h = _Held(a)
+    async def _send_due(self, member: ShareMember) -> AcknowledgementOutcomes:
+        await self._flush_background()
+        self._due()
+        acks, self._unsent = self._unsent, []
+        outcomes: Outcomes = {}
+        renews = self._collect_renews()
+        if renews:
+            outcomes.update(await member.send_acks(renews, renew=True))
+        if acks:
+            for key, code in (await member.send_acks(acks)).items():
+                if not outcomes.get(key):
+                    outcomes[key] = code
+        return await self._report(outcomes)
+
+    def _due(self) -> None:
+        """Move the acknowledgements due now to the ones waiting to be sent."""
+        acks = self._collect()
+        if acks:
+            if not self._unsent:
+                self._unsent_since = time.monotonic()
+            self._unsent += acks
+
+    def _linger(self) -> None:
+        """Acknowledgements due for ``ACK_LINGER_S`` with no ShareFetch to ride on go on their own."""
+        if (self._unsent and (self._ack_task is None or self._ack_task.done())
+                and time.monotonic() - self._unsent_since >= ACK_LINGER_S and self._member is not None):
+            acks, self._unsent = self._unsent, []
+            self._ack_task = asyncio.get_running_loop().create_task(self._send_in_background(self._member, acks))
+
+    async def _send_in_background(self, member: ShareMember, acks: list[Ack]) -> None:
+        try:
+            await self._report(await member.send_acks(acks))
+        except Exception as exc:  # noqa: BLE001 - the outcome is lost, the records come back
+            log.warning("acknowledging %d batch(es) failed: %r", len(acks), exc)
+
+    async def _flush_background(self) -> None:
+        task, self._ack_task = self._ack_task, None
+        if task is not None:
+            await task
+
+    def _take_in(self, pairs: list[tuple[Acquired, Any]]) -> None:
+        for a, recs in pairs:
+            first = a.ranges[0][0]
+            h = _Held(a, a.ranges[-1][1], first, first)
             self._held.append(h)
             self._index.setdefault((a.topic, a.partition), []).append(h)
+            if isinstance(recs, Undecoded) or recs:
+                self._chunks.append(_Chunk(h, recs))
+                h.decoded = not isinstance(recs, Undecoded)
+            else:
+                h.delivered_to = h.end + 1  # gaps only
+                h.decoded = True
 
     def _held_for(self, topic: str, partition: int, offset: int) -> _Held | None:
         for h in self._index.get((topic, partition), ()):
@@ -446,29 +607,30 @@ class AIOShareConsumer:
         out: list[Ack] = []
         keep: list[_Held] = []
         member = self._member
-        implicit = not self._explicit
+        explicit = self._explicit
         for h in self._held:
             a = h.acquired
-            if implicit and not h.acks and not h.sent and not h.undelivered:
-                out.append(Ack(a, a.batches(ACCEPT)))  # the common case: the whole acquisition
-                continue
-            types: dict[int, int] = {}
-            if implicit:
-                skip = h.sent | (h.undelivered or set())
-                for lo, hi in a.ranges:
-                    for o in range(lo, hi + 1):
-                        if o not in skip:
-                            types[o] = ACCEPT
-            for o in a.gaps:
-                if o not in h.sent:
-                    types[o] = GAP
-            if h.acks:
-                types.update(h.acks)
-                h.acks = {}
-            if types:
-                out.append(Ack(a, ack_batches(types)))
-                h.sent.update(types)
-            if len(h.sent) < a.count and (member is None or member.live(a)):
+            if not explicit:
+                if h.delivered_to > h.acked_to:
+                    out.append(Ack(a, _implicit_batches(a, h.acked_to, h.delivered_to, h.acks)))
+                    h.acked_to = h.delivered_to
+                    if h.acks:
+                        h.acks = {}
+                done = h.acked_to > h.end
+            else:
+                types: dict[int, int] = {}
+                if not h.gaps_sent and h.decoded:
+                    if a.gaps:
+                        types = dict.fromkeys(a.gaps, GAP)
+                    h.gaps_sent = True
+                if h.acks:
+                    types.update(h.acks)
+                    h.acks = {}
+                if types:
+                    out.append(Ack(a, ack_batches(types)))
+                    h.sent.update(types)
+                done = len(h.sent) >= a.count
+            if not done and (member is None or member.live(a)):
                 keep.append(h)
         if len(keep) != len(self._held):
             self._held = keep
@@ -482,7 +644,7 @@ class AIOShareConsumer:
             return []
         by: dict[int, tuple[_Held, dict[int, int]]] = {}
         for h, o in self._renews:
-            if o not in h.sent and o not in h.acks:
+            if o not in h.sent and o not in h.acks and (self._explicit or o >= h.acked_to):
                 by.setdefault(id(h), (h, {}))[1][o] = RENEW
         self._renews = []
         return [Ack(h.acquired, ack_batches(types)) for h, types in by.values()]

@@ -37,7 +37,7 @@ log = logging.getLogger("kshare.share_member")
 
 HEARTBEAT, SHARE_FETCH, SHARE_ACK = 76, 78, 79
 GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
-RECORD_LIMIT = 1  # ShareFetch v2 ShareAcquireMode: never more records than MaxRecords
+BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1  # ShareFetch v2 ShareAcquireMode: whole batches / never more than MaxRecords
 LEAVE_EPOCH = -1
 
 UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH = 25, 110
@@ -112,6 +112,26 @@ class Ack:
     batches: list[Any]
 
 
+def ack_batch(first: int, last: int, types: list[int]) -> Any:
+    return _Ack.AcknowledgementBatch(first_offset=first, last_offset=last, acknowledge_types=types)
+
+
+def merged(batches: Iterable[Any]) -> list[Any]:
+    """Acknowledgement batches of one partition in offset order (as the protocol wants them), adjacent
+    ones of one type joined."""
+    out: list[Any] = []
+    for b in sorted(batches, key=lambda b: b.first_offset):
+        if out:
+            last = out[-1]
+            if (last.last_offset + 1 == b.first_offset and len(last.acknowledge_types) == 1
+                    and list(b.acknowledge_types) == list(last.acknowledge_types)):
+                out[-1] = _Ack.AcknowledgementBatch(first_offset=last.first_offset, last_offset=b.last_offset,
+                                                    acknowledge_types=last.acknowledge_types)
+                continue
+        out.append(b)
+    return out
+
+
 def ack_batches(types: dict[int, int]) -> list[Any]:
     """AcknowledgementBatch messages for ``{offset: type}``: one batch per run of consecutive
     offsets, with one type for the run when all are the same and one per offset otherwise."""
@@ -148,16 +168,20 @@ class ShareMember:
 
     ``decoder(topic, partition, raw_batches, [(first, last, delivery_count), ...])`` makes the
     records of the acquired offsets (each with an ``offset``); :func:`decode` makes :class:`Record`.
+    ``acquire_mode``: RECORD_LIMIT (never more than the records asked for: the Spark source) or
+    BATCH_OPTIMIZED (whole record batches, which may be more: the consumer buffers them).
     """
 
     def __init__(self, bootstrap: list[tuple[str, int]], group: str, topics: list[str], *,
                  client_id: str = "kshare-member", rack: str | None = None, timeout_ms: int = 30000,
-                 security: ClientSecurity | None = None, decoder: Decoder | None = None) -> None:
+                 security: ClientSecurity | None = None, decoder: Decoder | None = None,
+                 acquire_mode: int = RECORD_LIMIT) -> None:
         self.group = group
         self.topics = list(topics)
         self.rack = rack
         self.cluster = Cluster(bootstrap, client_id=client_id, timeout_ms=timeout_ms, security=security)
         self.decoder: Decoder = decoder or decode
+        self.acquire_mode = acquire_mode
         self.member_id = str(uuid.uuid4())
         self.epoch = 0
         self.assignment: set[tuple[bytes, int]] = set()
@@ -320,6 +344,12 @@ class ShareMember:
         the first). Acknowledgements of partitions fetched from the same broker ride on its
         ShareFetch; the others go first, in a ShareAcknowledge of their own. Returns the records,
         their acquisitions and the acknowledgements' outcomes."""
+        pairs, outcomes = await self.poll_grouped(max_records, max_wait_ms, acks)
+        return [r for _, rs in pairs for r in rs], [a for a, _ in pairs], outcomes
+
+    async def poll_grouped(self, max_records: int, max_wait_ms: int, acks: Sequence[Ack] = (),
+                           ) -> tuple[list[tuple[Acquired, list[Any]]], Outcomes]:
+        """:meth:`poll` with each acquisition's records beside it (in offset order)."""
         by_node = await self._leaders()
         ride: dict[int, list[Ack]] = {}
         alone: list[Ack] = []
@@ -338,18 +368,17 @@ class ShareMember:
             if ride:  # no partition to fetch any more (assignment gone meanwhile): acknowledge alone
                 _merge(outcomes, await self.send_acks([a for acks_ in ride.values() for a in acks_]))
             await asyncio.sleep(max_wait_ms / 1000.0)
-            return [], [], outcomes
+            return [], outcomes
         share = max(1, max_records // len(by_node))
         results = await asyncio.gather(*(self._fetch_node(n, parts, share, max_wait_ms, ride.get(n, []))
                                          for n, parts in by_node.items()))
-        records = [r for rs, _, _ in results for r in rs]
-        acquired = [a for _, acq, _ in results for a in acq]
-        for _, _, out in results:
+        pairs = [pair for got, _ in results for pair in got]
+        for _, out in results:
             _merge(outcomes, out)
-        return records, acquired, outcomes
+        return pairs, outcomes
 
     async def _fetch_node(self, node_id: int, parts: list[tuple[bytes, int]], max_records: int,
-                          max_wait_ms: int, acks: list[Ack]) -> tuple[list[Any], list[Acquired], Outcomes]:
+                          max_wait_ms: int, acks: list[Ack]) -> tuple[list[tuple[Acquired, list[Any]]], Outcomes]:
         s = self._session(node_id)
         outcomes: Outcomes = {}
         async with s.lock:
@@ -369,12 +398,17 @@ class ShareMember:
                 a = k.acquired
                 topics.setdefault(a.topic_id, {}).setdefault(a.partition, []).extend(k.batches)
                 acked[(a.topic_id, a.partition)] = a.topic
+            if acks:
+                for ps in topics.values():
+                    for p, b in ps.items():
+                        if len(b) > 1:
+                            ps[p] = merged(b)
             forgotten: dict[bytes, list[int]] = {}
             for tid, p in forget:
                 forgotten.setdefault(tid, []).append(p)
             req = _Fetch(group_id=self.group, member_id=self.member_id, share_session_epoch=s.epoch,
                          max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=16 << 20, max_records=max_records,
-                         batch_size=max_records, share_acquire_mode=RECORD_LIMIT,
+                         batch_size=max_records, share_acquire_mode=self.acquire_mode,
                          topics=[_Fetch.FetchTopic(topic_id=t, partitions=[
                              _Fetch.FetchPartition(partition_index=p, acknowledgement_batches=b)
                              for p, b in ps.items()]) for t, ps in topics.items()],
@@ -388,18 +422,17 @@ class ShareMember:
                 log.warning("ShareFetch to %s:%d failed (%r); the session starts again", s.node.host,
                             s.node.port, exc)
                 _merge(outcomes, {(t, p): NETWORK_EXCEPTION for (_, p), t in acked.items()})
-                return [], [], outcomes
+                return [], outcomes
             if resp.error_code in _SESSION_LOST:
                 self._lost(s)
                 _merge(outcomes, {(t, p): resp.error_code for (_, p), t in acked.items()})
-                return [], [], outcomes
+                return [], outcomes
             if resp.error_code:
                 raise error_for(resp.error_code, f"ShareFetch for group {self.group}", resp.error_message)
             s.epoch += 1
             s.partitions = want
             lock_deadline = time.monotonic() + resp.acquisition_lock_timeout_ms / 1000.0
-            records: list[Any] = []
-            acquired: list[Acquired] = []
+            pairs: list[tuple[Acquired, list[Any]]] = []
             for t in resp.responses:
                 topic = self.names.get(t.topic_id, "")
                 for p in t.partitions:
@@ -419,17 +452,14 @@ class ShareMember:
                     ranges = [(a.first_offset, a.last_offset) for a in p.acquired_records]
                     counts = [(a.first_offset, a.last_offset, a.delivery_count) for a in p.acquired_records]
                     got = self.decoder(topic, p.partition_index, p.records, counts)
-                    total = sum(z - a + 1 for a, z in ranges)
-                    gaps: set[int] = set()
-                    if len(got) != total:
-                        present = {r.offset for r in got}
-                        gaps = {o for a, z in ranges for o in range(a, z + 1) if o not in present}
-                    records.extend(got)
-                    acquired.append(Acquired(node_id, s.generation, t.topic_id, topic, p.partition_index, ranges,
-                                             gaps, lock_deadline=lock_deadline))
+                    a = Acquired(node_id, s.generation, t.topic_id, topic, p.partition_index, ranges,
+                                 lock_deadline=lock_deadline)
+                    if not isinstance(got, Undecoded):
+                        a.gaps = gaps_of(ranges, got)
+                    pairs.append((a, got))
             for (_, p), topic in acked.items():  # not in the answer: nothing to report
                 _merge(outcomes, {(topic, p): 0})
-            return records, acquired, outcomes
+            return pairs, outcomes
 
     # -- acknowledgements ---------------------------------------------------------------------------
     async def acknowledge(self, acquired: list[Acquired], ack_type: int) -> list[str]:
@@ -486,7 +516,7 @@ class ShareMember:
         topics: dict[bytes, list[Any]] = {}
         for (tid, p), batches in parts.items():
             topics.setdefault(tid, []).append(_Ack.AcknowledgePartition(partition_index=p,
-                                                                        acknowledgement_batches=batches))
+                                                                        acknowledgement_batches=merged(batches)))
         req = _Ack(group_id=self.group, member_id=self.member_id, share_session_epoch=s.epoch, is_renew_ack=renew,
                    topics=[_Ack.AcknowledgeTopic(topic_id=t, partitions=ps) for t, ps in topics.items()])
         try:
@@ -553,6 +583,24 @@ class ShareMember:
         await self.cluster.close()
 
 
+class Undecoded:
+    """What a lazy decoder returns instead of records: the records of one acquisition, decoded when
+    they are wanted (their acquisition's ``gaps`` are known then: :func:`gaps_of`)."""
+
+    __slots__ = ("topic", "partition", "raw", "counts")
+
+    def __init__(self, topic: str, partition: int, raw: Any, counts: list[tuple[int, int, int]]) -> None:
+        self.topic, self.partition, self.raw, self.counts = topic, partition, raw, counts
+
+
+def gaps_of(ranges: list[tuple[int, int]], records: list[Any]) -> set[int]:
+    """The acquired offsets without a record (control records, aborted or compacted ones)."""
+    if len(records) == sum(z - a + 1 for a, z in ranges):
+        return set()
+    present = {r.offset for r in records}
+    return {o for a, z in ranges for o in range(a, z + 1) if o not in present}
+
+
 def _merge(into: Outcomes, more: Outcomes) -> None:
     """Outcomes of one partition from several requests: the first error stands."""
     for key, code in more.items():
@@ -598,5 +646,6 @@ def decode(topic: str, partition: int, raw: Any, counts: list[tuple[int, int, in
     return out
 
 
-__all__ = ["ACCEPT", "GAP", "REJECT", "RELEASE", "RENEW", "Ack", "Acquired", "MemberError", "Outcomes", "Record",
-           "ShareMember", "ack_batches", "decode"]
+__all__ = ["ACCEPT", "BATCH_OPTIMIZED", "GAP", "RECORD_LIMIT", "REJECT", "RELEASE", "RENEW", "Ack", "Acquired",
+           "MemberError", "Outcomes", "Record", "ShareMember", "Undecoded", "ack_batch", "ack_batches", "decode", "gaps_of",
+           "merged"]

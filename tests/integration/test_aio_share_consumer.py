@@ -346,7 +346,8 @@ async def join_and_leave(t: Target, topic: str, group: str) -> dict[str, Any]:
         p.produce(topic, value=v, partition=i % parts)
     assert p.flush(30) == 0
     every = set(produce_values)
-    holder = t.consumer(topic, group=group, acknowledgement_mode="explicit", max_poll_records=3)
+    holder = t.consumer(topic, group=group, acknowledgement_mode="explicit", max_poll_records=3,
+                        share_acquire_mode="record_limit")  # holds exactly what it was handed
     await holder.start()
     held: list[Any] = []
     await until_records(holder, held, 3, 60)

@@ -23,7 +23,7 @@ from aiokafka.structs import ConsumerRecord
 from kshare import AIOShareConsumer, ShareConsumerRecord
 from kshare.clients.errors import GroupMaxSizeReachedError, InvalidRecordStateError, error_for, error_name
 from kshare.clients.share_consumer import _Held
-from kshare.clients.share_member import ACCEPT, GAP, REJECT, RELEASE, Acquired, ack_batches
+from kshare.clients.share_member import ACCEPT, GAP, REJECT, RELEASE, Acquired, ack_batch, ack_batches, merged
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
@@ -92,29 +92,35 @@ def sent(acks) -> dict[int, int]:
     return out
 
 
+def rec(o: int) -> ShareConsumerRecord:
+    return ShareConsumerRecord("t", 0, o, 0, 0, None, None, None, -1, -1, [], 1)
+
+
 def test_implicit_mode_accepts_what_was_handed_out() -> None:
     c = consumer()
-    c._hold([acquired([(0, 4)], gaps={2})])
-    acks = c._collect()
-    assert sent(acks) == {0: ACCEPT, 1: ACCEPT, 2: GAP, 3: ACCEPT, 4: ACCEPT}
+    c._take_in([(acquired([(0, 4)], gaps={2}), [rec(0), rec(1), rec(3), rec(4)])])
+    assert c._collect() == []  # nothing handed out yet
+    out = c._hand_out(10)
+    assert [r.offset for rs in out.values() for r in rs] == [0, 1, 3, 4]
+    assert sent(c._collect()) == {0: ACCEPT, 1: ACCEPT, 2: GAP, 3: ACCEPT, 4: ACCEPT}
     assert c._held == [] and c._collect() == []
-    # a release among them; records still in the iterator's buffer are not accepted (the leave releases them)
-    c._hold([acquired([(10, 14)])])
-    h = c._held[0]
-    h.undelivered = {13, 14}
-    c.acknowledge(ShareConsumerRecord("t", 0, 11, 0, 0, None, None, None, -1, -1, [], 1), "release")
+    # handed out in two parts, a release among the first; gaps at the end go with the last record
+    c._take_in([(acquired([(10, 16)], gaps={15, 16}), [rec(o) for o in range(10, 15)])])
+    assert [r.offset for rs in c._hand_out(3).values() for r in rs] == [10, 11, 12]
+    c.acknowledge(rec(11), "release")
+    with pytest.raises(IllegalStateError):
+        c.acknowledge(rec(13))  # not handed out yet
     assert sent(c._collect()) == {10: ACCEPT, 11: RELEASE, 12: ACCEPT}
-    h.undelivered = set()  # handed out later
-    assert sent(c._collect()) == {13: ACCEPT, 14: ACCEPT} and c._held == []
+    with pytest.raises(IllegalStateError):
+        c.acknowledge(rec(12), "reject")  # accepted already
+    assert [r.offset for rs in c._hand_out(3).values() for r in rs] == [13, 14]
+    assert sent(c._collect()) == {13: ACCEPT, 14: ACCEPT, 15: GAP, 16: GAP} and c._held == []
 
 
 def test_explicit_mode_sends_what_was_acknowledged() -> None:
     c = consumer(acknowledgement_mode="explicit")
-    c._hold([acquired([(0, 3)], gaps={1})])
-
-    def rec(o: int) -> ShareConsumerRecord:
-        return ShareConsumerRecord("t", 0, o, 0, 0, None, None, None, -1, -1, [], 1)
-
+    c._take_in([(acquired([(0, 3)], gaps={1}), [rec(0), rec(2), rec(3)])])
+    c._hand_out(10)
     c.acknowledge(rec(0), "reject")
     assert sent(c._collect()) == {0: REJECT, 1: GAP}
     assert len(c._held) == 1  # 2 and 3 still held
@@ -132,8 +138,15 @@ def test_explicit_mode_sends_what_was_acknowledged() -> None:
     assert sent(c._collect()) == {2: ACCEPT, 3: RELEASE} and c._held == []
 
 
+def test_acknowledgement_batches_in_offset_order_and_joined() -> None:
+    bs = merged([ack_batch(5, 9, [ACCEPT]), ack_batch(0, 4, [ACCEPT]), ack_batch(10, 10, [RELEASE]),
+                 ack_batch(11, 12, [RELEASE])])
+    assert [(b.first_offset, b.last_offset, list(b.acknowledge_types)) for b in bs] == [
+        (0, 9, [ACCEPT]), (10, 12, [RELEASE])]
+
+
 def test_held_lookup() -> None:
-    h = _Held(acquired([(0, 3), (7, 9)]))
+    h = _Held(acquired([(0, 3), (7, 9)]), 9, 0, 0)
     assert h.holds(8) and not h.holds(5)
 
 
