@@ -326,15 +326,16 @@ def ready(metrics_address: str, timeout: float) -> None:
         time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
 
-_BENCH_SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded", "spark")
+_BENCH_SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded", "spark",
+                    "failover")
 
 
 @main.command()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Results folder (default: bench-results/<timestamp>).")
 @click.option("--only", multiple=True, type=click.Choice(_BENCH_SCENARIOS),
-              help="Run only this scenario (repeatable; default: all but embedded and spark, which run only "
-                   "when named).")
+              help="Run only this scenario (repeatable; default: all but embedded, spark and failover, which "
+                   "run only when named).")
 @click.option("--quick", is_flag=True, help="Small sizes and one repeat: a smoke run of a few minutes.")
 @click.option("--repeats", type=click.IntRange(1), default=None,
               help="Alternated repeats per configuration (default 3, 1 with --quick).")
@@ -356,7 +357,9 @@ def bench(out_dir: str | None, only: tuple[str, ...], quick: bool, repeats: int 
     Kafka) and `pip install 'kshare[bench]'`. `--only embedded` (25 minutes of its own) measures
     `kshare proxy` with no --upstream on its embedded broker against native Kafka 4.4 instead, and its
     time to ready; `--only spark` (about 25 minutes, needs pyspark) the kshare PySpark source against
-    Spark's own Kafka source. Reference: docs/cli.md.
+    Spark's own Kafka source; `--only failover` (about 20 minutes) share consumers through a rolling
+    restart and a crash of three brokers, kshare on Kafka 3.9 beside native Kafka 4.4. Reference:
+    docs/cli.md.
     """
     from pathlib import Path
 

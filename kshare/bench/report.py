@@ -16,6 +16,8 @@ TITLES = {
     "memory": "Proxy memory with many share-partitions and connections",
     "embedded": "kshare on its embedded broker (no --upstream) vs native Kafka 4.4: latency over time, time to ready",
     "spark": "The kshare PySpark source vs Spark's own Kafka source: 5 ms of work per record",
+    "failover": "Failover: three brokers restarted one by one and one killed under share consumers, "
+    "kshare (Kafka 3.9) vs native Kafka 4.4",
 }
 COLORS = {
     "direct": "tab:gray",
@@ -553,6 +555,126 @@ def _spark(res: dict[str, Any]) -> list[str]:
     return out
 
 
+_FAILOVER_NAMES = {"kshare": "kshare on Kafka 3.9", "native": "native Kafka 4.4"}
+
+
+def _failover(res: dict[str, Any]) -> list[str]:
+    cfg = res.get("config", {})
+    rows = res.get("rows", [])
+    out = [
+        f"For each system its own three KRaft nodes (replication factor 3, `min.insync.replicas` 2), one "
+        f"system after the other: Apache Kafka 3.9 with `kshare proxy --upstream <the three nodes>` (its own "
+        f"process) and Apache Kafka 4.4 with share groups, used directly. A {cfg.get('partitions', 6)}-partition "
+        f"topic with {_num(cfg.get('records_before'))} records ({cfg.get('value_size', 100)} B, written straight "
+        f"to the cluster on both); {cfg.get('consumers', 4)} confluent-kafka `ShareConsumer`s (each its own "
+        f"process, implicit acknowledgement, `max.poll.records` {cfg.get('max_poll', 100)}, "
+        f"{_num(cfg.get('work_ms'), 0)} ms of work a record) drain it while an idempotent acks=all producer (its own "
+        f"process) writes {_num(cfg.get('records_during'))} more at {_num(cfg.get('rate'))} a second (through "
+        f"kshare for kshare, directly for native). After {_num(cfg.get('baseline_s'))} s: "
+        f"{', '.join(cfg.get('faults', []))}, one after the other; each node is started again at once, and "
+        "before the next fault the bench waits, as a rolling restart does, until every replica is in sync "
+        f"and the preferred leaders are back, then {_num(cfg.get('settle_s'))} s. "
+        f"`share.record.lock.duration.ms` {_num(cfg.get('lock_ms'))} on both groups (native: also its "
+        "broker default `group.share.record.lock.duration.ms`). The run ends when every record was "
+        "delivered and no delivery came for a lock's duration + 5 s; then a new consumer of the group "
+        "polls for 8 s (what was acknowledged must stay so: it gets nothing).",
+        "",
+        "*Redelivery*: a delivery of a record delivered before (counted in the window it happened in). "
+        "*Stall*: a stretch without any delivery while some record was available and not yet delivered "
+        "(from the first delivery on). *Producer's stall*: the longest time between two successful delivery "
+        "reports; *longest produce wait*: the longest time one record took from `produce()` to its "
+        "report. Times in seconds.",
+        "",
+    ]
+    head = ["", *(_FAILOVER_NAMES.get(r["system"], r["system"]) for r in rows)]
+
+    def line(label: str, key: str, digits: int = 0, fmt: Any = None) -> list[str]:
+        return [label, *((fmt(r) if fmt else _num(r.get(key), digits)) for r in rows)]
+
+    table = [
+        line("records (acknowledged by the cluster)", "records"),
+        line("records lost", "lost"),
+        line("deliveries", "deliveries"),
+        line("redeliveries, whole run (% of the records)", "", fmt=lambda r: (
+            f"{_num(r.get('redeliveries'))} ({_num(r.get('redelivered_pct'), 1)} %)")),
+        line("redeliveries over the roll + kill (% of the records)", "", fmt=lambda r: (
+            f"{_num(r.get('roll_redeliveries'))} ({_num(r.get('roll_redelivered_pct'), 1)} %)")),
+        line("longest stall from the first fault on", "longest_stall_s", 1),
+        line("longest stall before the faults", "baseline_longest_stall_s", 1),
+        line("producer's longest stall", "producer_longest_gap_s", 1),
+        line("longest produce wait", "producer_longest_wait_s", 1),
+        line("produce failures", "produce_failed"),
+        line("failed acknowledgements (records)", "", fmt=lambda r: _num(sum((r.get("ack_failed") or {}).values()))),
+        line("a newcomer got, after the run", "late_deliveries"),
+        line("run, s (drain after the last fault)", "", fmt=lambda r: (
+            f"{_num(r.get('seconds'))} ({_num(r.get('drain_s'))})")),
+    ]
+    out += _table(head, table) + [""]
+    for r in rows:
+        name = _FAILOVER_NAMES.get(r["system"], r["system"])
+        out += [f"**{name}**, per fault (window: from its signal to the next fault's; the last one to the end):", ""]
+        wrows = []
+        for w in r.get("windows", []):
+            fault = "signal" in w or "exit_s" in w
+            wrows.append([
+                w.get("name", "?"),
+                _num(w.get("at_s"), 0),
+                f"{_num(w.get('exit_s'), 1)} / {_num(w.get('back_s'), 1)} / {_num(w.get('in_sync_s'), 0)} / "
+                f"{_num(w.get('leaders_back_s'), 0)}" if fault else "-",
+                ",".join(str(p) for p in w.get("partitions", [])) if fault else "-",
+                _num(w.get("deliveries")),
+                f"{_num(w.get('redeliveries'))} ({_num(w.get('redelivered_pct'), 1)} %)",
+                _num(w.get("first_record_s"), 2) if fault else "-",
+                _num(w.get("first_record_of_its_partitions_s"), 2) if fault else "-",
+                _num(w.get("longest_stall_s"), 2),
+                _num(w.get("producer_longest_gap_s"), 2),
+                _num(w.get("producer_longest_wait_s"), 2),
+            ])
+        out += _table(
+            ["window", "at s", "exited / back / in sync / leaders back, s after the signal", "its partitions",
+             "deliveries", "redeliveries", "first record after the signal", "first record of each of its partitions",
+             "longest stall", "producer's longest stall", "longest produce wait"],
+            wrows,
+        )
+        out.append("")
+        extra = []
+        if r.get("lost"):
+            extra.append(f"lost record ids (first 20): {r.get('lost_ids')}")
+        if r.get("stalls_over_1s"):
+            extra.append("stalls over 1 s (s after the consumers started, length): "
+                         + ", ".join(f"{a:g} s: {b:g} s" for a, b in r["stalls_over_1s"][:20]))
+        if r.get("client_errors"):
+            extra.append(f"client errors: {r['client_errors']}")
+        if r.get("ack_failed"):
+            extra.append(f"acknowledgements that failed (records, by error): {r['ack_failed']}")
+        if r.get("slow_produce"):
+            extra.append("records that took over 2 s from `produce()` to their report (window, partition: "
+                         "records, longest): " + "; ".join(
+                             f"{x['window']}, {x['partition']}: {x['records']}, {_num(x['max_wait_s'], 1)} s"
+                             for x in r["slow_produce"]))
+        if r.get("produce_errors"):
+            extra.append(f"produce errors: {r['produce_errors']}")
+        if "proxy_running_at_end" in r:
+            extra.append(f"kshare proxy running at the end: {'yes' if r['proxy_running_at_end'] else '**no**'}")
+        out += [f"* {e}" for e in extra] + ([""] if extra else [])
+    plog = res.get("proxy_log") or {}
+    if plog.get("counts"):
+        c = plog["counts"]
+        out += [f"kshare's log: {c.get('WARNING', 0)} WARNING, {c.get('ERROR', 0)} ERROR, "
+                f"{c.get('Traceback', 0)} traceback line(s); the distinct messages (numbers masked):", ""]
+        if plog.get("distinct"):
+            out += _table(["count", "first seen"], [[str(d["count"]), "`" + d["first"].replace("|", "/") + "`"]
+                                                    for d in plog["distinct"]], "rl")
+            out.append("")
+    metrics = res.get("proxy_metrics") or {}
+    if metrics:
+        out += ["kshare's metrics at the end: " + ", ".join(f"`{k}` {_num(v, 0 if float(v).is_integer() else 3)}"
+                                                          for k, v in sorted(metrics.items())), ""]
+    if cfg.get("command"):
+        out += [f"The proxy: `{cfg['command']}`.", ""]
+    return out
+
+
 def _spark_rounds(res: dict[str, Any]) -> list[str]:
     """Round by round: each repeat ran the configurations of a pair one after the other."""
     samples = [s for s in res.get("samples", []) if "error" not in s and s.get("repeat") is not None]
@@ -593,6 +715,7 @@ SECTIONS = {
     "memory": _memory,
     "embedded": _embedded,
     "spark": _spark,
+    "failover": _failover,
 }
 
 
@@ -887,6 +1010,30 @@ def _plot_spark(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
+def _plot_failover(plt: Any, res: dict[str, Any]) -> Any:
+    rows = res["rows"]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(12, 3.2 * len(rows)), squeeze=False)
+    for ax, r in zip(axes[:, 0], rows, strict=True):
+        tl = r.get("timeline") or {}
+        for key, color, label in (("deliveries", COLORS.get(r["system"]), "deliveries/s"),
+                                  ("redeliveries", "tab:red", "of them redeliveries"),
+                                  ("produced", "tab:gray", "records produced/s (acknowledged)")):
+            ys = tl.get(key, [])
+            ax.plot(range(len(ys)), ys, color=color, lw=1, label=label)
+        for i, f in enumerate(r.get("faults_at_s", [])):
+            ax.axvspan(f["signal_s"], f["back_s"], color="tab:orange", alpha=0.2,
+                       label="broker down (signal to back in the metadata)" if i == 0 else None)
+            ax.text(f["signal_s"], ax.get_ylim()[1] * 0.95, f["fault"], fontsize=7, va="top", rotation=90)
+        ax.set_xlabel("seconds after the consumers started")
+        ax.set_ylabel("records / s")
+        ax.set_title(f"{_FAILOVER_NAMES.get(r['system'], r['system'])}: {_num(r.get('roll_redelivered_pct'), 1)} % "
+                     f"redelivered over the faults, longest stall {_num(r.get('longest_stall_s'), 1)} s, "
+                     f"{_num(r.get('lost'))} lost", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    return fig
+
+
 PLOTS = {
     "passthrough": _plot_passthrough,
     "share": _plot_share,
@@ -897,6 +1044,7 @@ PLOTS = {
     "cpu": _plot_cpu,
     "embedded": _plot_embedded,
     "spark": _plot_spark,
+    "failover": _plot_failover,
 }
 
 

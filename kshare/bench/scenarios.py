@@ -36,10 +36,11 @@ from .procs import ProxyProcess, cpu_seconds, load, rss_bytes
 if TYPE_CHECKING:
     from .runner import Env, Progress
 
-SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded", "spark")
+SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded", "spark", "failover")
 # run only when named (--only): kshare on its embedded broker takes 25 minutes of its own, the Spark
-# sources about 25 (and need pyspark, and Spark's Kafka source from Maven Central)
-OPT_IN = ("embedded", "spark")
+# sources about 25 (and need pyspark, and Spark's Kafka source from Maven Central), the failover runs
+# about 20 (two three-node clusters of their own, one after the other)
+OPT_IN = ("embedded", "spark", "failover")
 
 # the issue's targets
 PASSTHROUGH_TARGET = 0.95  # kshare / relay
@@ -1796,5 +1797,640 @@ def spark(
         },
         "rows": rows,
         "samples": samples,
+        "targets": targets,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 10. failover: a three-node cluster's brokers restarted one by one, then one killed, under share
+# consumers and a producer; kshare on Kafka 3.9 beside native Kafka 4.4 share groups
+
+FAILOVER_REDELIVERY_TARGET_PCT = 10.0  # redeliveries over the roll + kill, % of the records
+FAILOVER_STALL_TARGET_S = 10.0  # the longest time records were available and none was delivered
+FAILOVER_FAULTS = (("SIGTERM", 1), ("SIGTERM", 2), ("SIGTERM", 3), ("SIGKILL", 2))
+_ID = struct.Struct(">q")  # a record's value starts with its id
+
+
+def _failover_consumer(name: str, bootstrap: str, group: str, topic: str, work_s: float, max_poll: int,
+                       seen, counts, slot: int, ready, stop, out) -> None:
+    """A ShareConsumer (implicit acknowledgement) until ``stop``: the id, partition and time of every
+    delivery (the time ``poll()`` returned it), ``work_s`` of work a record; marks ``seen[id]`` and
+    counts its deliveries in ``counts[slot]`` for the parent to watch. Sends what it got to ``out``."""
+    from confluent_kafka import ShareConsumer
+
+    ids, parts, times = array("q"), array("b"), array("d")
+    errors: dict[str, int] = {}
+    ack_failed: dict[str, int] = {}
+    acked = [0]
+
+    def on_error(err: Any) -> None:
+        key = f"client: {err.name()}"
+        errors[key] = errors.get(key, 0) + 1
+
+    def on_commit(offsets: Any, exc: Any) -> None:
+        n = sum(len(v) for v in offsets.values()) if offsets else 0
+        if exc is None:
+            acked[0] += n
+        else:
+            err = exc.args[0] if exc.args else exc
+            key = err.name() if hasattr(err, "name") else str(err)
+            ack_failed[key] = ack_failed.get(key, 0) + n
+
+    c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "max.poll.records": max_poll,
+                       "error_cb": on_error, "log_level": 0})  # errors counted, not printed
+    c.set_acknowledgement_commit_callback(on_commit)
+    c.subscribe([topic])
+    ready.set()
+    unpack = _ID.unpack_from
+    try:
+        while not stop.is_set():
+            try:
+                msgs = c.poll(0.1)
+            except Exception as exc:  # noqa: BLE001 - counted; the consumer goes on, as an application would
+                key = f"poll: {exc}"[:120]
+                errors[key] = errors.get(key, 0) + 1
+                time.sleep(0.1)
+                continue
+            now = time.monotonic()
+            for m in msgs:
+                if m.error() is not None:
+                    key = f"record: {m.error().name()}"
+                    errors[key] = errors.get(key, 0) + 1
+                    continue
+                (rid,) = unpack(m.value())
+                ids.append(rid)
+                parts.append(m.partition())
+                times.append(now)
+                seen[rid] = 1
+                counts[slot] += 1
+            for m in msgs:  # the work, after every delivery of the batch is noted
+                if m.error() is None:
+                    time.sleep(work_s)
+    finally:
+        with contextlib.suppress(Exception):
+            c.close()
+        out.put(("consumed", name, ids.tobytes(), parts.tobytes(), times.tobytes(), errors, ack_failed, acked[0]))
+
+
+def _failover_producer(bootstrap: str, topic: str, first_id: int, n: int, rate: float, partitions: int,
+                       size: int, go, out) -> None:
+    """Idempotent, acks=all: ``n`` records (ids ``first_id``...) at ``rate`` a second from ``go``, round
+    robin over the partitions; sends the time each was handed to ``produce()`` and the time its delivery
+    report said it was written (NaN: failed), and the errors."""
+    from confluent_kafka import Producer
+
+    sent = array("d", [math.nan]) * n
+    acked = array("d", [math.nan]) * n
+    errors: dict[str, int] = {}
+
+    def report(err: Any, msg: Any) -> None:
+        i = _ID.unpack_from(msg.value())[0] - first_id
+        if err is None:
+            acked[i] = time.monotonic()
+        else:
+            errors[err.name()] = errors.get(err.name(), 0) + 1
+
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                  "message.timeout.ms": 300_000, "error_cb": clients._quiet, "log_level": 0})
+    pad = b"." * max(0, size - _ID.size)
+    go.wait()
+    t0 = time.monotonic()
+    lag_max = 0.0
+    for i in range(n):
+        due = t0 + i / rate
+        while (wait := due - time.monotonic()) > 0:
+            p.poll(wait)  # delivery reports are served (and timed) while waiting
+        lag_max = max(lag_max, time.monotonic() - due)
+        value = _ID.pack(first_id + i) + pad
+        while True:
+            try:
+                p.produce(topic, value, partition=i % partitions, on_delivery=report)
+                break
+            except BufferError:
+                p.poll(0.01)
+        sent[i] = time.monotonic()
+        p.poll(0)
+    left = p.flush(600)
+    out.put(("produced", sent.tobytes(), acked.tobytes(), errors, left, lag_max))
+
+
+def _produce_ids(bootstrap: str, topic: str, n: int, partitions: int, size: int) -> None:
+    """Records with ids 0..n-1, round robin over the partitions, idempotent and acks=all, as fast as
+    the cluster takes them (producer batches of up to 16 KB, the Java client's default)."""
+    from confluent_kafka import KafkaException, Producer
+
+    failed: list[object] = []
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                  "batch.size": 16384, "error_cb": clients._quiet, "log_level": 3,
+                  "on_delivery": lambda err, _msg: failed.append(err) if err is not None else None})
+    pad = b"." * max(0, size - _ID.size)
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, _ID.pack(i) + pad, partition=i % partitions)
+                break
+            except BufferError:
+                p.poll(0.05)
+    left = p.flush(300)
+    if left or failed:
+        raise KafkaException(f"producing to {topic}: {left} undelivered, errors {failed[:3]}")
+
+
+def _overlap_max(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    """The longest part of any interval inside [start, end)."""
+    return max((min(b, end) - max(a, start) for a, b in intervals if b > start and a < end), default=0.0)
+
+
+def failover_analysis(
+    deliveries: list[tuple[float, int, int]],
+    available: dict[int, float],
+    windows: list[dict[str, Any]],
+    acks: list[tuple[float, float]],
+    t_end: float,
+) -> dict[str, Any]:
+    """What a failover run's timeline says.
+
+    ``deliveries``: (time, record id, partition) of every delivery, any consumer; ``available``: record
+    id -> the time it could first be delivered (the records produced before: when the consumers started;
+    the others: when the producer's delivery report said the cluster had them), for every record the
+    cluster acknowledged; ``windows``: dicts with ``name``, ``start``, ``end`` and, for a fault,
+    ``signal`` (the time it was sent) and ``partitions`` (those its broker led); ``acks``: (sent,
+    acknowledged) times of the producer's records that were written; ``t_end``: when the consumers
+    stopped.
+
+    A delivery of a record delivered before is a redelivery, counted in the window it happened in.
+    A *stall* is a stretch without any delivery during which some record was available and not yet
+    delivered (from the first delivery on: the group's first join is not a failover's doing); a record
+    delivered before and given again counts as delivered, so it is left out of it. The producer's stall
+    is the longest time between two successful delivery reports."""
+    import heapq
+
+    deliveries = sorted(deliveries)
+    first: dict[int, float] = {}
+    redelivered = []
+    for t, rid, _p in deliveries:
+        if rid in first:
+            redelivered.append(t)
+        else:
+            first[rid] = t
+    # stalls: gaps between deliveries in which a record was available and not yet delivered
+    heap = [(a, rid) for rid, a in available.items()]
+    heapq.heapify(heap)
+    stalls: list[tuple[float, float]] = []
+    times = [t for t, _, _ in deliveries]
+    edges = list(zip(times, [*times[1:], t_end], strict=True)) if times else []
+    for prev, nxt in edges:
+        if nxt <= prev:
+            continue
+        while heap and first.get(heap[0][1], math.inf) <= prev:
+            heapq.heappop(heap)
+        if heap and heap[0][0] < nxt:
+            stalls.append((max(heap[0][0], prev), nxt))
+    lost = sorted(rid for rid in available if rid not in first)
+    ack_times = sorted(b for _, b in acks)
+    producer_gaps = list(zip(ack_times, ack_times[1:], strict=False))
+    out_windows = []
+    for w in windows:
+        start, end = w["start"], w["end"]
+        inside = [(t, rid, p) for t, rid, p in deliveries if start <= t < end]
+        re_n = sum(1 for t in redelivered if start <= t < end)
+        row: dict[str, Any] = {
+            **{k: v for k, v in w.items() if k not in ("start", "end")},
+            "start": start,
+            "end": end,
+            "deliveries": len(inside),
+            "redeliveries": re_n,
+            "longest_stall_s": _overlap_max(stalls, start, end),
+            "producer_longest_gap_s": _overlap_max(producer_gaps, start, end),
+            "producer_longest_wait_s": max((b - a for a, b in acks if start <= a < end), default=math.nan),
+        }
+        if "signal" in w:
+            sig = w["signal"]
+            after = [t for t, _, _ in deliveries if t >= sig]
+            row["first_record_s"] = after[0] - sig if after else math.nan
+            per_part = {}
+            for p in w.get("partitions", []):
+                ts = [t for t, _, q in deliveries if q == p and t >= sig]
+                per_part[p] = ts[0] - sig if ts else math.nan
+            row["first_record_of_its_partitions_s"] = max(per_part.values()) if per_part else math.nan
+            row["first_record_per_partition_s"] = per_part
+        out_windows.append(row)
+    return {
+        "records": len(available),
+        "delivered": len([r for r in available if r in first]),
+        "lost": len(lost),
+        "lost_ids": lost[:20],
+        "deliveries": len(deliveries),
+        "redeliveries": len(redelivered),
+        "stalls": stalls,
+        "producer_longest_gap_s": max((b - a for a, b in producer_gaps), default=math.nan),
+        "windows": out_windows,
+    }
+
+
+def _timeline(deliveries: list[tuple[float, int, int]], acks: list[tuple[float, float]], t0: float,
+              t_end: float) -> dict[str, list[int]]:
+    """Per second from ``t0``: deliveries, redeliveries and the producer's acknowledged records."""
+    n = max(1, math.ceil(t_end - t0))
+    dl, rd, pr = [0] * n, [0] * n, [0] * n
+    seen: set[int] = set()
+    for t, rid, _ in sorted(deliveries):
+        i = min(n - 1, max(0, int(t - t0)))
+        dl[i] += 1
+        if rid in seen:
+            rd[i] += 1
+        seen.add(rid)
+    for _, b in acks:
+        pr[min(n - 1, max(0, int(b - t0)))] += 1
+    return {"deliveries": dl, "redeliveries": rd, "produced": pr}
+
+
+def _log_levels(path: Path) -> dict[str, Any]:
+    """WARNING / ERROR / traceback lines of a kshare log: counts and the distinct messages (numbers
+    and addresses masked), each with its count."""
+    counts = {"WARNING": 0, "ERROR": 0, "CRITICAL": 0, "Traceback": 0}
+    distinct: dict[str, int] = {}
+    first: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            level = next((lv for lv in ("WARNING", "ERROR", "CRITICAL") if f" {lv} " in line), None)
+            if "Traceback" in line:
+                counts["Traceback"] += 1
+            if level is None:
+                continue
+            counts[level] += 1
+            msg = line.split(f" {level} ", 1)[1]
+            key = f"{level} " + re.sub(r"\d+", "N", msg)[:160]
+            distinct[key] = distinct.get(key, 0) + 1
+            first.setdefault(key, line.rstrip()[:300])
+    return {"counts": counts,
+            "distinct": [{"count": n, "pattern": k, "first": first[k]}
+                         for k, n in sorted(distinct.items(), key=lambda kv: -kv[1])][:40]}
+
+
+def _failover_run(
+    system: str,
+    cluster: Any,
+    bootstrap: str,
+    progress: Progress,
+    *,
+    records_before: int,
+    records_during: int,
+    rate: float,
+    partitions: int,
+    consumers: int,
+    work_ms: float,
+    max_poll: int,
+    lock_ms: int,
+    baseline_s: float,
+    settle_s: float,
+    value_size: int,
+    drain_timeout_s: float,
+    check: Any = None,
+) -> dict[str, Any]:
+    """One system's run on its started three-node ``cluster``; clients connect to ``bootstrap`` (the
+    proxy for kshare, the cluster for native). ``check()`` raises if the proxy is gone."""
+    from confluent_kafka.admin import NewTopic
+
+    ctx = mp.get_context("spawn")
+    topic = f"bench-failover-{uuid.uuid4().hex[:8]}"
+    group = f"bench-failover-{uuid.uuid4().hex[:8]}"
+    admin = cluster.admin()
+    admin.create_topics([NewTopic(topic, partitions, 3)], request_timeout=60)[topic].result(60)
+    if not cluster.wait_preferred_leaders([topic], 60):
+        raise RuntimeError(f"{system}: topic {topic} has no leaders after 60 s")
+    # the records before: straight to the cluster for both systems (the same batches)
+    t = time.monotonic()
+    _produce_ids(cluster.bootstrap, topic, records_before, partitions, value_size)
+    clients.set_group_configs(bootstrap, group, {"share.auto.offset.reset": "earliest",
+                                                 "share.heartbeat.interval.ms": clients.HEARTBEAT_MS,
+                                                 "share.record.lock.duration.ms": lock_ms})
+    progress.step(f"{system}: {records_before:,} records produced in {time.monotonic() - t:.1f} s")
+    total = records_before + records_during
+    seen = ctx.RawArray("B", total)
+    counts = ctx.RawArray("q", consumers + 1)
+    stop, late_stop, go = ctx.Event(), ctx.Event(), ctx.Event()
+    out = ctx.Queue()
+    readies = [ctx.Event() for _ in range(consumers + 1)]
+    procs = [
+        ctx.Process(target=_failover_consumer, daemon=True,
+                    args=(f"c{i}", bootstrap, group, topic, work_ms / 1000, max_poll, seen, counts, i,
+                          readies[i], stop, out))
+        for i in range(consumers)
+    ]
+    producer = ctx.Process(target=_failover_producer, daemon=True,
+                           args=(bootstrap, topic, records_before, records_during, rate, partitions,
+                                 value_size, go, out))
+    late = ctx.Process(target=_failover_consumer, daemon=True,
+                       args=("late", bootstrap, group, topic, 0.0, max_poll, ctx.RawArray("B", total), counts,
+                             consumers, readies[consumers], late_stop, out))
+    got: dict[str, tuple] = {}
+    produced: tuple | None = None
+
+    def collect(until: float, want: set[str]) -> None:
+        """Results from the queue until those of ``want`` (consumer names, "producer") are in."""
+        nonlocal produced
+        names, producer_too = want - {"producer"}, "producer" in want
+        while (names - set(got) or (producer_too and produced is None)) and time.monotonic() < until:
+            try:
+                msg = out.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if msg[0] == "produced":
+                produced = msg
+            else:
+                got[msg[1]] = msg
+
+    faults: list[dict[str, Any]] = []
+    try:
+        producer.start()
+        t0 = time.monotonic()  # the consumers start: the records produced before are available
+        for pr in procs:
+            pr.start()
+        for r in readies[:consumers]:
+            if not r.wait(120):
+                raise TimeoutError(f"{system}: a consumer did not start in 120 s")
+        go.set()
+        time.sleep(baseline_s)
+        for sig, node in FAILOVER_FAULTS:
+            if check is not None:
+                check()
+            led = sorted(p for p, leader in cluster.leaders(topic).items() if leader == node)
+            fault: dict[str, Any] = {"fault": sig, "node": node, "partitions": led}
+            fault["signal"] = time.monotonic()
+            cluster.stop_node(node, hard=sig == "SIGKILL")
+            fault["exited"] = time.monotonic()
+            cluster.start_node(node, timeout=120)
+            fault["back"] = time.monotonic()
+            fault["in_sync"] = cluster.wait_in_sync(120)
+            fault["in_sync_at"] = time.monotonic()
+            fault["leaders_back"] = cluster.wait_preferred_leaders(None, 60)
+            fault["leaders_back_at"] = time.monotonic()
+            faults.append(fault)
+            progress.step(
+                f"{system}: {sig} node {node} ({len(led)} of the topic's leaders): exited in "
+                f"{fault['exited'] - fault['signal']:.1f} s, back {fault['back'] - fault['exited']:.1f} s later, "
+                f"in sync after {fault['in_sync_at'] - fault['signal']:.0f} s, leaders back after "
+                f"{fault['leaders_back_at'] - fault['signal']:.0f} s; {sum(counts[:consumers]):,} deliveries so far"
+            )
+            time.sleep(settle_s)
+        if check is not None:
+            check()
+        t_faults_done = time.monotonic()
+        collect(t_faults_done + drain_timeout_s, {"producer"})
+        if produced is None:
+            raise TimeoutError(f"{system}: the producer did not finish")
+        acked_during = array("d")
+        acked_during.frombytes(produced[2])
+        expected = list(range(records_before)) + [
+            records_before + i for i, a in enumerate(acked_during) if not math.isnan(a)
+        ]
+        deadline = time.monotonic() + drain_timeout_s
+        while time.monotonic() < deadline:
+            flags = bytes(seen)
+            if all(flags[i] for i in expected):
+                break
+            time.sleep(0.5)
+        # then until no delivery came for a lock's duration and a bit: a lock that runs out is counted
+        quiet_s = lock_ms / 1000 + 5
+        last, last_change = sum(counts[:consumers]), time.monotonic()
+        while time.monotonic() - last_change < quiet_s and time.monotonic() < deadline + quiet_s:
+            time.sleep(0.5)
+            now_n = sum(counts[:consumers])
+            if now_n != last:
+                last, last_change = now_n, time.monotonic()
+        t_end = time.monotonic()
+        stop.set()
+        collect(time.monotonic() + 120, {f"c{i}" for i in range(consumers)})
+        for pr in procs:
+            pr.join(30)
+        # acknowledged stays acknowledged: a newcomer to the group gets nothing
+        late.start()
+        readies[consumers].wait(60)
+        time.sleep(8)
+        late_stop.set()
+        collect(time.monotonic() + 60, {"late"})
+        late.join(30)
+        progress.step(
+            f"{system}: {sum(counts[:consumers]):,} deliveries of {len(expected):,} records, drained "
+            f"{t_end - t_faults_done:.0f} s after the last fault; a newcomer got {counts[consumers]}"
+        )
+    finally:
+        stop.set()
+        late_stop.set()
+        go.set()
+        for pr in [*procs, producer, late]:
+            if pr.pid is None:
+                continue
+            pr.join(5)
+            if pr.is_alive():
+                pr.kill()
+    missing = {f"c{i}" for i in range(consumers)} - set(got)
+    if missing:
+        raise RuntimeError(f"{system}: no results from consumer(s) {sorted(missing)}")
+    deliveries: list[tuple[float, int, int]] = []
+    client_errors: dict[str, int] = {}
+    ack_failed: dict[str, int] = {}
+    acked_total = 0
+    for name in sorted(got):
+        if name == "late":
+            continue
+        _, _, ids_b, parts_b, times_b, errors, failed, acked = got[name]
+        ids, parts, times = array("q"), array("b"), array("d")
+        ids.frombytes(ids_b)
+        parts.frombytes(parts_b)
+        times.frombytes(times_b)
+        deliveries += list(zip(times, ids, parts, strict=True))
+        for k, v in errors.items():
+            client_errors[k] = client_errors.get(k, 0) + v
+        for k, v in failed.items():
+            ack_failed[k] = ack_failed.get(k, 0) + v
+        acked_total += acked
+    late_ids = array("q")
+    if "late" in got:
+        late_ids.frombytes(got["late"][2])
+    sent, acked_at = array("d"), array("d")
+    sent.frombytes(produced[1])
+    acked_at.frombytes(produced[2])
+    available = {i: t0 for i in range(records_before)}
+    acks = []
+    slow: dict[tuple[int, int], list[float]] = {}  # (fault, partition) -> waits over 2 s
+    signals = [f["signal"] for f in faults]
+    for i, (s, a) in enumerate(zip(sent, acked_at, strict=True)):
+        if not math.isnan(a):
+            available[records_before + i] = a
+            acks.append((s, a))
+            if a - s > 2.0:
+                slow.setdefault((sum(1 for x in signals if x <= s), i % partitions), []).append(a - s)
+    windows = [{"name": "before the faults", "start": t0, "end": faults[0]["signal"]}]
+    for i, f in enumerate(faults):
+        end = faults[i + 1]["signal"] if i + 1 < len(faults) else t_end
+        windows.append({"name": f"{f['fault']} node {f['node']}", "start": f["signal"], "end": end,
+                        "signal": f["signal"], "partitions": f["partitions"]})
+    a = failover_analysis(deliveries, available, windows, acks, t_end)
+    roll = [w for w in a["windows"] if "signal" in w]
+    roll_re = sum(w["redeliveries"] for w in roll)
+    for w, f in zip(roll, faults, strict=True):
+        w.update({
+            "exit_s": f["exited"] - f["signal"],
+            "back_s": f["back"] - f["signal"],
+            "in_sync_s": f["in_sync_at"] - f["signal"] if f["in_sync"] else math.nan,
+            "leaders_back_s": f["leaders_back_at"] - f["signal"] if f["leaders_back"] else math.nan,
+        })
+    for w in a["windows"]:
+        w["at_s"] = w["start"] - t0
+        w["seconds"] = w["end"] - w["start"]
+        w["redelivered_pct"] = 100 * w["redeliveries"] / max(1, a["records"])
+        for k in ("start", "end", "signal"):
+            w.pop(k, None)
+    stalls_roll = [(x, y) for x, y in a["stalls"] if y > faults[0]["signal"]]
+    return {
+        "system": system,
+        "topic": topic,
+        "records": a["records"],
+        "produce_failed": sum(produced[3].values()),
+        "produce_errors": produced[3],
+        "produce_left": produced[4],
+        "producer_lag_max_s": produced[5],
+        "delivered": a["delivered"],
+        "lost": a["lost"],
+        "lost_ids": a["lost_ids"],
+        "deliveries": a["deliveries"],
+        "redeliveries": a["redeliveries"],
+        "redelivered_pct": 100 * a["redeliveries"] / max(1, a["records"]),
+        "roll_redeliveries": roll_re,
+        "roll_redelivered_pct": 100 * roll_re / max(1, a["records"]),
+        "longest_stall_s": _overlap_max(stalls_roll, faults[0]["signal"], t_end),
+        "baseline_longest_stall_s": a["windows"][0]["longest_stall_s"],
+        "stalls_over_1s": [(round(x - t0, 2), round(y - x, 2)) for x, y in a["stalls"] if y - x > 1.0],
+        "producer_longest_gap_s": a["producer_longest_gap_s"],
+        "producer_longest_wait_s": max((b - s for s, b in acks), default=math.nan),
+        # records that took over 2 s from produce() to their delivery report, per window and partition
+        "slow_produce": [{"window": windows[w]["name"], "partition": p, "records": len(v), "max_wait_s": max(v)}
+                         for (w, p), v in sorted(slow.items())],
+        "late_deliveries": len(late_ids),
+        "client_errors": client_errors,
+        "ack_failed": ack_failed,
+        "acked_by_clients": acked_total,
+        "seconds": t_end - t0,
+        "drain_s": t_end - t_faults_done,
+        "windows": a["windows"],
+        "timeline": _timeline(deliveries, acks, t0, t_end),
+        "faults_at_s": [{"fault": f"{f['fault']} node {f['node']}", "signal_s": f["signal"] - t0,
+                         "back_s": f["back"] - t0} for f in faults],
+    }
+
+
+def failover(
+    env: Env,
+    progress: Progress,
+    *,
+    records_before: int,
+    records_during: int,
+    rate: float,
+    partitions: int = 6,
+    consumers: int = 4,
+    work_ms: float = 6.0,
+    max_poll: int = 100,
+    lock_ms: int = 15_000,
+    baseline_s: float = 15.0,
+    settle_s: float = 5.0,
+    value_size: int = 100,
+    drain_timeout_s: float = 600.0,
+    systems: tuple[str, ...] = ("kshare", "native"),
+) -> dict[str, Any]:
+    """Three KRaft nodes (replication factor 3, ``min.insync.replicas`` 2) for each system, one after the
+    other: Apache Kafka 3.9 with ``kshare proxy --upstream <the three>`` (its own process) and Apache
+    Kafka 4.4 with share groups, used directly. A ``partitions``-partition topic with ``records_before``
+    records; ``consumers`` ShareConsumers (each its own process; ``max.poll.records`` ``max_poll``,
+    ``work_ms`` of work a record) drain it while an idempotent acks=all producer (its own process)
+    writes ``records_during`` more at ``rate`` a second (through kshare for kshare); after
+    ``baseline_s``, each broker in turn gets SIGTERM and is started again, then one is SIGKILLed and
+    started again; before the next fault the bench waits (as a rolling restart does) until every
+    replica is in sync and the preferred leaders are back, then ``settle_s``. The share groups'
+    ``share.record.lock.duration.ms`` is ``lock_ms`` on both (native: also its broker default)."""
+    from .brokers import KAFKA_3, KAFKA_4, ThreeNodeCluster
+    from .procs import BENCH_BROKER_CONFIG, KAFKA4_CONFIG
+
+    out_dir = env.options.out / "failover"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    progress.begin("failover", len(systems) * (3 + len(FAILOVER_FAULTS)))
+    rows: list[dict[str, Any]] = []
+    log_summary: dict[str, Any] = {}
+    metrics: dict[str, float] = {}
+    command = ""
+    sizes = dict(records_before=records_before, records_during=records_during, rate=rate, partitions=partitions,
+                 consumers=consumers, work_ms=work_ms, max_poll=max_poll, lock_ms=lock_ms, baseline_s=baseline_s,
+                 settle_s=settle_s, value_size=value_size, drain_timeout_s=drain_timeout_s)
+    for system in systems:
+        if system == "kshare":
+            cluster = ThreeNodeCluster(KAFKA_3, config=BENCH_BROKER_CONFIG)
+        else:
+            cluster = ThreeNodeCluster(KAFKA_4, share_groups=True, config={
+                **KAFKA4_CONFIG, "group.share.record.lock.duration.ms": lock_ms,
+                "share.coordinator.state.topic.num.partitions": 3})
+        proxy: ProxyProcess | None = None
+        try:
+            t = time.monotonic()
+            cluster.start(180)
+            what = "Apache Kafka 3.9" if system == "kshare" else "Apache Kafka 4.4 with share groups"
+            env.started[f"failover-{system}"] = f"{what}, three nodes at {cluster.bootstrap}"
+            if system == "kshare":
+                log_path = env.options.out / "kshare-failover.log"
+                proxy = ProxyProcess(cluster.bootstrap, ["--state-topic-partitions", "3",
+                                                         "--state-topic-replication-factor", "3", *env.proxy_args],
+                                     name="kshare-failover", log_path=log_path)
+                proxy.start(180)
+                command = shlex.join(["kshare", *proxy.cmd[3:]])
+                env.started["kshare-failover"] = f"kshare proxy at {proxy.bootstrap} (pid {proxy.pid})"
+                bootstrap = proxy.bootstrap
+
+                def check(p: ProxyProcess = proxy) -> None:
+                    if not p.running:
+                        raise RuntimeError("the kshare proxy exited:\n" + "".join(p.output[-30:]))
+            else:
+                bootstrap, check = cluster.bootstrap, None
+            progress.step(f"{system}: three nodes up in {time.monotonic() - t:.0f} s")
+            row = _failover_run(system, cluster, bootstrap, progress, check=check, **sizes)
+            if proxy is not None:
+                row["proxy_running_at_end"] = proxy.running
+                with contextlib.suppress(Exception):
+                    metrics = {k: v for k, v in proxy.metrics().items()
+                               if k.startswith(("kshare_state_", "kshare_share_lock", "kshare_share_deliveries",
+                                                "kshare_share_archived", "kshare_upstream", "kshare_client_conn"))
+                               and not k.endswith(("_bucket", "_created"))}
+            rows.append(row)
+        finally:
+            if proxy is not None:
+                proxy.stop()
+                log_summary = _log_levels(proxy.log_path) if proxy.log_path else {}
+                log_summary["notes"] = proxy.notes(30)
+            for node_id, node in cluster.nodes.items():
+                with contextlib.suppress(OSError):
+                    shutil.copy(node.log_path, out_dir / f"{system}-node{node_id}.log")
+            with contextlib.suppress(Exception):
+                cluster.close()
+    progress.end()
+    by = {r["system"]: r for r in rows}
+    targets = []
+    k = by.get("kshare")
+    if k is not None:
+        n = by.get("native")
+        targets = [
+            target("failover, kshare: records lost", k["lost"], 0, "<="),
+            target("failover, kshare: redeliveries over the roll + kill, % of the records",
+                   k["roll_redelivered_pct"], FAILOVER_REDELIVERY_TARGET_PCT, "<=", "%"),
+            target("failover, kshare: longest time records were available and none was delivered",
+                   k["longest_stall_s"], FAILOVER_STALL_TARGET_S, "<=", "s"),
+            target("failover, kshare: the producer's longest stall, no longer than on native 4.4",
+                   k["producer_longest_gap_s"], n["producer_longest_gap_s"] if n else math.nan, "<=", "s"),
+        ]
+    return {
+        "config": {**sizes, "faults": [f"{s} node {n}" for s, n in FAILOVER_FAULTS], "command": command,
+                   "kshare_cluster": "Apache Kafka 3.9.2, three KRaft nodes",
+                   "native_cluster": "Apache Kafka 4.4.0 with share groups, three KRaft nodes"},
+        "rows": rows,
+        "proxy_log": log_summary,
+        "proxy_metrics": metrics,
         "targets": targets,
     }

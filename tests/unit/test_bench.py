@@ -178,6 +178,27 @@ def synthetic() -> dict:
         for n in (1, 2, 8)
     ]
     spark_rows[1]["vs_kafka_rps"] = spark_rows[3]["vs_kafka_rps"] = 1.0
+    failover_rows = [
+        {"system": system, "records": 60_000, "lost": 0, "lost_ids": [], "deliveries": 60_000 + extra,
+         "redeliveries": extra, "redelivered_pct": extra / 600, "roll_redeliveries": extra,
+         "roll_redelivered_pct": extra / 600, "longest_stall_s": 2.5 + i, "baseline_longest_stall_s": 0.4,
+         "producer_longest_gap_s": 6.0 + i, "producer_longest_wait_s": 7.0, "produce_failed": 0,
+         "ack_failed": {"INVALID_RECORD_STATE": 3} if i else {}, "late_deliveries": 0, "seconds": 300.0,
+         "drain_s": 40.0, "stalls_over_1s": [[100.0, 2.5]],
+         "windows": [{"name": "before the faults", "at_s": 0.0, "deliveries": 9000, "redeliveries": 0,
+                      "redelivered_pct": 0.0, "longest_stall_s": 0.4, "producer_longest_gap_s": 0.1,
+                      "producer_longest_wait_s": 0.05}]
+         + [{"name": f"SIGTERM node {n}", "at_s": 15.0 + 40 * n, "exit_s": 2.0, "back_s": 9.0, "in_sync_s": 12.0,
+             "leaders_back_s": 20.0, "partitions": [n - 1, n + 2], "deliveries": 12_000, "redeliveries": extra // 3,
+             "redelivered_pct": extra / 1800, "first_record_s": 0.05, "first_record_of_its_partitions_s": 1.5,
+             "longest_stall_s": 2.5 + i, "producer_longest_gap_s": 6.0 + i, "producer_longest_wait_s": 7.0}
+            for n in (1, 2, 3)],
+         "timeline": {"deliveries": [600] * 300, "redeliveries": [extra // 300] * 300, "produced": [80] * 250},
+         "faults_at_s": [{"fault": f"SIGTERM node {n}", "signal_s": 15.0 + 40 * n, "back_s": 24.0 + 40 * n}
+                         for n in (1, 2, 3)],
+         **({"proxy_running_at_end": True} if system == "kshare" else {})}
+        for i, (system, extra) in enumerate((("kshare", 300), ("native", 120_000)))
+    ]
     t = scenarios.target
     results = {
         "meta": {
@@ -249,6 +270,18 @@ def synthetic() -> dict:
                 "rows": spark_rows,
                 "targets": [t("kshare / Kafka source", 1.0, 0.9, ">="), t("overhead", 1.0, 200.0, "<=", "ms")],
             },
+            "failover": {
+                "config": {"records_before": 40_000, "records_during": 20_000, "rate": 80.0, "partitions": 6,
+                           "consumers": 4, "work_ms": 6.0, "max_poll": 100, "lock_ms": 15_000, "baseline_s": 15.0,
+                           "settle_s": 5.0, "faults": ["SIGTERM node 1", "SIGTERM node 2", "SIGTERM node 3"],
+                           "command": "kshare proxy --upstream a,b,c"},
+                "rows": failover_rows,
+                "proxy_log": {"counts": {"WARNING": 2, "ERROR": 0, "Traceback": 0},
+                              "distinct": [{"count": 2, "pattern": "WARNING x", "first": "t WARNING broker 1 left"}]},
+                "proxy_metrics": {"kshare_state_batches_resent_total": 4.0},
+                "targets": [t("failover, kshare: records lost", 0, 0, "<="),
+                            t("failover, kshare: redeliveries", 0.5, 10.0, "<=", "%")],
+            },
         },
         "errors": {"other": "TimeoutError: synthetic"},
     }
@@ -262,7 +295,7 @@ def test_markdown_has_every_section_and_marks_targets() -> None:
     assert "| pass-through produce 100 B: kshare / relay | 0.98 | >= 0.95 | **met** |" in text
     assert "| share 100 B: kshare / native | 1.33 | >= 1.00 | **met** |" in text
     assert "**not met**" not in text
-    assert "11 of 11 met." in text
+    assert "13 of 13 met." in text
     assert "**other failed**" in text
     assert "WARNING kshare: something" in text
     assert "| kshare | closed loop | 16 | 100 | - | 2.00 |" in text  # ack table
@@ -277,6 +310,11 @@ def test_markdown_has_every_section_and_marks_targets() -> None:
     assert "| 1, 4 | Spark's Kafka source | 640 | 80% | 1 | 600 (550) | 900 | 2,000 | 2,900 / 10 / 50 / 50 |" in text
     assert "| 2, 8 | kshare source | 1,280 | 80% | 1.00 | 601 (550) |" in text
     assert "| 8 | 2,000 | 1,600 | 1,280 | 80% | 600 (550) |" in text
+    # failover: both systems side by side, then each one's faults
+    assert "| | kshare on Kafka 3.9 | native Kafka 4.4 |" in text.replace("|  |", "| |")
+    assert "| redeliveries over the roll + kill (% of the records) | 300 (0.5 %) | 120,000 (200.0 %) |" in text
+    assert "| SIGTERM node 2 | 95 | 2.0 / 9.0 / 12 / 20 | 1,4 | 12,000 | 100 (0.2 %) | 0.05 | 1.50 | 2.50 |" in text
+    assert "kshare's log: 2 WARNING, 0 ERROR, 0 traceback line(s)" in text and "`t WARNING broker 1 left`" in text
 
 
 def test_target_met_and_not_met() -> None:
@@ -325,9 +363,34 @@ def test_latency_windows() -> None:
     assert ws[0]["p50_ms"] == 100.0 and ws[1]["p50_ms"] == pytest.approx(1.499) and ws[1]["p99_ms"] == pytest.approx(1.989)
 
 
+def test_failover_analysis() -> None:
+    """Redeliveries per window, stalls only while a record was available and undelivered, the first
+    record after a fault (of any partition, and of every partition its broker led), the producer's gaps."""
+    # records 0-3 available at 0; 4 produced (acknowledged) at 10.5; 5 at 30 and never delivered
+    available = {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0, 4: 10.5, 5: 30.0}
+    deliveries = [(1.0, 0, 0), (1.0, 1, 1), (2.0, 2, 0), (12.0, 1, 1), (13.0, 4, 1), (20.0, 3, 0), (21.0, 3, 0)]
+    windows = [{"name": "before", "start": 0.0, "end": 10.0},
+               {"name": "SIGTERM node 1", "start": 10.0, "end": 40.0, "signal": 10.0, "partitions": [0, 1]}]
+    acks = [(9.0, 9.5), (10.0, 10.5), (29.9, 30.0)]
+    a = scenarios.failover_analysis(deliveries, available, windows, acks, t_end=40.0)
+    assert (a["records"], a["delivered"], a["lost"], a["lost_ids"]) == (6, 5, 1, [5])
+    assert (a["deliveries"], a["redeliveries"]) == (7, 2)
+    # 2 -> 12: record 3 was available (since 0) and undelivered; 13 -> 20 too; 21 -> 40: record 5 from 30
+    assert a["stalls"][:1] == [(1.0, 2.0)] and (2.0, 12.0) in a["stalls"] and (13.0, 20.0) in a["stalls"]
+    assert (30.0, 40.0) in a["stalls"] and not any(s == 21.0 for s, _ in a["stalls"])
+    before, fault = a["windows"]
+    assert (before["deliveries"], before["redeliveries"], before["longest_stall_s"]) == (3, 0, 8.0)
+    assert (fault["deliveries"], fault["redeliveries"], fault["longest_stall_s"]) == (4, 2, 10.0)
+    assert fault["first_record_s"] == 2.0 and fault["first_record_of_its_partitions_s"] == 10.0
+    assert a["producer_longest_gap_s"] == 19.5 and fault["producer_longest_gap_s"] == 19.5
+    assert before["producer_longest_wait_s"] == 0.5
+
+
 def test_embedded_runs_only_when_named() -> None:
     assert "embedded" in scenarios.SCENARIOS and "embedded" not in runner.Options(out=Path("x")).scenarios
     assert "spark" in scenarios.SCENARIOS and "spark" not in runner.Options(out=Path("x")).scenarios
+    assert "failover" in scenarios.SCENARIOS and "failover" not in runner.Options(out=Path("x")).scenarios
+    assert "repeats" not in runner.scenario_args("failover", runner.Options(out=Path("x"), only=["failover"]))
     o = runner.Options(out=Path("x"), only=["embedded"], quick=True)
     assert o.scenarios == ["embedded"]
     args = runner.scenario_args("embedded", o)
