@@ -330,6 +330,9 @@ _BENCH_SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", 
                     "failover")
 
 
+_BENCH_SCENARIOS += ("aioconsumer",)  # kshare.AIOShareConsumer vs confluent's ShareConsumer (issue 43)
+
+
 @main.command()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Results folder (default: bench-results/<timestamp>).")

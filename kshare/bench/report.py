@@ -1058,3 +1058,23 @@ def _repeats(repeats: Any) -> str:
         by.setdefault(n, []).append(name)
     parts = [f"{n} ({', '.join(names)})" for n, names in sorted(by.items(), reverse=True)]
     return "repeats: " + ", ".join(parts)
+
+
+# -- the aioconsumer scenario (kshare/bench/aioconsumer.py) ----------------------------------------
+
+
+def _aioconsumer(res: dict[str, Any]) -> list[str]:
+    from .aioconsumer import section
+
+    return section(res)
+
+
+def _plot_aioconsumer(plt: Any, res: dict[str, Any]) -> Any:
+    from .aioconsumer import plot
+
+    return plot(plt, res)
+
+
+TITLES["aioconsumer"] = "kshare.AIOShareConsumer vs confluent-kafka's ShareConsumer: one consumer's records/s"
+SECTIONS["aioconsumer"] = _aioconsumer
+PLOTS["aioconsumer"] = _plot_aioconsumer

@@ -100,6 +100,13 @@ MAX_REPEATS = {"scaling": 1}
 # instead of 1.2 s and 1.4x the CPU time (no steal, no I/O wait), and with 7 a ratio's median still
 # read 0.88-1.10 for the same code.
 DEFAULT_REPEATS = {"share": 7, "passthrough": 11}
+# kshare.AIOShareConsumer vs confluent's ShareConsumer (issue 43): runs of 1-3 s, 12 configurations a repeat
+# (2 sizes x 3 clients x kshare and native 4.4), alternated; about 6 minutes with 5 repeats
+SIZES["aioconsumer"] = (
+    {"records": {100: 300_000, 1024: 150_000}},
+    {"records": {100: 40_000, 1024: 20_000}},
+)
+DEFAULT_REPEATS["aioconsumer"] = 5
 
 
 @dataclass
@@ -304,6 +311,8 @@ def check_prerequisites(options: Options) -> None:
         raise BenchError("confluent-kafka is not installed: pip install 'kshare[bench]'") from None
     need = set()
     wanted = set(options.scenarios)
+    if "aioconsumer" in wanted:
+        need.add(KAFKA_4)
     if (not options.upstream and wanted - {"embedded"}) or "failover" in wanted:
         need.add(KAFKA_3)
     if wanted & {"share", "scaling", "latency", "embedded", "failover"}:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import clients
+from .aioconsumer import aioconsumer  # noqa: F401 - the aioconsumer scenario (issue 43)
 from .procs import ProxyProcess, cpu_seconds, load, rss_bytes
 
 if TYPE_CHECKING:
@@ -55,6 +56,10 @@ EMBEDDED_WINDOW_P50_MS = 3.0  # kshare on its embedded broker: every 10 s window
 EMBEDDED_P99_MS = 25.0  # kshare on its embedded broker: p99 over the run
 SPARK_RATE_TARGET = 0.9  # the kshare source's records/s / Spark's Kafka source's (issue 38)
 SPARK_OVERHEAD_TARGET_MS = 200.0  # the kshare source's overhead per micro-batch - the Kafka source's
+# kshare.AIOShareConsumer against confluent's ShareConsumer (kshare/bench/aioconsumer.py, issue 43): run only
+# when named, one figure for the docs rather than a regression watch
+SCENARIOS += ("aioconsumer",)
+OPT_IN += ("aioconsumer",)
 
 
 def _size(b: int) -> str:

@@ -285,6 +285,14 @@ def synthetic() -> dict:
         },
         "errors": {"other": "TimeoutError: synthetic"},
     }
+    results["scenarios"]["aioconsumer"] = {
+        "config": {"records": {100: 300_000}, "partitions": 4, "repeats": 5, "clients": ["confluent", "aio"],
+                   "systems": ["kshare"], "max_poll_records": 500},
+        "rows": [{"system": "kshare", "value_size": 100, "records": 300_000, "partitions": 4,
+                  "confluent_rps": 400_000.0, "aio_rps": 360_000.0, "confluent_cpu_us": 0.8, "aio_cpu_us": 1.2,
+                  "aio_vs_confluent": 0.9, "aio_vs_confluent_per_round": 0.88}],
+        "targets": [],
+    }
     return json.loads(json.dumps(results))
 
 
@@ -531,3 +539,11 @@ def test_tests_brokers_reexports_the_package() -> None:
     assert shim.ensure_kafka is brokers.ensure_kafka and shim._java is brokers._java
     assert brokers._tls_factory is not None  # secure brokers still get tests.tls certificates
     assert (Path(brokers.__file__).parent / "kafka" / "pom.xml").is_file()
+
+
+def test_aioconsumer_runs_only_when_named_and_reports_the_ratio() -> None:
+    assert "aioconsumer" in scenarios.SCENARIOS and "aioconsumer" not in runner.Options(out=Path("x")).scenarios
+    o = runner.Options(out=Path("x"), only=["aioconsumer"])
+    assert o.scenarios == ["aioconsumer"] and runner.scenario_args("aioconsumer", o)["repeats"] == 5
+    text = report.markdown(synthetic())
+    assert "| kshare (3.9) | 100 B | 400,000 | 360,000 | 0.90 (0.88) | 0.80 | 1.20 |" in text
