@@ -45,8 +45,8 @@ _UNANSWERED_LIMIT = 4096
 _HOLDS_RECHECK_S = 0.1  # see ClientConnection._check_holds
 _REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the answers it is owed
 BROKER_NOT_AVAILABLE = 8
-REATTACH_TIMEOUT_S = 30.0  # how long a client waits for any broker after its upstream connection closed
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+_UNANSWERED_QUIET_S = 1.0  # see ClientConnection.can_reattach
 # The slot a locally served request's handler answers: set in the handler's own task (its context
 # is a copy), so ``send_ahead`` knows which response it begins.
 _SERVING: ContextVar[Slot | None] = ContextVar("kshare_serving", default=None)
@@ -138,6 +138,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._backlog: list[bytes] = []
         self.upstream_addr: tuple[str, int] | None = None  # the broker the upstream connection goes to
         self.sasl = False  # the client authenticated upstream (SASL): a new connection cannot be made for it
+        self.unanswered_at = -1e9  # when the last request without a response (acks=0 Produce) went up
         self._tasks: set[asyncio.Task] = set()
         # the proxy's own requests on this client's upstream connection, waiting for a frame boundary
         self._probes: list[tuple[Slot, bytes]] = []
@@ -194,8 +195,12 @@ class ClientConnection(asyncio.BufferedProtocol):
     def can_reattach(self) -> bool:
         """Whether the upstream connection may be replaced under this client: nothing is owed or
         half-sent on it, and it carries no authentication of the client's (SASL) a new one would lack."""
+        # A broker also closes a connection on a request it cannot parse; one that expects an answer
+        # shows (awaiting_upstream), one that does not (acks=0 Produce) only by coming just before:
+        # the client then sees its connection closed, as from Kafka.
         return (not self.closed and not self.ending and not self.sasl and not self.awaiting_upstream
-                and not self._forward_left and self.transport is not None)
+                and not self._forward_left and self.transport is not None
+                and perf_counter() - self.unanswered_at > _UNANSWERED_QUIET_S)
 
     def reattach(self) -> None:
         self.upstream = None
@@ -227,38 +232,36 @@ class ClientConnection(asyncio.BufferedProtocol):
         await self._reattach_upstream()
 
     async def _reattach_upstream(self) -> None:
+        """One pass over the brokers (this listener's first, unless it is away): the first that
+        accepts takes the backlog. None does: the cluster is down, as far as the proxy can tell,
+        and the client sees what Kafka shows then, its connection closed."""
         loop = asyncio.get_running_loop()
         tls = self.proxy.config.upstream_security.ssl
-        deadline = loop.time() + REATTACH_TIMEOUT_S
-        delay = 0.05
-        while not self.closed:
-            for host, port in self.proxy.brokers.reattach_candidates(self.node_id):
-                try:
-                    _, upstream = await asyncio.wait_for(
-                        loop.create_connection(lambda: UpstreamConnection(self), host, port, ssl=tls,
-                                               server_hostname=host if tls else None),
-                        min(self.proxy.config.upstream_connect_timeout, 2.0))
-                except (TimeoutError, OSError):
-                    continue
-                if self.closed:
-                    upstream.close()
-                    return
-                if upstream.closed:  # closed before it was ours
-                    continue
-                self.upstream, self.upstream_addr, self.reattaching = upstream, (host, port), False
-                backlog, self._backlog = self._backlog, []
-                if backlog and upstream.transport is not None:
-                    upstream.transport.writelines(backlog)
-                if not self._forward_left:
-                    self._send_probes()
+        for host, port in self.proxy.brokers.reattach_candidates(self.node_id):
+            if self.closed:
                 return
-            if loop.time() > deadline:
-                log.info("client %s: no broker of the cluster answered for %.0f s; closing client", self.peer,
-                         REATTACH_TIMEOUT_S)
-                self.close()
+            try:
+                _, upstream = await asyncio.wait_for(
+                    loop.create_connection(lambda: UpstreamConnection(self), host, port, ssl=tls,
+                                           server_hostname=host if tls else None),
+                    min(self.proxy.config.upstream_connect_timeout, 2.0))
+            except (TimeoutError, OSError):
+                continue
+            if self.closed:
+                upstream.close()
                 return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            if upstream.closed:  # closed before it was ours
+                continue
+            self.upstream, self.upstream_addr, self.reattaching = upstream, (host, port), False
+            backlog, self._backlog = self._backlog, []
+            if backlog and upstream.transport is not None:
+                upstream.transport.writelines(backlog)
+            if not self._forward_left:
+                self._send_probes()
+            return
+        log.info("client %s: its broker closed the connection and no other broker answered; closing client",
+                 self.peer)
+        self.close()
 
     def _answer_unreachable(self) -> None:
         """Tell the client why before closing: its ApiVersions gets BROKER_NOT_AVAILABLE.
@@ -592,6 +595,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                     self.awaiting_upstream.append(slot)
                 else:
                     self.unanswered[corr] = None
+                    self.unanswered_at = perf_counter()
                     if len(self.unanswered) > _UNANSWERED_LIMIT:
                         self.unanswered.popitem(last=False)
                 self.proxy.stats.count(api_key)

@@ -126,3 +126,4 @@ def test_a_rolling_restart_and_a_crash_lose_nothing_and_redeliver_little(cluster
         time.sleep(5)
         stop_all([late])
         assert late.received == [], late.received[:5]
+
