@@ -52,7 +52,7 @@ def test_records_of_every_codec_with_their_delivery_counts(codec: str) -> None:
     assert [(r.offset, r.delivery_count) for r in out] == [(10, 2), (11, 2), (12, 1), (13, 1), (14, 1), (15, 1),
                                                            (16, 1)]
     r = out[1]
-    assert isinstance(r, ConsumerRecord) and isinstance(r, ShareConsumerRecord)
+    assert isinstance(r, ShareConsumerRecord) and list(r._fields[:11]) == list(ConsumerRecord.__dataclass_fields__)
     assert (r.topic, r.partition, r.timestamp, r.timestamp_type, r.key, r.value, r.checksum) == (
         "t", 2, 1001, 0, b"k1", b"vv", None)
     assert (r.serialized_key_size, r.serialized_value_size, list(r.headers)) == (2, 2, [("h", b"1")])
@@ -60,6 +60,11 @@ def test_records_of_every_codec_with_their_delivery_counts(codec: str) -> None:
     # one range over whole batches: the fast path
     whole = c._decode("t", 0, raw, [(10, 17, 3)])
     assert [r.offset for r in whole] == list(range(10, 18)) and {r.delivery_count for r in whole} == {3}
+    # one acquisition split into several ranges (kshare splits by BatchSize), and a hole (another member's)
+    split = c._decode("t", 0, raw, [(10, 12, 1), (13, 17, 1)])
+    assert [r.offset for r in split] == list(range(10, 18))
+    holed = c._decode("t", 0, raw, [(10, 11, 1), (13, 17, 1)])
+    assert [r.offset for r in holed] == [10, 11, 13, 14, 15, 16, 17]
 
 
 def test_deserializers() -> None:
