@@ -48,6 +48,8 @@ _session_brokers: dict[str, Broker] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kafka4: needs the Apache Kafka 4.x broker with share groups")
+    config.addinivalue_line("markers", "spark_own_session: starts a SparkSession of its own (run last: it stops "
+                                       "the shared Spark cluster of tests/integration/spark_cluster.py)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -59,6 +61,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.kafka4)
         if "tansu" in names:
             item.add_marker(pytest.mark.tansu)
+    # one shared Spark cluster for the session: the tests that need a SparkSession of their own go last
+    items.sort(key=lambda item: item.get_closest_marker("spark_own_session") is not None)
 
 
 def _session_broker(name: str, broker: Broker) -> Iterator[Broker]:

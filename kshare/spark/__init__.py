@@ -34,11 +34,39 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+SPECULATION_REFUSED = ("kshare source: spark.speculation=true is not supported (a losing speculative attempt's "
+                       "records would be accepted with the batch); set it to false")
+NO_REUSE_REFUSED = ("kshare source: spark.python.worker.reuse=false is not supported (a Python worker that ends with "
+                    "its task releases the records it read before their micro-batch commits: each would be "
+                    "redelivered until archived); set it to true")
+
+
+def refuse_unsupported(spark: Any) -> None:
+    """An :class:`OptionError` (one line) if ``spark`` runs speculative task attempts or does not
+    reuse its Python workers (see docs/spark.md)."""
+
+    def conf(key: str, default: str) -> list[str]:
+        values = [spark.conf.get(key, default)]
+        try:
+            values.append(spark.sparkContext.getConf().get(key, default))
+        except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext; the session conf says it
+            pass
+        return [str(v).strip().lower() for v in values]
+
+    if "true" in conf("spark.speculation", "false"):
+        raise OptionError(SPECULATION_REFUSED)
+    if "false" in conf("spark.python.worker.reuse", "true"):
+        raise OptionError(NO_REUSE_REFUSED)
+
+
 def register(spark: Any) -> type:
     """Register the ``kshare`` format on ``spark`` with Spark's default parallelism as the default
-    of the ``parallelism`` option (a data source cannot ask Spark for it by itself)."""
+    of the ``parallelism`` option (a data source cannot ask Spark for it by itself). Refuses a
+    session with ``spark.speculation=true`` or ``spark.python.worker.reuse=false``
+    (:class:`OptionError`, one line)."""
     from .source import ShareSource
 
+    refuse_unsupported(spark)
     # A class made here is pickled by value (it is not importable by name), so the default
     # travels with it to the Python processes where Spark instantiates the source.
     source = type("ShareSource", (ShareSource,), {"default_parallelism": spark.sparkContext.defaultParallelism})

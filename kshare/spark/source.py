@@ -10,6 +10,7 @@ before any of its tasks read.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -128,6 +129,7 @@ class ShareStreamReader(DataSourceStreamReader):
         assert isinstance(partition, ShareInputPartition)
         from .worker import Tag, member_host
 
+        _refuse_unsupported()
         host = member_host(partition.opts)
         tag = Tag(partition.stream, partition.run, partition.batch, partition.index, _attempt())
         records, _ = host.read(tag, partition.opts.max_records, partition.opts.max_wait_ms)
@@ -157,6 +159,7 @@ class ShareBatchReader(DataSourceReader):
         assert isinstance(partition, ShareInputPartition)
         from .worker import Tag, member_host
 
+        _refuse_unsupported()
         host = member_host(partition.opts)
         tag = Tag(partition.stream, partition.run, 0, partition.index, _attempt())
         # "available now": keep fetching until a fetch comes back empty after a short wait
@@ -176,6 +179,25 @@ def _handed(tag: Any, rows: Iterator[tuple]) -> Iterator[tuple]:
         n += 1
         yield row
     log.debug("kshare: timeline: %s handed %d row(s) to Spark", tag, n)
+
+
+def _refuse_unsupported() -> None:
+    """Fail the task before it acquires anything if the session runs speculative attempts (Spark
+    hands a task the session's settings as local properties) or does not reuse Python workers
+    (pyspark's daemon is told to with SPARK_REUSE_WORKER): for a source registered without
+    ``kshare.spark.register``, which refuses both on the driver."""
+    from pyspark import TaskContext
+
+    from . import NO_REUSE_REFUSED, SPECULATION_REFUSED
+    from .options import OptionError
+
+    tc = TaskContext.get()
+    if tc is None:
+        return
+    if str(tc.getLocalProperty("spark.speculation") or "").strip().lower() == "true":
+        raise OptionError(SPECULATION_REFUSED)
+    if not os.environ.get("SPARK_REUSE_WORKER"):
+        raise OptionError(NO_REUSE_REFUSED)
 
 
 def _attempt() -> int:

@@ -5,13 +5,26 @@ outlives the task that made it: it keeps its connection, its group membership an
 sessions, and with them the records its tasks read, locked until the driver's commit of their
 micro-batch reaches it through the commit channel (or they are released). A background event
 loop thread heartbeats, watches the commit marker while records are held, and renews their locks.
-A worker process that dies closes its connections: the broker releases its records.
+
+A worker process that ends leaves the share group (:func:`leave_all`). Spark ends its Python
+workers with SIGHUP (pyspark's daemon, when it ends: the executor stopped, was removed by dynamic
+allocation, or died) or ``os._exit`` (the daemon's code in the worker, after the worker's socket
+closed: idle workers reaped, a failed task), neither of which runs ``atexit``; so the process that
+makes a member wraps ``os._exit`` and handles SIGHUP and SIGTERM, to settle what the commit marker
+already decides and send the member's leave heartbeat (a few seconds at most) before it goes.
+Without that the member would stay in the group until its session timeout (its records are
+released when its connection closes either way). A worker killed outright (SIGKILL: a task
+interrupted) only closes its connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import os
+import signal
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -28,6 +41,7 @@ log = logging.getLogger("kshare.spark")
 
 WATCH_INTERVAL_S = 0.1  # how often a member holding records looks at the commit marker
 JOIN_TIMEOUT_S = 30.0
+LEAVE_TIMEOUT_S = 3.0  # how long a worker process that ends waits for its members to leave
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +69,7 @@ class MemberHost:
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
+        self.pid = os.getpid()  # a forked child has no event loop thread: it must not use this host
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="kshare-share-member", daemon=True)
         self._thread.start()
@@ -259,6 +274,29 @@ class MemberHost:
             for a in due:  # do not ask again for these
                 a.lock_deadline = float("inf")
 
+    def leave(self, timeout: float = LEAVE_TIMEOUT_S) -> None:
+        """This process ends: settle what the commit marker decides, then leave the group (the
+        broker releases whatever is still held). Bounded by ``timeout``; never raises."""
+        if self.member.closed or self.pid != os.getpid() or not self._thread.is_alive():
+            return
+        try:
+            self.call(asyncio.wait_for(self._leave(timeout * 0.5), timeout), timeout + 0.5)
+        except BaseException as exc:  # noqa: BLE001 - the process is ending whatever happens here
+            log.warning("kshare: share member %s did not leave group %s cleanly (%r)", self.member.member_id,
+                        self.opts.group, exc)
+
+    async def _leave(self, decide_s: float) -> None:
+        self._watcher.cancel()
+        if self.holdings:
+            try:
+                await asyncio.wait_for(self._decide(), decide_s)
+            except Exception as exc:  # noqa: BLE001 - what is left is released by the leave
+                log.warning("kshare: commit check before leaving failed (%r)", exc)
+        held = sum(a.count for h in self.holdings for a in h.acquired)
+        await self.member.close()
+        log.info("kshare: share member %s left group %s (%d record(s) still held released)", self.member.member_id,
+                 self.opts.group, held)
+
     def close(self) -> None:
         self._watcher.cancel()
         try:
@@ -283,4 +321,91 @@ def member_host(opts: Options) -> MemberHost:
         host = _hosts.get(opts.member_key)
         if host is None or host.member.closed:
             host = _hosts[opts.member_key] = MemberHost(opts)
-        return host
+    _leave_on_exit()
+    return host
+
+
+def leave_all(timeout: float = LEAVE_TIMEOUT_S) -> None:
+    """Every member of this process leaves its group (the process is ending: once)."""
+    global _leaving
+    if _leaving == os.getpid():
+        return
+    _leaving = os.getpid()
+    hosts = [h for h in list(_hosts.values()) if h.pid == os.getpid()]  # no lock: a signal handler calls it
+    _hosts.clear()
+    for host in hosts:
+        host.leave(timeout)
+
+
+_real_exit = os._exit
+_hooked_pid: int | None = None
+_leaving: int | None = None  # the pid whose members are leaving (the process is on its way out)
+
+
+def _exit(code: int) -> None:
+    """``os._exit`` of a process with members: they leave first (pyspark's daemon ends its workers so)."""
+    try:
+        leave_all()
+    finally:
+        _real_exit(code)
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    """SIGHUP (pyspark's daemon ending: the executor stopped, was removed or died) or SIGTERM: leave,
+    then die of the signal as before."""
+    if _leaving == os.getpid():
+        return  # the process is already leaving (os._exit or an earlier signal): let it finish, it exits then
+    try:
+        leave_all()
+    finally:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        _real_exit(128 + signum)
+
+
+def _leave_on_exit() -> None:
+    """Install the exit hooks, once per process: ``atexit``, ``os._exit``, and handlers for SIGHUP
+    and SIGTERM that pyspark's daemon keeps (it resets both to their defaults at the start of every
+    task, which would leave an idle worker without them)."""
+    global _hooked_pid
+    if _hooked_pid == os.getpid():
+        return
+    _hooked_pid = os.getpid()
+    atexit.register(leave_all)  # a worker that ends normally (pyspark.worker without the daemon)
+    os._exit = _exit
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers; Spark runs tasks there
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name.endswith("daemon") and getattr(main, "signal", None) is signal:
+        main.signal = _DaemonSignal()  # type: ignore[union-attr]  # this forked worker's copy only
+    for signum in _EXIT_SIGNALS:
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _on_signal)
+
+
+_EXIT_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+
+
+class _DaemonSignal:
+    """The ``signal`` module as pyspark's daemon code sees it in a worker it forked, except that
+    setting SIGHUP or SIGTERM back to SIG_DFL (at the start of every task) keeps kshare's handler,
+    which leaves the group and then dies of the signal as the default would."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(signal, name)
+
+    def signal(self, signum: int, handler: Any) -> Any:
+        if signum in _EXIT_SIGNALS and handler == signal.SIG_DFL and _hooked_pid == os.getpid():
+            handler = _on_signal
+        return signal.signal(signum, handler)
+
+
+def _forget_after_fork() -> None:
+    global _hosts_lock
+    _hosts.clear()  # the child has none of the parent's event loop threads
+    _hosts_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+

@@ -1,7 +1,10 @@
-"""The kshare PySpark source end to end: real Spark (local[4], task retries allowed), the real
-kshare proxy in a thread in front of Apache Kafka 3.9, records produced by librdkafka.
+"""The kshare PySpark source end to end: real Spark on a cluster (the test session's
+``local-cluster[2,2,1024]``: two executor JVMs of two cores, task retries allowed; see
+tests/integration/spark_cluster.py), the real kshare proxy in a thread in front of Apache Kafka
+3.9, records produced by librdkafka.
 
-One SparkSession for the module; every test has its own topic, share group and checkpoint.
+One SparkSession for the test session (shared with test_spark_cluster.py); every test has its own
+topic, share group and checkpoint.
 The sink is ``foreachBatch`` collecting rows on the driver (one action per micro-batch: a share
 source cannot replay, see docs/spark.md).
 """
@@ -11,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import sys
 import threading
 import time
 import uuid
@@ -27,29 +29,21 @@ from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from kshare.share.dead_letter import HEADER_PREFIX, REASON_REJECTED  # noqa: E402
-from kshare.spark import RejectError, register, reject  # noqa: E402
+from kshare.spark import RejectError, reject  # noqa: E402
 from kshare.spark.ledger import Entry, Ledger  # noqa: E402
 from kshare.spark.options import parse_client  # noqa: E402
 from tests.integration import share_helpers  # noqa: E402
+from tests.integration import spark_cluster as cluster  # noqa: E402
 from tests.integration.share_helpers import produce, share_group, values  # noqa: E402
 
 kshare39 = share_helpers.kshare39
+spark_cluster = cluster.spark_cluster
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers run this venv's Python, with kshare
-    s = (SparkSession.builder.master("local[4,2]")  # 4 task slots; a failed task is retried once
-         .appName("kshare-tests")
-         .config("spark.ui.enabled", "false")
-         .config("spark.sql.shuffle.partitions", "4")
-         .config("spark.driver.memory", "1g")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    register(s)
-    yield s
-    s.stop()
+@pytest.fixture
+def spark(spark_cluster: cluster.SparkSessions) -> SparkSession:
+    return spark_cluster.get()
 
 
 def _names(kafka39, what: str) -> tuple[str, str]:
