@@ -185,3 +185,20 @@ def broker_factory() -> Iterator[Callable[..., Broker]]:
     finally:
         for broker in reversed(started):
             broker.close()
+
+
+@pytest.fixture(scope="session")
+def embedded_kshare(tmp_path_factory: pytest.TempPathFactory):
+    """``kshare proxy`` with no --upstream, as the README runs it: its default embedded broker
+    (Apache Kafka, data in ``$XDG_DATA_HOME/kshare``, pointed into the session's temporary folder)."""
+    from tests.proxy_harness import ProxyProcess
+
+    # the tests' group limits (short heartbeats and sessions), as the other proxies of the tests have
+    limits = ["--group-limit", "group.share.min.heartbeat.interval.ms=100",
+              "--group-limit", "group.share.min.session.timeout.ms=1000"]
+    proxy = ProxyProcess(*limits, env={"XDG_DATA_HOME": str(tmp_path_factory.mktemp("embedded-xdg"))})
+    proxy.start(timeout=120)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()

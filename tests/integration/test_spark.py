@@ -115,13 +115,33 @@ def test_one_partition_is_read_by_every_task_and_all_records_arrive(spark, kshar
     assert max(len(t) for t in tasks_per_batch.values()) >= 3, tasks_per_batch
 
 
-def test_a_failing_sink_fails_the_query_and_a_restart_redelivers(spark, kshare39, kafka39, tmp_path):
-    topic, group = _names(kafka39, "sinkfail")
-    share_group(kshare39.bootstrap, group, share_heartbeat_interval_ms=500)
+@pytest.fixture(params=["kafka39", "embedded"])
+def upstream_of(request) -> tuple[str, Callable[[str], None]]:
+    """(kshare's bootstrap, a function creating a 1-partition topic): kshare in front of Apache Kafka
+    3.9, or ``kshare proxy`` on its default embedded broker (the quick start's)."""
+    if request.param == "kafka39":
+        kafka39 = request.getfixturevalue("kafka39")
+        return request.getfixturevalue("kshare39").bootstrap, lambda topic: kafka39.create_topic(topic, 1)
+    bootstrap = request.getfixturevalue("embedded_kshare").bootstrap
+
+    def create(topic: str) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": bootstrap, "logger": share_helpers.quiet_logger()})
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+
+    return bootstrap, create
+
+
+def test_a_failing_sink_fails_the_query_and_a_restart_redelivers(spark, upstream_of, tmp_path):
+    bootstrap, create = upstream_of
+    topic = group = f"spark-sinkfail-{uuid.uuid4().hex[:8]}"
+    create(topic)
+    share_group(bootstrap, group, share_heartbeat_interval_ms=500)
     expected = values("s", 200)
-    produce(kshare39.bootstrap, topic, expected, per_batch=20)
+    produce(bootstrap, topic, expected, per_batch=20)
     sink = Sink(fail_on=lambda _batch, _rows: True)
-    df = _stream(spark, kshare39.bootstrap, topic, group)
+    df = _stream(spark, bootstrap, topic, group)
     q = _start(df, sink, tmp_path / "ck")
     with pytest.raises(StreamingQueryException, match="sink fails once"):
         q.awaitTermination(120)

@@ -20,19 +20,18 @@ pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_pipeline_example_on_the_default_embedded_broker(tmp_path: Path) -> None:
-    # no --upstream: the embedded Apache Kafka, its data in the default place (pointed into tmp_path)
-    with ProxyProcess(env={"XDG_DATA_HOME": str(tmp_path / "xdg")}).start(timeout=120) as proxy:
-        out = tmp_path / "jobs"
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-        proc = subprocess.run([sys.executable, "examples/spark_pipeline.py", "--bootstrap", proxy.bootstrap,
-                               "--produce", "2000", "--output", str(out)], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-        assert "1980 jobs in" in proc.stdout, proc.stdout[-2000:]
-        assert "every job of topic jobs is acknowledged" in proc.stdout, proc.stdout[-2000:]
-        # and independently of the example's own check: a new member of the group gets nothing
-        consume = subprocess.run([sys.executable, "-m", "kshare", "consume", "--bootstrap-server", proxy.bootstrap,
-                                  "--group", "workers", "--topic", "jobs", "--timeout-ms", "3000"], cwd=REPO,
-                                 capture_output=True, text=True, timeout=60)
-        assert consume.returncode == 0 and consume.stdout == "", (consume.stdout, consume.stderr)
+def test_the_pipeline_example_on_the_default_embedded_broker(embedded_kshare: ProxyProcess, tmp_path: Path) -> None:
+    """The session's ``kshare proxy`` with no --upstream (tests/conftest.py): the embedded Apache Kafka."""
+    bootstrap = embedded_kshare.bootstrap
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run([sys.executable, "examples/spark_pipeline.py", "--bootstrap", bootstrap,
+                           "--produce", "2000", "--output", str(tmp_path / "jobs")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "1980 jobs in" in proc.stdout, proc.stdout[-2000:]
+    assert "every job of topic jobs is acknowledged" in proc.stdout, proc.stdout[-2000:]
+    # and independently of the example's own check: a new member of the group gets nothing
+    consume = subprocess.run([sys.executable, "-m", "kshare", "consume", "--bootstrap-server", bootstrap,
+                              "--group", "workers", "--topic", "jobs", "--timeout-ms", "3000"], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert consume.returncode == 0 and consume.stdout == "", (consume.stdout, consume.stderr)
