@@ -468,7 +468,7 @@ class AIOShareConsumer:
             task = self._prefetch
             if task is None:
                 task = self._prefetch = self._start_fetch(member, limit, deadline)
-                await asyncio.sleep(0)  # its request goes out now
+                await _sent()
             remaining = deadline - time.monotonic()
             if not task.done():
                 await asyncio.wait({task}, timeout=max(0.0, remaining))
@@ -484,7 +484,7 @@ class AIOShareConsumer:
             if self._chunks:
                 if self._ahead:
                     self._prefetch = self._start_fetch(member, limit, None)
-                    await asyncio.sleep(0)
+                    await _sent()
                 return
             if time.monotonic() >= deadline:
                 return
@@ -731,6 +731,14 @@ class AIOShareConsumer:
             out = [new(rec, (*r[:5], r[5] if kd is None else kd(r[5]), r[6] if vd is None else vd(r[6]), *r[7:]))
                    for r in out]
         return out
+
+
+async def _sent() -> None:
+    """Let a fetch just started write its request (a task per broker when there are several)
+    before the records at hand are decoded and handed out: the broker works on the next records
+    meanwhile."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 def _batch_count(counts: list[tuple[int, int, int]], first: int, last: int) -> int | None:

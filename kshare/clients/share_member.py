@@ -370,8 +370,12 @@ class ShareMember:
             await asyncio.sleep(max_wait_ms / 1000.0)
             return [], outcomes
         share = max(1, max_records // len(by_node))
-        results = await asyncio.gather(*(self._fetch_node(n, parts, share, max_wait_ms, ride.get(n, []))
-                                         for n, parts in by_node.items()))
+        if len(by_node) == 1:  # no task of its own: the request is written before this first awaits
+            [(n, parts)] = by_node.items()
+            results = [await self._fetch_node(n, parts, share, max_wait_ms, ride.get(n, []))]
+        else:
+            results = await asyncio.gather(*(self._fetch_node(n, parts, share, max_wait_ms, ride.get(n, []))
+                                             for n, parts in by_node.items()))
         pairs = [pair for got, _ in results for pair in got]
         for _, out in results:
             _merge(outcomes, out)

@@ -400,6 +400,46 @@ def test_member_joins_and_leaves(targets, names):
     assert r[KSHARE]["others_count_1"] == {1} and r[KSHARE]["each_once"] == {1} and r[KSHARE]["all"]
 
 
+async def resubscribe(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """subscribe() to another topic, unsubscribe() (the member leaves), subscribe() again (a new member)."""
+    first, second = f"{topic}-a", f"{topic}-b"
+    for name in (first, second):
+        t.create_topic(name, 1)
+        p = Producer({"bootstrap.servers": t.bootstrap, "logger": quiet_logger()})
+        for v in values(name, 3):
+            p.produce(name, value=v, partition=0)
+        assert p.flush(30) == 0
+    t.configure(group)
+    out: dict[str, Any] = {}
+    async with t.consumer(first, group=group) as c:
+        got: list[Any] = []
+        await until_records(c, got, 3, 30)
+        out["first"] = sorted(r.value.decode().rsplit("-", 1)[1] for r in got)
+        member = c.member_id
+        c.subscribe([second])
+        got = []
+        await until_records(c, got, 3, 30)
+        out["second"] = sorted((r.topic == second, r.value.decode().rsplit("-", 1)[1]) for r in got)
+        out["subscription"] = c.subscription() == {second}
+        out["same_member"] = c.member_id == member
+        c.unsubscribe()
+        await c.getmany(timeout_ms=200)  # the leave is done before the next getmany returns
+        out["after_unsubscribe"] = (sorted(c.assignment()), sorted(c.subscription()))
+        c.subscribe([first])
+        await until(lambda: bool(c.assignment()), 30, "an assignment after subscribing again")
+        out["new_member"] = c.member_id != member
+        out["again"] = [r.value for rs in (await c.getmany(timeout_ms=1000)).values() for r in rs]  # all accepted
+    return out
+
+
+def test_subscribe_unsubscribe_subscribe(targets, names):
+    r = on_both(targets, resubscribe, *names)
+    assert r[KSHARE] == r[KAFKA4] == {
+        "first": ["0", "1", "2"], "second": [(True, "0"), (True, "1"), (True, "2")], "subscription": True,
+        "same_member": True, "after_unsubscribe": ([], []), "new_member": True, "again": [],
+    }
+
+
 # ------------------------------------------------------------------------------------------------
 # TLS + SASL/SCRAM, and what the ACLs refuse: kshare (a proxy process serving TLS, its own SCRAM
 # credentials to the broker) in front of ``kafka39_secure``, and ``kafka44_secure``'s SASL_SSL listener
