@@ -360,7 +360,7 @@ def bench(out_dir: str | None, only: tuple[str, ...], quick: bool, repeats: int 
     Kafka) and `pip install 'kshare[bench]'`. `--only embedded` (25 minutes of its own) measures
     `kshare proxy` with no --upstream on its embedded broker against native Kafka 4.4 instead, and its
     time to ready; `--only spark` (about 25 minutes, needs pyspark) the kshare PySpark source against
-    Spark's own Kafka source; `--only failover` (about 20 minutes) share consumers through a rolling
+    Spark's own Kafka source; `--only failover` (about 7 minutes) share consumers through a rolling
     restart and a crash of three brokers, kshare on Kafka 3.9 beside native Kafka 4.4. Reference:
     docs/cli.md.
     """

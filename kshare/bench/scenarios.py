@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded", "spark", "failover")
 # run only when named (--only): kshare on its embedded broker takes 25 minutes of its own, the Spark
 # sources about 25 (and need pyspark, and Spark's Kafka source from Maven Central), the failover runs
-# about 20 (two three-node clusters of their own, one after the other)
+# about 7 (two three-node clusters of their own, one after the other)
 OPT_IN = ("embedded", "spark", "failover")
 
 # the targets
