@@ -139,6 +139,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.upstream_addr: tuple[str, int] | None = None  # the broker the upstream connection goes to
         self.sasl = False  # the client authenticated upstream (SASL): a new connection cannot be made for it
         self.unanswered_at = -1e9  # when the last request without a response (acks=0 Produce) went up
+        self.served_here = False  # the proxy answered a request of this client itself (share groups)
         self._tasks: set[asyncio.Task] = set()
         # the proxy's own requests on this client's upstream connection, waiting for a frame boundary
         self._probes: list[tuple[Slot, bytes]] = []
@@ -198,8 +199,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         # A broker also closes a connection on a request it cannot parse; one that expects an answer
         # shows (awaiting_upstream), one that does not (acks=0 Produce) only by coming just before:
         # the client then sees its connection closed, as from Kafka.
-        return (not self.closed and not self.ending and not self.sasl and not self.awaiting_upstream
-                and not self._forward_left and self.transport is not None
+        # Only for a client the proxy serves itself (a share consumer: its share sessions and what
+        # it acquired live on this connection); any other client (a producer, an admin) sees what
+        # Kafka shows, its connection closed, and reconnects.
+        return (self.served_here and not self.closed and not self.ending and not self.sasl
+                and not self.awaiting_upstream and not self._forward_left and self.transport is not None
                 and perf_counter() - self.unanswered_at > _UNANSWERED_QUIET_S)
 
     def reattach(self) -> None:
@@ -220,7 +224,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._spawn(self._rehome_when_drained(self.upstream))
 
     async def _rehome_when_drained(self, old: UpstreamConnection) -> None:
-        while self.awaiting_upstream and not self.closed and self.upstream is old:
+        # the answers owed on the old connection: up to the last request sent there (the requests
+        # read since take their places behind it, but wait in the backlog for the new connection)
+        last = self.awaiting_upstream[-1] if self.awaiting_upstream else None
+        while last is not None and last in self.awaiting_upstream and not self.closed and self.upstream is old:
             await asyncio.sleep(0.005)
         if self.closed or self.upstream is not old:
             return  # lost meanwhile: its connection_lost re-attached or closed the client
@@ -663,6 +670,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.awaiting_upstream.append(slot)
             self.send_upstream(_SIZE.pack(len(frame)) + frame)
             return
+        self.served_here = True
         self._spawn(self._run_handler(handler, slot, header, body))
 
     async def _run_handler(self, handler: Any, slot: Slot, header: Any, body: Any) -> None:

@@ -188,6 +188,18 @@ def test_answers_held_for_slow_readers_stay_within_their_share_of_the_budget(kaf
                 tid = await raw.topic_id(topic)
                 slow, _ = await raw.join(group, topic)
                 other, _ = await raw.join(group, topic)
+                # Every share-partition initialised first: a new group's first ShareFetch answers
+                # with the share-partitions ready, as Kafka's does (the others initialise for the
+                # next one). A session opened by a ShareFetch that allows no bytes, then closed.
+                warm = _big_fetch(group, other, 0, tid)
+                warm.max_bytes = 0
+                await raw.conn.request(78, 1, warm)
+                await raw.conn.request(78, 1, fetch_request(group, other, -1, None))
+                deadline = time.monotonic() + 20
+                while proxy.call(lambda: sum(1 for k, sp in proxy.service.partitions.items()
+                                             if k.group_id == group and sp.engine is not None)) < SLOW_PARTITIONS:
+                    assert time.monotonic() < deadline, "share-partitions not initialised"
+                    await asyncio.sleep(0.05)
                 reader, writer = await _slow_reader(proxy)
                 writer.write(_fetch_frame(group, slow, 0, tid, 1))
                 # its answer is written (its first bytes arrive) and most of it waits in the proxy

@@ -684,11 +684,12 @@ def test_failed_write_rolls_back_and_resyncs(kafka39, topic_name) -> None:
     run(main())
 
 
-def test_start_up_fallbacks_are_one_info_line_each(upstream, topic_name, caplog) -> None:
+def test_start_up_fallbacks_are_one_warning_line_each(upstream, topic_name, caplog) -> None:
     """Kafka 3.9 grants idempotent producer ids and prunes; Tansu does neither (it refuses
     InitProducerId v0 and closes the connection on DeleteRecords). Either way the store works, and
-    Tansu's fallbacks are told once at start-up at INFO: no ERROR (aiokafka's own) and no WARNING,
-    then or on a later pruning round."""
+    each of Tansu's deviations is told once at start-up, as one WARNING of kshare.upstream
+    (upstream_checks: what the cluster does, what kshare does about it): no ERROR (aiokafka's
+    own) and no other WARNING, then or on a later pruning round; on Kafka, none."""
     tansu = upstream.name == "tansu"
 
     async def main() -> None:
@@ -703,10 +704,12 @@ def test_start_up_fallbacks_are_one_info_line_each(upstream, topic_name, caplog)
                 assert store.share_partitions() == {} and store.groups()["g"].group_epoch == 2
             finally:
                 await store.close()
+        assert set(store.checks.deviations) == ({"producer_ids", "delete_records"} if tansu else set())
 
     run(main())
-    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name != "kshare.upstream"]
     assert loud == [], [r.getMessage() for r in loud]
-    infos = [r.getMessage() for r in caplog.records if r.name == "kshare.share.state_topic"]
-    assert sum("without idempotence" in m for m in infos) == (1 if tansu else 0), infos
-    assert sum("is not pruned" in m for m in infos) == (1 if tansu else 0), infos
+    warned = [r.getMessage() for r in caplog.records if r.name == "kshare.upstream"]
+    assert all(r.levelno == logging.WARNING for r in caplog.records if r.name == "kshare.upstream")
+    assert sum("without idempotence" in m for m in warned) == (1 if tansu else 0), warned
+    assert sum("is not pruned" in m for m in warned) == (1 if tansu else 0), warned

@@ -352,10 +352,14 @@ def _kafka_python_messages() -> dict[str, type]:
 KP = _kafka_python_messages()
 
 
+# kafka-python's own class for these cannot encode a request (it has no ``_header``): no oracle
+_KP_CANNOT_ENCODE = {"DeleteTopicsRequest"}
+
+
 def _oracle_cases() -> list[tuple[str, int]]:
     cases = []
     for name in all_spec_names():
-        if name not in KP:
+        if name not in KP or name in _KP_CANNOT_ENCODE:
             continue
         ours = load_spec(name).valid
         lo, hi = (int(v) for v in KP[name]._json["validVersions"].split("-"))
