@@ -115,13 +115,18 @@ def test_one_partition_is_read_by_every_task_and_all_records_arrive(spark, kshar
     assert max(len(t) for t in tasks_per_batch.values()) >= 3, tasks_per_batch
 
 
-@pytest.fixture(params=["kafka39", "embedded"])
-def upstream_of(request) -> tuple[str, Callable[[str], None]]:
-    """(kshare's bootstrap, a function creating a 1-partition topic): kshare in front of Apache Kafka
-    3.9, or ``kshare proxy`` on its default embedded broker (the quick start's)."""
+@pytest.fixture(params=["kafka39", "embedded", "native44"])
+def upstream_of(request) -> tuple[str, Callable[[str], None], dict[str, object]]:
+    """(the source's bootstrap, a function creating a 1-partition topic): kshare in front of Apache
+    Kafka 3.9, ``kshare proxy`` on its default embedded broker (the quick start's), or Apache Kafka
+    4.4's own share groups without kshare."""
     if request.param == "kafka39":
         kafka39 = request.getfixturevalue("kafka39")
-        return request.getfixturevalue("kshare39").bootstrap, lambda topic: kafka39.create_topic(topic, 1)
+        return (request.getfixturevalue("kshare39").bootstrap, lambda topic: kafka39.create_topic(topic, 1),
+                {"share_heartbeat_interval_ms": 500})
+    if request.param == "native44":  # its broker keeps Kafka's heartbeat floor (5 s)
+        kafka4 = request.getfixturevalue("kafka4")
+        return kafka4.bootstrap, lambda topic: kafka4.create_topic(topic, 1), {}
     bootstrap = request.getfixturevalue("embedded_kshare").bootstrap
 
     def create(topic: str) -> None:
@@ -130,14 +135,14 @@ def upstream_of(request) -> tuple[str, Callable[[str], None]]:
         admin = AdminClient({"bootstrap.servers": bootstrap, "logger": share_helpers.quiet_logger()})
         admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
 
-    return bootstrap, create
+    return bootstrap, create, {"share_heartbeat_interval_ms": 500}
 
 
 def test_a_failing_sink_fails_the_query_and_a_restart_redelivers(spark, upstream_of, tmp_path):
-    bootstrap, create = upstream_of
+    bootstrap, create, group_configs = upstream_of
     topic = group = f"spark-sinkfail-{uuid.uuid4().hex[:8]}"
     create(topic)
-    share_group(bootstrap, group, share_heartbeat_interval_ms=500)
+    share_group(bootstrap, group, **group_configs)
     expected = values("s", 200)
     produce(bootstrap, topic, expected, per_batch=20)
     sink = Sink(fail_on=lambda _batch, _rows: True)
