@@ -355,3 +355,13 @@ def _pids_by_local_port(ports: set[int]) -> dict[int, int]:
             if port is not None:
                 out[port] = pid
     return out
+
+
+def kshare_stream(spark: Any, bootstrap: str, topic: str, group: str, **opts: object) -> Any:
+    """A streaming DataFrame of the kshare source: 4 tasks of up to 50 records, 500 ms waits, ``opts`` on top."""
+    r = (spark.readStream.format("kshare").option("kafka.bootstrap.servers", bootstrap)
+         .option("kafka.share.group.id", group).option("subscribe", topic)
+         .option("parallelism", 4).option("maxRecordsPerTask", 50).option("maxWaitMs", 500))
+    for k, v in opts.items():
+        r = r.option(k, str(v))
+    return r.load()

@@ -53,13 +53,7 @@ def _names(kafka39, what: str) -> tuple[str, str]:
     return topic, group
 
 
-def _stream(spark: SparkSession, bootstrap: str, topic: str, group: str, **opts: object):
-    r = (spark.readStream.format("kshare").option("kafka.bootstrap.servers", bootstrap)
-         .option("kafka.share.group.id", group).option("subscribe", topic)
-         .option("parallelism", 4).option("maxRecordsPerTask", 50).option("maxWaitMs", 500))
-    for k, v in opts.items():
-        r = r.option(k, str(v))
-    return r.load()
+_stream = cluster.kshare_stream
 
 
 class Sink:
