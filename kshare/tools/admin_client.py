@@ -141,6 +141,14 @@ async def _close(writer: asyncio.StreamWriter) -> None:
         pass
 
 
+def _raise_if_cancelled() -> None:
+    """Python 3.11's ``asyncio.wait_for`` swallows a cancellation that arrives as its inner call
+    ends (a refused connection ends at once): the cancelled task would go on to its deadline."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def probe(servers: list[tuple[str, int]], timeout: float, *, plaintext: bool, tls_hint: str,
                 client_id: str = "kshare-probe", answer_wait: float = 2.0) -> None:
     """Fail fast, in ``kshare groups``' words, where a client library would wait for its own timeouts:
@@ -155,6 +163,7 @@ async def probe(servers: list[tuple[str, int]], timeout: float, *, plaintext: bo
     upstream_down: tuple[str, int] | None = None
     while True:
         for host, port in servers:
+            _raise_if_cancelled()
             remaining = max(0.1, deadline - time.monotonic())
             try:
                 _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), remaining)

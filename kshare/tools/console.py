@@ -4,13 +4,14 @@ of kafka-console-share-consumer.sh and kafka-console-producer.sh (confluent-kafk
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -143,12 +144,33 @@ def _probe(config: dict[str, Any], option: str, signals: _Signals) -> None:
     secure = "SASL_SSL" if protocol.startswith("SASL") else "SSL"
     hint = (f"add {option} security.protocol={secure} (and {option} ssl.ca.location=CA.pem unless a CA the "
             "system trusts signed its certificate)")
-    with signals.raising():
-        try:
-            asyncio.run(probe(servers, REACH_TIMEOUT_S, plaintext=protocol in ("PLAINTEXT", "SASL_PLAINTEXT"),
-                              tls_hint=hint, client_id="kshare-console"))
-        except AdminError as exc:
-            raise click.ClickException(str(exc)) from None
+    if signals.stopped:
+        raise KeyboardInterrupt
+    try:
+        finished = asyncio.run(_until_signalled(
+            probe(servers, REACH_TIMEOUT_S, plaintext=protocol in ("PLAINTEXT", "SASL_PLAINTEXT"),
+                  tls_hint=hint, client_id="kshare-console"), signals))
+    except AdminError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not finished:
+        raise KeyboardInterrupt
+
+
+async def _until_signalled(work: Coroutine[Any, Any, None], signals: _Signals) -> bool:
+    """Runs ``work`` until it ends (True) or a signal arrives (False, ``work`` cancelled and awaited).
+
+    The signal is polled, not raised into the loop: a KeyboardInterrupt raised while asyncio.run is
+    still setting up leaves the task never started ("Task was destroyed but it is pending")."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.05)
+        if signals.stopped and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return False
+    task.result()
+    return True
 
 
 class _Connectivity:
