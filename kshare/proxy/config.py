@@ -4,28 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..addresses import parse_hostports as parse_hostports  # re-exported: the CLI and tests import it here
 from ..security import ClientSecurity
 from ..share.config import BrokerLimits
 from .tls import TLSFiles
-
-
-def parse_hostports(text: str) -> list[tuple[str, int]]:
-    """``"a:9092,b:9093"`` -> ``[("a", 9092), ("b", 9093)]``; IPv6 as ``[::1]:9092``."""
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        if item.startswith("["):
-            host, _, port = item[1:].partition("]:")
-        else:
-            host, _, port = item.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"not a host:port: {item!r}")
-        out.append((host, int(port)))
-    if not out:
-        raise ValueError("no host:port given")
-    return out
 
 
 @dataclass

@@ -33,9 +33,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..addresses import parse_hostports
 from ..client import KafkaConnection
 from ..protocol import messages
-from ..proxy.config import parse_hostports
 from ..security import ClientSecurity
 
 log = logging.getLogger("kshare.upstream")
