@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..security import ClientSecurity
-from .state_codec import (
+from .state.codec import (
     RECORD_SNAPSHOT,
     GroupTombstone,
     GroupValueRecord,
@@ -72,8 +72,8 @@ from .state_codec import (
     snapshot_value_size,
     update_value_size,
 )
-from .state_fence import Fenced, PartitionWriter
-from .state_producer import PipelinedProducer
+from .state.fence import Fenced, PartitionWriter
+from .state.pipelined_producer import PipelinedProducer
 from .states import (
     TERMINAL_STATES,
     ShareSnapshot,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kshare.share import state_codec as sc
+from kshare.share.state import codec as sc
 from kshare.share.states import ShareSnapshot, ShareUpdate, StateBatch
 from kshare.share.store import GroupRecord, SharePartitionKey
 

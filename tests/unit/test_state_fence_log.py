@@ -1,5 +1,5 @@
 """aiokafka's sender stopping on an unexpected answer: one WARNING line, no traceback
-(kshare.share.state_fence.quiet_sender_stops)."""
+(kshare.share.state.fence.quiet_sender_stops)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 from aiokafka.errors import UnknownError
 
-from kshare.share.state_fence import quiet_sender_stops
+from kshare.share.state.fence import quiet_sender_stops
 
 
 def test_a_stopped_sender_is_one_warning_line(caplog) -> None:

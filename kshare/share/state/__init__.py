@@ -1,0 +1,1 @@
+"""Durable share-partition state on a topic of the fronted cluster (the state store)."""
