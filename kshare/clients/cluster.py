@@ -1,5 +1,5 @@
 """A client's view of a Kafka cluster on kshare's own protocol layer: bootstrap, metadata (with each
-topic's error), group coordinators and one pipelined :class:`~kshare.client.KafkaConnection` per
+topic's error), group coordinators and one pipelined :class:`~kshare.clients.connection.KafkaConnection` per
 broker, authenticated as :class:`~kshare.security.ClientSecurity` says.
 
 The share member (:mod:`kshare.clients.share_member`) runs on it; it works the same against a
@@ -17,16 +17,16 @@ from typing import Any
 
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 
-from ..client import KafkaConnection, ProxyUpstreamUnavailable
 from ..protocol import messages
+from ..protocol.codes import ApiKey, ErrorCode
 from ..security import AuthenticationFailed, ClientSecurity
+from .connection import KafkaConnection, ProxyUpstreamUnavailable
 from .errors import error_for
 
 log = logging.getLogger("kshare.clients")
 
-METADATA, FIND_COORDINATOR = 3, 10
-COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR = 14, 15, 16
-RETRIABLE_COORDINATOR = {COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR}
+RETRIABLE_COORDINATOR = {ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                         ErrorCode.NOT_COORDINATOR}
 
 
 @dataclass(slots=True)
@@ -45,6 +45,53 @@ class TopicMeta:
     @property
     def partitions(self) -> list[int]:
         return sorted(self.leaders)
+
+
+# The Metadata and FindCoordinator exchanges, shared by :class:`Cluster` and the admin client
+# (:class:`kshare.clients.admin.ShareGroupAdmin`), which differ only in how they report failures.
+
+
+def metadata_request(names: list[str] | None) -> Any:
+    """A Metadata request for the topics ``names`` (all topics for None, brokers only for [])."""
+    cls = messages.message_class("MetadataRequest")
+    return cls(topics=None if names is None else [cls.MetadataRequestTopic(name=n) for n in names],
+               allow_auto_topic_creation=False)
+
+
+@dataclass(slots=True)
+class MetadataAnswer:
+    brokers: dict[int, Node]
+    topics: dict[str, TopicMeta]  # the topics answered without an error
+    errors: dict[str, tuple[int, str | None]]  # the others: error code and message
+
+
+def metadata_answer(resp: Any, version: int) -> MetadataAnswer:
+    answer = MetadataAnswer({b.node_id: Node(b.node_id, b.host, b.port) for b in resp.brokers}, {}, {})
+    for t in resp.topics:
+        if not t.name:
+            continue
+        if t.error_code:
+            answer.errors[t.name] = (t.error_code, getattr(t, "error_message", None))
+            continue
+        answer.topics[t.name] = TopicMeta(t.name, bytes(t.topic_id) if version >= 10 else bytes(16),
+                                          {p.partition_index: p.leader_id for p in t.partitions})
+    return answer
+
+
+def coordinator_request(version: int, group: str) -> Any:
+    """FindCoordinator for one group: batched (``coordinator_keys``) from v4, single before."""
+    cls = messages.message_class("FindCoordinatorRequest")
+    if version >= 4:
+        return cls(key_type=0, coordinator_keys=[group])
+    return cls(key=group, key_type=0)
+
+
+def coordinator_answer(resp: Any, version: int) -> tuple[int, Node, str | None]:
+    """The error code, the coordinator and the error message of a FindCoordinator answer."""
+    if version >= 4:
+        c = resp.coordinators[0]
+        return c.error_code, Node(c.node_id, c.host, c.port), c.error_message
+    return resp.error_code, Node(resp.node_id, resp.host, resp.port), getattr(resp, "error_message", None)
 
 
 def parse_servers(value: str | Iterable[str] | Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -91,7 +138,7 @@ class Cluster:
             return await asyncio.wait_for(KafkaConnection.open(host, port, self.client_id, timeout=timeout,
                                                                security=self.security), timeout)
         except AuthenticationFailed as exc:
-            raise error_for(58, f"{host}:{port}", str(exc)) from None  # SASL_AUTHENTICATION_FAILED
+            raise error_for(ErrorCode.SASL_AUTHENTICATION_FAILED, f"{host}:{port}", str(exc)) from None
         except ssl.SSLError as exc:
             raise KafkaConnectionError(f"TLS handshake with {host}:{port} failed: {exc}") from None
         except ProxyUpstreamUnavailable as exc:
@@ -178,29 +225,21 @@ class Cluster:
         """Metadata of ``topics`` (all topics for None, brokers only for an empty list). Topics the
         cluster answers with an error are left out; their error is kept in ``topic_errors``."""
         conn = await self._any()
-        version = conn.best_version(METADATA, hi=12)
-        cls = messages.message_class("MetadataRequest")
+        version = conn.best_version(ApiKey.METADATA, hi=12)
         names = None if topics is None else sorted(set(topics))
-        req = cls(topics=None if names is None else [cls.MetadataRequestTopic(name=n) for n in names],
-                  allow_auto_topic_creation=False)
-        resp = await self.request(conn, METADATA, version, req)
-        self.brokers = {b.node_id: Node(b.node_id, b.host, b.port) for b in resp.brokers}
-        found = {}
-        for t in resp.topics:
-            if not t.name:
-                continue
-            if t.error_code:
-                self.topic_errors[t.name] = (t.error_code, getattr(t, "error_message", None))
-                self.topics.pop(t.name, None)
-                continue
-            self.topic_errors.pop(t.name, None)
-            found[t.name] = TopicMeta(t.name, bytes(t.topic_id) if version >= 10 else bytes(16),
-                                      {p.partition_index: p.leader_id for p in t.partitions})
+        resp = await self.request(conn, ApiKey.METADATA, version, metadata_request(names))
+        answer = metadata_answer(resp, version)
+        self.brokers = answer.brokers
+        for name, error in answer.errors.items():
+            self.topic_errors[name] = error
+            self.topics.pop(name, None)
+        for name in answer.topics:
+            self.topic_errors.pop(name, None)
         if names is None:
-            self.topics = found
+            self.topics = answer.topics
         else:
-            self.topics.update(found)
-        return found
+            self.topics.update(answer.topics)
+        return answer.topics
 
     # -- coordinators -----------------------------------------------------------------------------
     def forget_coordinator(self, group: str) -> None:
@@ -212,19 +251,12 @@ class Cluster:
         if node is not None:
             return node
         deadline = time.monotonic() + self.timeout
-        cls = messages.message_class("FindCoordinatorRequest")
         while True:
             conn = await self._any()
-            version = conn.best_version(FIND_COORDINATOR)
-            if version >= 4:
-                resp = await self.request(conn, FIND_COORDINATOR, version, cls(key_type=0, coordinator_keys=[group]))
-                c = resp.coordinators[0]
-                code, node, message = c.error_code, Node(c.node_id, c.host, c.port), c.error_message
-            else:
-                resp = await self.request(conn, FIND_COORDINATOR, version, cls(key=group, key_type=0))
-                code, node = resp.error_code, Node(resp.node_id, resp.host, resp.port)
-                message = getattr(resp, "error_message", None)
-            if code == 0:
+            version = conn.best_version(ApiKey.FIND_COORDINATOR)
+            resp = await self.request(conn, ApiKey.FIND_COORDINATOR, version, coordinator_request(version, group))
+            code, node, message = coordinator_answer(resp, version)
+            if code == ErrorCode.NONE:
                 self._coordinators[group] = node
                 return node
             if code not in RETRIABLE_COORDINATOR or time.monotonic() >= deadline:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from aiokafka import errors as _aio
 from aiokafka.errors import BrokerResponseError, KafkaError
 
+from ..protocol.codes import ErrorCode
+
 __all__ = [
     "BrokerResponseError",
     "FencedMemberEpochError",
@@ -34,60 +36,60 @@ class MemberError(KafkaError):
 
 
 class GroupMaxSizeReachedError(BrokerResponseError):
-    errno = 81
-    message = "GROUP_MAX_SIZE_REACHED"
+    errno = ErrorCode.GROUP_MAX_SIZE_REACHED.value
+    message = ErrorCode.GROUP_MAX_SIZE_REACHED.name
     description = "The group has reached its maximum size (group.share.max.size for a share group)."
 
 
 class UnknownTopicIdError(BrokerResponseError):
-    errno = 100
-    message = "UNKNOWN_TOPIC_ID"
+    errno = ErrorCode.UNKNOWN_TOPIC_ID.value
+    message = ErrorCode.UNKNOWN_TOPIC_ID.name
     description = "This server does not host this topic ID."
     invalid_metadata = True
 
 
 class FencedMemberEpochError(BrokerResponseError):
-    errno = 110
-    message = "FENCED_MEMBER_EPOCH"
+    errno = ErrorCode.FENCED_MEMBER_EPOCH.value
+    message = ErrorCode.FENCED_MEMBER_EPOCH.name
     description = "The member epoch is fenced by the group coordinator: the member must rejoin."
 
 
 class StaleMemberEpochError(BrokerResponseError):
-    errno = 113
-    message = "STALE_MEMBER_EPOCH"
+    errno = ErrorCode.STALE_MEMBER_EPOCH.value
+    message = ErrorCode.STALE_MEMBER_EPOCH.name
     description = "The member epoch is stale."
 
 
 class InvalidRecordStateError(BrokerResponseError):
-    errno = 121
-    message = "INVALID_RECORD_STATE"
+    errno = ErrorCode.INVALID_RECORD_STATE.value
+    message = ErrorCode.INVALID_RECORD_STATE.name
     description = ("The record state is invalid: the acknowledgement of a delivery was rejected (the "
                    "record's lock ran out, or another member holds it now).")
 
 
 class ShareSessionNotFoundError(BrokerResponseError):
-    errno = 122
-    message = "SHARE_SESSION_NOT_FOUND"
+    errno = ErrorCode.SHARE_SESSION_NOT_FOUND.value
+    message = ErrorCode.SHARE_SESSION_NOT_FOUND.name
     description = "The share session was not found: the records it acquired were released."
     retriable = True
 
 
 class InvalidShareSessionEpochError(BrokerResponseError):
-    errno = 123
-    message = "INVALID_SHARE_SESSION_EPOCH"
+    errno = ErrorCode.INVALID_SHARE_SESSION_EPOCH.value
+    message = ErrorCode.INVALID_SHARE_SESSION_EPOCH.name
     description = "The share session epoch is invalid."
     retriable = True
 
 
 class FencedStateEpochError(BrokerResponseError):
-    errno = 124
-    message = "FENCED_STATE_EPOCH"
+    errno = ErrorCode.FENCED_STATE_EPOCH.value
+    message = ErrorCode.FENCED_STATE_EPOCH.name
     description = "The share coordinator rejected the request because the share-group state epoch did not match."
 
 
 class ShareSessionLimitReachedError(BrokerResponseError):
-    errno = 133
-    message = "SHARE_SESSION_LIMIT_REACHED"
+    errno = ErrorCode.SHARE_SESSION_LIMIT_REACHED.value
+    message = ErrorCode.SHARE_SESSION_LIMIT_REACHED.name
     description = "The limit of share sessions on the broker (group.share.max.share.sessions) has been reached."
     retriable = True
 
@@ -106,11 +108,12 @@ def error_class(code: int) -> type[BrokerResponseError]:
 
 
 def error_name(code: int) -> str:
-    """Kafka's name for error ``code``: ``UNKNOWN_TOPIC_OR_PARTITION``, ``NONE`` for 0."""
-    if code == 0:
-        return "NONE"
-    cls = _OURS.get(code) or _aio.kafka_errors.get(code)
-    return cls.message if cls is not None else f"error {code}"
+    """Apache Kafka's name for error ``code``: ``UNKNOWN_TOPIC_OR_PARTITION``, ``NONE`` for 0,
+    ``error 999`` for a code it does not know."""
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return f"error {code}"
 
 
 def error_for(code: int, context: str = "", message: str | None = None) -> BrokerResponseError:

@@ -29,26 +29,27 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.record.memory_records import MemoryRecords
 
 from ..protocol import messages
+from ..protocol.codes import ApiKey, ErrorCode
 from ..security import ClientSecurity
 from .cluster import RETRIABLE_COORDINATOR, Cluster, Node
 from .errors import MemberError, error_for, error_name
 
 log = logging.getLogger("kshare.share_member")
 
-HEARTBEAT, SHARE_FETCH, SHARE_ACK = 76, 78, 79
 GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
 BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1  # ShareFetch v2 ShareAcquireMode: whole batches / never more than MaxRecords
 LEAVE_EPOCH = -1
 
-UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH = 25, 110
-SHARE_SESSION_NOT_FOUND, INVALID_SHARE_SESSION_EPOCH = 122, 123
-NETWORK_EXCEPTION, UNSUPPORTED_VERSION = 13, 35
-NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_ID = 6, 100
-TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED = 29, 30
-_REJOIN = {UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH}
-_SESSION_LOST = {SHARE_SESSION_NOT_FOUND, INVALID_SHARE_SESSION_EPOCH}
+_REJOIN = {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH}
+_SESSION_LOST = {ErrorCode.SHARE_SESSION_NOT_FOUND, ErrorCode.INVALID_SHARE_SESSION_EPOCH}
 # heartbeat and fetch errors a member cannot get past by itself: kept in ShareMember.failure
-_FATAL = {24, TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED, UNSUPPORTED_VERSION, 42, 81, 112}
+_FATAL = {ErrorCode.INVALID_GROUP_ID, ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.GROUP_AUTHORIZATION_FAILED,
+          ErrorCode.UNSUPPORTED_VERSION, ErrorCode.INVALID_REQUEST, ErrorCode.GROUP_MAX_SIZE_REACHED,
+          ErrorCode.UNSUPPORTED_ASSIGNOR}
+# the codes this member puts into acknowledgement outcomes itself, as plain ints (as the broker's)
+_SESSION_NOT_FOUND = ErrorCode.SHARE_SESSION_NOT_FOUND.value
+_NETWORK_EXCEPTION = ErrorCode.NETWORK_EXCEPTION.value
+_UNSUPPORTED_VERSION = ErrorCode.UNSUPPORTED_VERSION.value
 
 _Heartbeat = messages.message_class("ShareGroupHeartbeatRequest")
 _Fetch = messages.message_class("ShareFetchRequest")
@@ -241,7 +242,7 @@ class ShareMember:
         node = await self.cluster.coordinator(self.group)
         try:
             conn = await self.cluster.connection(node)
-            resp = await self.cluster.request(conn, HEARTBEAT, 1, _Heartbeat(
+            resp = await self.cluster.request(conn, ApiKey.SHARE_GROUP_HEARTBEAT, 1, _Heartbeat(
                 group_id=self.group, member_id=self.member_id, member_epoch=self.epoch, rack_id=self.rack,
                 subscribed_topic_names=topics))
         except (KafkaConnectionError, KafkaTimeoutError):
@@ -388,10 +389,10 @@ class ShareMember:
         async with s.lock:
             stale = [k for k in acks if k.acquired.session != s.generation or s.epoch == 0]
             if stale:
-                _merge(outcomes, {(k.acquired.topic, k.acquired.partition): SHARE_SESSION_NOT_FOUND for k in stale})
+                _merge(outcomes, {(k.acquired.topic, k.acquired.partition): _SESSION_NOT_FOUND for k in stale})
                 acks = [k for k in acks if k not in stale]
             conn = await self.cluster.connection(s.node)
-            version = conn.best_version(SHARE_FETCH, lo=1, hi=2)
+            version = conn.best_version(ApiKey.SHARE_FETCH, lo=1, hi=2)
             want = set(parts)
             add, forget = sorted(want - s.partitions), sorted(s.partitions - want)
             topics: dict[bytes, dict[int, list[Any]]] = {}
@@ -420,12 +421,12 @@ class ShareMember:
                                                 for t, ps in forgotten.items()])
             timeout = self.cluster.timeout + max_wait_ms / 1000.0
             try:
-                resp = await asyncio.wait_for(conn.request(SHARE_FETCH, version, req), timeout)
+                resp = await asyncio.wait_for(conn.request(ApiKey.SHARE_FETCH, version, req), timeout)
             except (TimeoutError, OSError, ConnectionError) as exc:
                 self._lost(s)  # a dropped connection ends the session on the broker too
                 log.warning("ShareFetch to %s:%d failed (%r); the session starts again", s.node.host,
                             s.node.port, exc)
-                _merge(outcomes, {(t, p): NETWORK_EXCEPTION for (_, p), t in acked.items()})
+                _merge(outcomes, {(t, p): _NETWORK_EXCEPTION for (_, p), t in acked.items()})
                 return [], outcomes
             if resp.error_code in _SESSION_LOST:
                 self._lost(s)
@@ -445,7 +446,7 @@ class ShareMember:
                         _merge(outcomes, {(acked.pop(key), p.partition_index): p.acknowledge_error_code})
                     if p.error_code:
                         log.warning("ShareFetch %s-%d: %s", topic, p.partition_index, error_name(p.error_code))
-                        if p.error_code in (NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_ID):
+                        if p.error_code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_ID):
                             await self.cluster.refresh_metadata(self.topics)
                         elif p.error_code in _FATAL:
                             self.failure = error_for(p.error_code, f"ShareFetch {topic}-{p.partition_index}",
@@ -488,12 +489,12 @@ class ShareMember:
     async def _ack_on(self, node_id: int, items: list[Ack], renew: bool) -> Outcomes:
         s = self._sessions.get(node_id)
         if s is None:
-            return {(k.acquired.topic, k.acquired.partition): SHARE_SESSION_NOT_FOUND for k in items}
+            return {(k.acquired.topic, k.acquired.partition): _SESSION_NOT_FOUND for k in items}
         outcomes: Outcomes = {}
         async with s.lock:
             live = [k for k in items if k.acquired.session == s.generation and s.epoch > 0]
             if len(live) < len(items):
-                _merge(outcomes, {(k.acquired.topic, k.acquired.partition): SHARE_SESSION_NOT_FOUND
+                _merge(outcomes, {(k.acquired.topic, k.acquired.partition): _SESSION_NOT_FOUND
                                   for k in items if k not in live})
             if live:
                 _merge(outcomes, await self._ack_node(s, live, renew))
@@ -509,11 +510,11 @@ class ShareMember:
             conn = await self.cluster.connection(s.node)
         except (KafkaError, OSError, ConnectionError):
             self._lost(s)
-            return every(NETWORK_EXCEPTION)
-        version = conn.best_version(SHARE_ACK, lo=1, hi=2)
+            return every(_NETWORK_EXCEPTION)
+        version = conn.best_version(ApiKey.SHARE_ACKNOWLEDGE, lo=1, hi=2)
         if renew and version < 2:
             self.renew_supported = False
-            return every(UNSUPPORTED_VERSION)
+            return every(_UNSUPPORTED_VERSION)
         parts: dict[tuple[bytes, int], list[Any]] = {}
         for k in items:
             parts.setdefault((k.acquired.topic_id, k.acquired.partition), []).extend(k.batches)
@@ -524,11 +525,11 @@ class ShareMember:
         req = _Ack(group_id=self.group, member_id=self.member_id, share_session_epoch=s.epoch, is_renew_ack=renew,
                    topics=[_Ack.AcknowledgeTopic(topic_id=t, partitions=ps) for t, ps in topics.items()])
         try:
-            resp = await asyncio.wait_for(conn.request(SHARE_ACK, version, req), self.cluster.timeout)
+            resp = await asyncio.wait_for(conn.request(ApiKey.SHARE_ACKNOWLEDGE, version, req), self.cluster.timeout)
         except (TimeoutError, OSError, ConnectionError) as exc:
             self._lost(s)
             log.warning("ShareAcknowledge to %s:%d failed (%r)", s.node.host, s.node.port, exc)
-            return every(NETWORK_EXCEPTION)
+            return every(_NETWORK_EXCEPTION)
         if resp.error_code in _SESSION_LOST:
             self._lost(s)
             return every(resp.error_code)

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from typing import Any
 
-from ..client import KafkaConnection
+from ..clients.connection import KafkaConnection
 from ..security import ClientSecurity
 from .ownership import Instance
 

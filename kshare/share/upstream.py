@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from ..client import ConnectionClosed, KafkaConnection
+from ..clients.connection import ConnectionClosed, KafkaConnection
 from ..protocol import messages
 from ..proxy.rewrite import ZERO_UUID, synthetic_topic_id
 from ..security import ClientSecurity

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..addresses import parse_hostports
-from ..client import KafkaConnection
+from ..clients.connection import KafkaConnection
 from ..protocol import messages
 from ..security import ClientSecurity
 

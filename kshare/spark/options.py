@@ -6,7 +6,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..tools.admin_client import AdminError, client_security, parse_bootstrap
+from ..clients.admin import AdminError
+from ..clients.settings import client_security, parse_bootstrap
 
 REQUIRED = ("kafka.bootstrap.servers", "kafka.share.group.id", "subscribe")
 # kafka.* options the share member itself honours; the rest go to the commit channel's client

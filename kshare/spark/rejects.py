@@ -18,7 +18,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from ..tools.admin_client import ShareGroupAdmin, parse_bootstrap
+from ..clients.admin import ShareGroupAdmin
+from ..clients.settings import parse_bootstrap
 from .commits import METADATA_DROPPED
 from .ledger import (
     MAX_CHARS,

@@ -25,7 +25,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ..tools.share_member import ACCEPT, RELEASE, Record
+from ..clients.share_member import ACCEPT, RELEASE, Record
 from .commits import CommitChannel, Marker
 from .options import Options, parse
 

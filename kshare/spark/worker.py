@@ -31,8 +31,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tools.admin_client import client_security, parse_bootstrap
-from ..tools.share_member import ACCEPT, RELEASE, RENEW, Acquired, Record, ShareMember
+from ..clients.settings import client_security, parse_bootstrap
+from ..clients.share_member import ACCEPT, RELEASE, RENEW, Acquired, Record, ShareMember
 from .commits import CommitChannel, Marker, RetryNotices
 from .ledger import Entry, Ledger, LedgerFormatError, within
 from .options import Options

@@ -134,7 +134,8 @@ def _probe(config: dict[str, Any], option: str, signals: _Signals) -> None:
     """``kshare groups``' check of the servers, before librdkafka gets them: a ClickException in the
     same words where librdkafka would wait for its timeouts in silence (nothing listening, a kshare
     proxy without its cluster, a TLS listener given a plaintext client)."""
-    from .admin_client import AdminError, parse_bootstrap, probe
+    from ..clients.admin import AdminError, probe
+    from ..clients.settings import parse_bootstrap
 
     try:
         servers = parse_bootstrap(str(config.get("bootstrap.servers", "")))
@@ -259,7 +260,8 @@ def _from_beginning(config: dict[str, Any], group: str, topics: tuple[str, ...],
     """--from-beginning: ``share.auto.offset.reset=earliest`` for ``group`` if it has no start offsets
     yet (a group that has read goes on from its offsets: changing its config would not move them).
     Returns the note to show."""
-    from .admin_client import AdminError, GroupNotFound, ShareGroupAdmin, client_security, parse_bootstrap
+    from ..clients.admin import AdminError, GroupNotFound, ShareGroupAdmin
+    from ..clients.settings import client_security, parse_bootstrap
 
     async def run() -> str:
         servers = parse_bootstrap(str(config["bootstrap.servers"]))

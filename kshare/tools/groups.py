@@ -1,6 +1,6 @@
 """``kshare groups``: list, describe, reset and delete share groups, like kafka-share-groups.sh.
 
-Everything goes over the Kafka protocol (see :mod:`kshare.tools.admin_client`), so the command
+Everything goes over the Kafka protocol (see :mod:`kshare.clients.admin`), so the command
 works against kshare and against a native Apache Kafka 4.x cluster alike.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from .admin_client import (
+from ..clients.admin import (
     EARLIEST,
     GROUP_STATES,
     LATEST,
@@ -28,9 +28,8 @@ from .admin_client import (
     GroupNotFound,
     PartitionOffset,
     ShareGroupAdmin,
-    load_command_config,
-    parse_bootstrap,
 )
+from ..clients.settings import load_command_config, parse_bootstrap
 
 MISSING = "-"
 ALTER_CHUNK = 100  # partitions per AlterShareGroupOffsets request (progress granularity)
