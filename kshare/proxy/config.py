@@ -6,8 +6,27 @@ from dataclasses import dataclass, field
 
 from ..addresses import parse_hostports as parse_hostports  # re-exported: the CLI and tests import it here
 from ..security import ClientSecurity
-from ..share.config import BrokerLimits
 from .tls import TLSFiles
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerLimits:
+    """Broker-level bounds on group configs (``group.share.*``), Apache Kafka 4.4's defaults.
+
+    Settings of the proxy as a broker; the share-group engine checks group configs against them
+    (``kshare.share.config``, which also reads them from ``--group-limit NAME=VALUE``)."""
+
+    min_record_lock_duration_ms: int = 15_000
+    max_record_lock_duration_ms: int = 60_000
+    min_session_timeout_ms: int = 45_000
+    max_session_timeout_ms: int = 60_000
+    min_heartbeat_interval_ms: int = 5_000
+    max_heartbeat_interval_ms: int = 15_000
+    min_delivery_count_limit: int = 2
+    max_delivery_count_limit: int = 10
+    max_record_locks_cap: int = 4_000
+    max_group_size: int = 200  # group.share.max.size
+    max_share_sessions: int = 2000  # group.share.max.share.sessions
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Share group configs: defaults, bounds, validation (DescribeConfigs / IncrementalAlterConfigs on GROUP).
 
 Names and defaults follow Apache Kafka 4.4 (reference.md section 2). Bounds are the broker-level
-``group.share.*`` limits, which a proxy operator can set in ``BrokerLimits``.
+``group.share.*`` limits, which a proxy operator sets (``BrokerLimits``, a setting of the proxy in
+:mod:`kshare.proxy.config`; ``limits_from`` reads them from ``--group-limit NAME=VALUE``).
 """
 
 from __future__ import annotations
@@ -10,26 +11,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..proxy.config import BrokerLimits
+
 
 class ConfigError(ValueError):
     """An invalid config name or value (INVALID_CONFIG, 40)."""
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerLimits:
-    """Broker-level bounds on group configs (``group.share.*``), Apache Kafka 4.4's defaults."""
-
-    min_record_lock_duration_ms: int = 15_000
-    max_record_lock_duration_ms: int = 60_000
-    min_session_timeout_ms: int = 45_000
-    max_session_timeout_ms: int = 60_000
-    min_heartbeat_interval_ms: int = 5_000
-    max_heartbeat_interval_ms: int = 15_000
-    min_delivery_count_limit: int = 2
-    max_delivery_count_limit: int = 10
-    max_record_locks_cap: int = 4_000
-    max_group_size: int = 200  # group.share.max.size
-    max_share_sessions: int = 2000  # group.share.max.share.sessions
 
 
 # Apache Kafka's broker config name for each limit (``--group-limit NAME=VALUE`` on the command line).
