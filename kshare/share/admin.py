@@ -180,12 +180,12 @@ async def reset_offset(service: ShareGroupService, group_id: str, topic: TopicIn
 async def reset_partition(service: ShareGroupService, group_id: str, topic: TopicInfo, partition: int,
                           offset: int) -> int:
     """Move the SPSO of a share-partition this proxy leads (its in-flight state is discarded)."""
-    sp = service.partition_state(group_id, topic, partition)
+    sp = service.share_partition(group_id, topic, partition)
     if sp.engine is not None:
         result = sp.engine.reset_start_offset(offset)
         if result.error_code:
             return result.error_code
-        await service.persist(sp, result.snapshot)
+        await sp.persist(result.snapshot)
     else:
         await service.store.write([(sp.key, ShareSnapshot(offset, ()))])
     return ErrorCode.NONE

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -712,3 +713,49 @@ def _add_aborted(out: list[tuple[int, int]], pieces: list[tuple[int, int, list[t
             break
         if end > lo:
             out.extend(entries)
+
+
+class PartitionLogs:
+    """The partition logs in use, one per (topic id, partition, read_committed), sharing one
+    record cache budget: each log in use gets an equal share, and a log nobody read for
+    ``idle_s`` is dropped with its cache (``sweep``), so memory follows the partitions in use,
+    not every partition ever read."""
+
+    def __init__(self, upstream: UpstreamCluster, budget_bytes: int, idle_s: float) -> None:
+        self.upstream = upstream
+        self.budget_bytes = budget_bytes
+        self.idle_s = idle_s
+        self.pool = CachePool(budget_bytes)  # one budget for every partition log's cache
+        self.by_key: dict[tuple[bytes, int, bool], PartitionLog] = {}
+
+    def get(self, topic: TopicInfo, partition: int, read_committed: bool) -> PartitionLog:
+        k = (topic.topic_id, partition, read_committed)
+        plog = self.by_key.get(k)
+        if plog is None:
+            plog = self.by_key[k] = PartitionLog(self.upstream, topic, partition, read_committed,
+                                                 budget_bytes=self.budget_bytes, pool=self.pool)
+            self._share_budget()
+        plog.last_used = time.monotonic()
+        return plog
+
+    def _share_budget(self) -> None:
+        """An equal share of the record cache budget for every log in use, effective at once."""
+        if self.by_key:
+            share = self.budget_bytes // len(self.by_key)
+            for plog in self.by_key.values():
+                if plog.budget_bytes != share:
+                    plog.trim(share)
+
+    def sweep(self) -> None:
+        """Drop the logs nobody used for ``idle_s`` (their cache with them), share the budget anew."""
+        now = time.monotonic()
+        for k, plog in list(self.by_key.items()):
+            if now - plog.last_used > self.idle_s and not plog.busy():
+                plog.close()
+                self.pool.remove(plog)
+                del self.by_key[k]
+        self._share_budget()
+
+    def close(self) -> None:
+        for plog in self.by_key.values():
+            plog.close()

@@ -11,9 +11,11 @@ from ..authorization import AuthorizationUnknown, Operation
 from ..errors import ErrorCode
 from ..partition import AcquiredRange
 from ..stats import ACK_TYPE_NAMES
+from ..write_queue import gathering_writes
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
+    from ..partition_state import SharePartitionState
     from ..service import ShareGroupService
 
 MAX_MEMBER_ID_LENGTH = 36
@@ -84,9 +86,29 @@ class AckOutcome:
     write: asyncio.Future | None = None
 
 
+class Resolved(dict):
+    """(topic id, partition) -> the share-partition, for one request: each resolved once
+    (``resolve``), then worked on directly, whatever step of the request (acknowledge, acquire,
+    wait) reaches it."""
+
+    __slots__ = ("service", "group_id")
+
+    def __init__(self, service: ShareGroupService, group_id: str) -> None:
+        super().__init__()
+        self.service = service
+        self.group_id = group_id
+
+    def resolve(self, topic: Any, partition: int) -> SharePartitionState:
+        tp = (topic.topic_id, partition)
+        sp = self.get(tp)
+        if sp is None:
+            sp = self[tp] = self.service.share_partition(self.group_id, topic, partition)
+        return sp
+
+
 async def apply_acknowledgements(
     service: ShareGroupService,
-    group_id: str,
+    resolved: Resolved,
     member_id: str,
     acks: Iterable[tuple[bytes, int, Sequence[Any]]],
     *,
@@ -96,7 +118,8 @@ async def apply_acknowledgements(
     """Apply each partition's acknowledgement batches atomically; durable writes are queued, not awaited.
     ``refused``: topic id -> the error of topics the client may not read (nothing is applied there)."""
     outcomes = []
-    with service.gathering_writes():  # one Produce round for all of them, not the first alone
+    group_id = resolved.group_id
+    with gathering_writes(service.store):  # one Produce round for all of them, not the first alone
         for topic_id, partition, batches in acks:
             if refused and topic_id in refused:
                 outcomes.append(AckOutcome(topic_id, partition, refused[topic_id]))
@@ -111,22 +134,15 @@ async def apply_acknowledgements(
             if not service.owns_partition(topic_id, partition):
                 outcomes.append(AckOutcome(topic_id, partition, ErrorCode.NOT_LEADER_OR_FOLLOWER))
                 continue
-            sp = service.partition_state(group_id, topic, partition)
-            err, engine = await service.engine(sp)
+            sp = resolved.resolve(topic, partition)
+            err, engine = await sp.load()
             if err or engine is None:
                 outcomes.append(AckOutcome(topic_id, partition, err or ErrorCode.COORDINATOR_NOT_AVAILABLE))
                 continue
-            ranges = [(b.first_offset, b.last_offset, b.acknowledge_types) for b in batches]
-            result = engine.acknowledge(member_id, ranges)
-            if result.error_code == ErrorCode.NONE:
+            code, write = sp.acknowledge(engine, member_id, batches)
+            if code == ErrorCode.NONE:
                 _count_acks(service, group_id, topic.name, batches)
-            write = None
-            if result.update is not None:
-                write = service.persist_with_dead_letters(sp, result.update, batches, member_id,
-                                                          list(engine.archived))
-                sp.wake()  # released records can go to another member now
-                service.watch_locks(sp)  # or, with a redelivery backoff, when it ends
-            outcomes.append(AckOutcome(topic_id, partition, result.error_code, write))
+            outcomes.append(AckOutcome(topic_id, partition, code, write))
     return outcomes
 
 

@@ -10,6 +10,7 @@ from ..errors import ErrorCode
 from ..sessions import FINAL_EPOCH
 from .common import (
     MAX_MEMBER_ID_LENGTH,
+    Resolved,
     apply_acknowledgements,
     await_writes,
     group_refusal,
@@ -47,7 +48,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     acks = [(t.topic_id, p.partition_index, p.acknowledgement_batches) for t in req.topics for p in t.partitions]
     renew = version >= 2 and req.is_renew_ack
     refused = await topic_refusals(service, conn, Operation.READ, [t.topic_id for t in req.topics])
-    outcomes = await apply_acknowledgements(service, group_id, member_id, acks, renew_allowed=renew,
+    outcomes = await apply_acknowledgements(service, Resolved(service, group_id), member_id, acks, renew_allowed=renew,
                                             refused=refused)
     if req.share_session_epoch == FINAL_EPOCH and opened.session is not None:
         await service.release_member(group_id, member_id, list(opened.session.partitions))

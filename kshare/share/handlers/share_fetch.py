@@ -22,6 +22,7 @@ from ...protocol.codegen import SPLICE_MIN
 from ..authorization import Operation
 from ..errors import ErrorCode
 from ..partition import FetchedBatch
+from ..partition_state import wait_for_records
 from ..record_keys import BadBatch, KeyedBatch, batch_keys
 from ..records import Batch
 from ..sessions import FINAL_EPOCH
@@ -31,6 +32,7 @@ from ..upstream import OFFSET_OUT_OF_RANGE, TRANSIENT
 from .common import (
     MAX_MEMBER_ID_LENGTH,
     AckOutcome,
+    Resolved,
     apply_acknowledgements,
     await_writes,
     group_refusal,
@@ -41,9 +43,11 @@ from .common import (
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
+    from ..coordinator import ShareGroup
     from ..partition import SharePartition
     from ..partition_log import PartitionLog
-    from ..service import ShareGroupService, SharePartitionState
+    from ..partition_state import SharePartitionState
+    from ..service import ShareGroupService
 
 API_KEY = 78
 VERSIONS = (1, 2)
@@ -109,9 +113,11 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
         for topic_id, partition in added:  # new share-partitions get ready while this one is answered
             if topic_id not in out.refused:
                 service.prime(group_id, topic_id, partition, cfg.read_committed)
+    # each share-partition is looked up once, then worked on directly (acknowledge, acquire, wait)
+    resolved = Resolved(service, group_id)
     acks = [(t.topic_id, p.partition_index, p.acknowledgement_batches)
             for t in req.topics for p in t.partitions if p.acknowledgement_batches]
-    outcomes = await apply_acknowledgements(service, group_id, member_id, acks, renew_allowed=renew_only,
+    outcomes = await apply_acknowledgements(service, resolved, member_id, acks, renew_allowed=renew_only,
                                             refused=out.refused)
     for o in outcomes:
         out.partition(o.topic_id, o.partition).acknowledge_error_code = o.error_code
@@ -141,12 +147,12 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
         if any(o.write for o in outcomes):
             later = []
         while True:
-            states = await _acquire_all(service, group_id, member_id, session, max_records, max_bytes, mode,
+            states = await _acquire_all(service, resolved, group, member_id, session, max_records, max_bytes, mode,
                                         batch_size, out, writes, later)
             left_ms = int((deadline - time.monotonic()) * 1000)
             if out.record_count or outcomes or out.errors or left_ms <= 0:
                 break
-            await service.wait_for_records(states, left_ms)  # then one more pass, and stop at the deadline
+            await wait_for_records(states, left_ms, cfg.read_committed)  # then one more pass, and stop at the deadline
         _send_ahead(conn, version, header.correlation_id, out, outcomes, writes, lock_ms)
         for topic_id, partition, fut in writes:
             try:
@@ -228,16 +234,18 @@ async def _settle_acks(outcomes: list[AckOutcome], out: ResponseBuilder) -> bool
     return changed
 
 
-async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str, session: Any, max_records: int,
-                       max_bytes: int, mode: int, batch_size: int, out: ResponseBuilder,
-                       writes: list, later: list[tuple[PartitionLog, int]] | None) -> list[SharePartitionState]:
+async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: ShareGroup, member_id: str,
+                       session: Any, max_records: int, max_bytes: int, mode: int, batch_size: int,
+                       out: ResponseBuilder, writes: list,
+                       later: list[tuple[PartitionLog, int]] | None) -> list[SharePartitionState]:
     """One pass over the session's partitions; returns the share-partitions it looked at.
     ``later``: where the reads put their read-aheads (None: they start them at once)."""
-    group = service.coordinator.ensure_group(group_id)
+    group_id = group.group_id
     cfg = group.config
     rc = cfg.read_committed
     states: list[SharePartitionState] = []
     pool = service.cache_pool
+    deliveries = service.stats.deliveries
     order = session.rotated()
     loading: set[tuple[bytes, int]] | None = None  # not ready when this pass first waited for one
     for i, (topic_id, partition) in enumerate(order):
@@ -264,7 +272,7 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
             out.partition(topic_id, partition).error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
             out.errors += 1
             continue
-        sp = service.partition_state(group_id, topic, partition)
+        sp = resolved.resolve(topic, partition)
         # A share-partition still initialising is waited for only while the answer has no records,
         # and one that was not ready when this pass began waiting for another is left out once the
         # answer has records (ready by now or not); it goes on initialising for the next ShareFetch.
@@ -273,15 +281,15 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         # it from each one's initialisation future), and DelayedShareFetch.acquirablePartitions
         # takes only the share-partitions ready by then. So a consumer of a new group on 2
         # partitions of 50 records each gets 50, then 50 (librdkafka 0179), as from Kafka.
-        if sp.engine is None or sp.broken:
+        if not sp.ready:
             if out.record_count:
-                service.start_engine(sp)
+                sp.start_loading()
                 continue
             if loading is None:
-                loading = {tp for tp in order[i + 1:] if not _ready(service, group_id, tp)}
+                loading = {tp for tp in order[i + 1:] if not _ready(service, resolved, tp)}
         elif out.record_count and loading is not None and (topic_id, partition) in loading:
             continue  # ready by now, but not when this pass began waiting for another
-        err, engine = await service.engine(sp)
+        err, engine = await sp.load()
         if err in TRANSIENT:
             continue  # its initialisation met a broker restarting: the next fetch tries again
         if err or engine is None:
@@ -296,7 +304,7 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         # Fair acquisition: when the members here want more than the lock budget, or than the
         # records waiting (up to the last seen high watermark, not held by anyone), each gets its
         # share (exactly, splitting a batch where needed) instead of first come, first served.
-        plog = service.partition_log(topic, partition, rc)
+        plog = sp.log(rc)
         available = None
         if plog.high_watermark >= 0:
             available = max(0, plog.high_watermark - engine.start_offset - engine.acquired_count())
@@ -318,7 +326,7 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
             limit = min(limit, pool.answer_room())
         read = await plog.read(offset, max(1, limit), until, later)
         if read.error_code == OFFSET_OUT_OF_RANGE:
-            service.skip_to_log_start(sp, read.log_start_offset)
+            sp.skip_to_log_start(read.log_start_offset)
             continue
         if read.error_code in TRANSIENT:
             continue  # kshare reads from the new leader next time (upstream.TRANSIENT)
@@ -354,16 +362,15 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
                                 lock_duration_ms=cfg.record_lock_duration_ms, max_keys=max_keys)
         if result.update is not None:
             # lock expiries processed on the way may archive records at the delivery count limit
-            writes.append((topic_id, partition, service.persist_with_dead_letters(sp, result.update, (), None,
-                                                                                  list(engine.archived))))
+            writes.append((topic_id, partition, sp.persist_archived(result.update, (), list(engine.archived))))
         if not result.records:
             continue
         if max_keys is not None:
             # A record may go out because the one before it of its key was just acknowledged: not
             # before that acknowledgement is durable, or a crash could deliver the two out of order.
-            writes.append((topic_id, partition, service.persist(sp, None)))
+            writes.append((topic_id, partition, sp.persist(None)))
         sp.fair.acquired(member_id, result.count, now)
-        service.watch_locks(sp)
+        sp.watch_locks()
         chunks = []
         ranges = result.records
         k = 0
@@ -383,7 +390,7 @@ async def _acquire_all(service: ShareGroupService, group_id: str, member_id: str
         out.record_count += result.count
         out.record_bytes += len(records)
         pool.hold_answer(len(records))
-        service.stats.deliveries[(group_id, topic.name)] += result.count
+        deliveries[(group_id, topic.name)] += result.count
     return states
 
 
@@ -400,9 +407,9 @@ def _key_budget(sp: SharePartitionState, engine: SharePartition, member_id: str,
     return max(0, -(-engine.ordered_key_count() // members) - engine.acquired_count(member_id))
 
 
-def _ready(service: ShareGroupService, group_id: str, tp: tuple[bytes, int]) -> bool:
-    sp = service.partitions.get(SharePartitionKey(group_id, *tp))
-    return sp is not None and sp.engine is not None and not sp.broken
+def _ready(service: ShareGroupService, resolved: Resolved, tp: tuple[bytes, int]) -> bool:
+    sp = resolved.get(tp) or service.partitions.get(SharePartitionKey(resolved.group_id, *tp))
+    return sp is not None and sp.ready
 
 
 def _record_keys(batches: list[tuple[Batch, memoryview]], known_to: int,
