@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..protocol import messages
+from ..protocol.codes import ApiKey
 from .authorization import ShareAuthorizer
 from .config import BrokerLimits, parse_duration_ms
 from .coordinator import GroupCoordinator, ShareGroup
@@ -39,7 +40,7 @@ from .upstream_checks import check_upstream
 from .write_queue import WriteFailed, gathering_writes
 
 if TYPE_CHECKING:
-    from ..proxy.server import Proxy
+    from .frontend import Frontend
 
 log = logging.getLogger("kshare.share")
 
@@ -54,7 +55,7 @@ MAX_PRIMING = 64  # share-partitions made ready ahead of their ShareFetches at o
 
 
 class ShareGroupService(InstanceGroupMember):
-    def __init__(self, proxy: Proxy | None, store: StateStore, upstream: UpstreamCluster, *,
+    def __init__(self, proxy: Frontend | None, store: StateStore, upstream: UpstreamCluster, *,
                  limits: BrokerLimits | None = None, ownership: Ownership | None = None,
                  clock=_now_ms, record_cache_bytes: int = DEFAULT_RECORD_CACHE_BYTES) -> None:
         self.proxy = proxy
@@ -396,14 +397,14 @@ class ShareGroupService(InstanceGroupMember):
         try:
             conn = await self.upstream.any_connection()
             find = messages.message_class("FindCoordinatorRequest")
-            version = conn.best_version(10, hi=3)
-            resp = await conn.request(10, version, find(key=group_id, key_type=0))
+            version = conn.best_version(ApiKey.FIND_COORDINATOR, hi=3)
+            resp = await conn.request(ApiKey.FIND_COORDINATOR, version, find(key=group_id, key_type=0))
             if resp.error_code:
                 return False
             coord = await self.upstream.connection(resp.node_id)
             describe = messages.message_class("DescribeGroupsRequest")
-            dversion = coord.best_version(15, hi=5)
-            groups = (await coord.request(15, dversion, describe(groups=[group_id]))).groups
+            dversion = coord.best_version(ApiKey.DESCRIBE_GROUPS, hi=5)
+            groups = (await coord.request(ApiKey.DESCRIBE_GROUPS, dversion, describe(groups=[group_id]))).groups
         except Exception as exc:  # noqa: BLE001 - cannot tell: let the share group proceed
             log.debug("checking group %s upstream failed: %r", group_id, exc)
             return False
@@ -411,7 +412,7 @@ class ShareGroupService(InstanceGroupMember):
         return any(g.group_id == group_id and g.error_code == 0 and g.group_state not in ("Dead", "")
                    and (g.protocol_type or g.members) for g in groups)
 
-    def register(self, proxy: Proxy) -> None:
+    def register(self, proxy: Frontend) -> None:
         """Serve the share-group APIs on the proxy (and advertise them in ApiVersions)."""
         from .handlers import HANDLERS
 
