@@ -22,7 +22,7 @@ from typing import Protocol
 
 import msgspec
 
-from ..proxy.virtual import MAX_SLOTS, SLOT_STRIDE, ClusterView, Peer, split_node, virtual_node  # noqa: F401 - re-exported
+from ..proxy.virtual import MAX_SLOTS, ClusterView, Peer
 from .state_codec import partition_for_group, state_partition_of
 from .store import SharePartitionKey
 

@@ -6,16 +6,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kshare.proxy.virtual import SLOT_STRIDE, split_node, virtual_node
 from kshare.share.ownership import (
-    SLOT_STRIDE,
     Candidate,
     Instance,
     OwnershipMap,
     assign,
     plan_claims,
-    split_node,
     state_partition_of,
-    virtual_node,
 )
 from kshare.share.state_codec import partition_for_group
 
