@@ -18,6 +18,9 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
+from .protocol import messages
+from .protocol.codes import ApiKey
+
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
@@ -58,18 +61,16 @@ class ClientSecurity:
         """Run the SASL exchange on a fresh ``KafkaConnection`` (after ApiVersions)."""
         if not self.sasl_mechanism:
             return
-        from .protocol import messages
-
         mech = self.sasl_mechanism
-        hs = await conn.request(17, conn.best_version(17, hi=1),
+        hs = await conn.request(ApiKey.SASL_HANDSHAKE, conn.best_version(ApiKey.SASL_HANDSHAKE, hi=1),
                                 messages.message_class("SaslHandshakeRequest")(mechanism=mech))
         if hs.error_code:
             raise AuthenticationFailed(f"the cluster does not enable SASL mechanism {mech} "
                                        f"(it enables {', '.join(hs.mechanisms) or 'none'})")
-        version = conn.best_version(36, hi=2)
+        version = conn.best_version(ApiKey.SASL_AUTHENTICATE, hi=2)
 
         async def step(data: bytes) -> bytes:
-            resp = await conn.request(36, version, messages.message_class("SaslAuthenticateRequest")(auth_bytes=data))
+            resp = await conn.request(ApiKey.SASL_AUTHENTICATE, version, messages.message_class("SaslAuthenticateRequest")(auth_bytes=data))
             if resp.error_code:
                 raise AuthenticationFailed(f"SASL {mech} authentication as {self.username or 'the token'} failed: "
                                            f"{resp.error_message or resp.error_code}")
