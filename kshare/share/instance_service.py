@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..protocol import messages
+from ..protocol.codes import ApiKey
 from .ownership import GroupOwnership, Instance, OwnershipMap, plan_claims
 from .tasks import shared_task
 
@@ -177,7 +178,7 @@ class InstanceGroupMember:
         body = req(resources=[req.DescribeConfigsResource(resource_type=32, resource_name=group.group_id,
                                                           configuration_keys=None)])
         try:
-            resp = await self.peers.request(owner, 32, body)
+            resp = await self.peers.request(owner, ApiKey.DESCRIBE_CONFIGS, body)
         except Exception as exc:  # noqa: BLE001 - keep the configs known; ask again later
             log.debug("asking %s:%d for the configs of group %s failed: %r", owner.host, owner.port,
                       group.group_id, exc)

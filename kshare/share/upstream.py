@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..clients.connection import ConnectionClosed, KafkaConnection
 from ..protocol import messages
+from ..protocol.codes import ApiKey
 from ..proxy.rewrite import ZERO_UUID, synthetic_topic_id
 from ..security import ClientSecurity
 from .errors import ErrorCode
@@ -24,18 +25,19 @@ from .upstream_checks import UpstreamChecks
 
 log = logging.getLogger("kshare.share")
 
-FETCH, LIST_OFFSETS, METADATA = 1, 2, 3
 EARLIEST, LATEST = -2, -1
 
 # Fetch errors after which the leader may have moved
-_STALE_METADATA = {3, 6, 74, 75, 100, 103}  # UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER, FENCED/UNKNOWN_LEADER_EPOCH, ...
+_STALE_METADATA = {ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
+                   ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.UNKNOWN_TOPIC_ID, ErrorCode.INCONSISTENT_TOPIC_ID}
 # Errors of kshare's own reads that a cluster answers while a leader moves or a broker restarts:
 # a share fetch gets no records from that partition this time (the next one reads from the new
 # leader), never the error: it is kshare's business, not the client's (librdkafka fails a poll on
 # NETWORK_EXCEPTION), and Kafka's own share-partition leader never answers a ShareFetch with it.
-TRANSIENT = frozenset({5, 6, 7, 13, 19, 56, 74, 75})  # LEADER_NOT_AVAILABLE, NOT_LEADER, REQUEST_TIMED_OUT,
-# NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS, KAFKA_STORAGE_ERROR, FENCED/UNKNOWN_LEADER_EPOCH
-OFFSET_OUT_OF_RANGE = 1
+TRANSIENT = frozenset({ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.REQUEST_TIMED_OUT,
+                       ErrorCode.NETWORK_EXCEPTION, ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.KAFKA_STORAGE_ERROR,
+                       ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH})
+OFFSET_OUT_OF_RANGE = ErrorCode.OFFSET_OUT_OF_RANGE  # under this name for handlers.share_fetch
 
 
 @dataclass(slots=True)
@@ -142,10 +144,10 @@ class UpstreamCluster:
             if max_age and time.monotonic() - self.metadata_at < max_age:
                 return
             conn = await self.any_connection()
-            version = conn.best_version(METADATA)
+            version = conn.best_version(ApiKey.METADATA)
             req = messages.message_class("MetadataRequest")(topics=None if version >= 1 else [],
                                                            allow_auto_topic_creation=False)
-            resp = await conn.request(METADATA, version, req)
+            resp = await conn.request(ApiKey.METADATA, version, req)
             self.brokers = {b.node_id: (b.host, b.port) for b in resp.brokers}
             topics: dict[str, TopicInfo] = {}
             for t in resp.topics:
@@ -208,7 +210,7 @@ class UpstreamCluster:
             conn = await self.connection(leader, lane)
             # v4+ for isolation and the LSO; v13+ names topics by id (some brokers, e.g. Tansu, only
             # find topics that way); v16+ would only add NodeEndpoints.
-            version = conn.best_version(FETCH, lo=4, hi=15)
+            version = conn.best_version(ApiKey.FETCH, lo=4, hi=15)
             if version >= 13 and not topic.has_real_id:
                 version = 12
             cls = messages.message_class("FetchRequest")
@@ -220,7 +222,7 @@ class UpstreamCluster:
             req = cls(replica_id=-1, max_wait_ms=max(max_wait_ms, 1), min_bytes=1, max_bytes=max_bytes,
                       isolation_level=1 if read_committed else 0, session_id=0, session_epoch=-1,
                       topics=[fetch_topic], rack_id="")
-            resp = await conn.request(FETCH, version, req)
+            resp = await conn.request(ApiKey.FETCH, version, req)
         except (OSError, ConnectionError, TimeoutError) as exc:
             log.debug("fetch %s-%d from the cluster failed: %r", topic.name, partition, exc)
             self.metadata_at = 0.0  # the broker may be gone: its partitions' new leaders are asked for
@@ -245,12 +247,12 @@ class UpstreamCluster:
             if leader < 0:
                 return ErrorCode.LEADER_NOT_AVAILABLE, -1
             conn = await self.connection(leader)
-            version = conn.best_version(LIST_OFFSETS, lo=1, hi=7)
+            version = conn.best_version(ApiKey.LIST_OFFSETS, lo=1, hi=7)
             cls = messages.message_class("ListOffsetsRequest")
             req = cls(replica_id=-1, isolation_level=0, topics=[cls.ListOffsetsTopic(
                 name=topic.name, partitions=[cls.ListOffsetsPartition(partition_index=partition, timestamp=timestamp,
                                                                        current_leader_epoch=-1)])])
-            resp = await conn.request(LIST_OFFSETS, version, req)
+            resp = await conn.request(ApiKey.LIST_OFFSETS, version, req)
         except (OSError, ConnectionError, TimeoutError) as exc:
             log.debug("list offsets %s-%d failed: %r", topic.name, partition, exc)
             self.metadata_at = 0.0

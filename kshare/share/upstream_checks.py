@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from ..addresses import parse_hostports
 from ..clients.connection import KafkaConnection
 from ..protocol import messages
+from ..protocol.codes import ApiKey, ErrorCode
 from ..security import ClientSecurity
 
 log = logging.getLogger("kshare.upstream")
@@ -147,8 +148,6 @@ async def check_upstream(bootstrap: str, security: ClientSecurity, checks: Upstr
         aiokafka_log.setLevel(level)
 
 
-UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION = -1, 35
-
 
 async def cluster_refusals(bootstrap_servers: str | Sequence[str], topic: str,
                             security: ClientSecurity | None = None) -> tuple[str | None, str | None]:
@@ -170,25 +169,25 @@ async def cluster_refusals(bootstrap_servers: str | Sequence[str], topic: str,
             continue
         producer_ids = delete_records = None
         try:
-            if 22 not in conn.versions:
+            if ApiKey.INIT_PRODUCER_ID not in conn.versions:
                 producer_ids = "does not support InitProducerId (idempotent producers)"
             else:
                 request = messages.message_class("InitProducerIdRequest")(
                     transactional_id=None, transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1)
-                resp = await asyncio.wait_for(conn.request(22, 0, request), 10)
+                resp = await asyncio.wait_for(conn.request(ApiKey.INIT_PRODUCER_ID, 0, request), 10)
                 # only a refusal counts: a broker just started answers COORDINATOR_LOAD_IN_PROGRESS
                 # or the like for a while, which the producer retries through
-                if resp.error_code in (UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION):
+                if resp.error_code in (ErrorCode.UNKNOWN_SERVER_ERROR, ErrorCode.UNSUPPORTED_VERSION):
                     producer_ids = (f"refuses InitProducerId v0 (error code {resp.error_code}), which idempotent "
                                     "producers send")
-            if 21 not in conn.versions:
+            if ApiKey.DELETE_RECORDS not in conn.versions:
                 delete_records = "does not support DeleteRecords"
             else:
                 req = messages.message_class("DeleteRecordsRequest")
                 body = req(timeout_ms=10000, topics=[req.DeleteRecordsTopic(
                     name=topic, partitions=[req.DeleteRecordsPartition(partition_index=0, offset=0)])])
                 try:
-                    await asyncio.wait_for(conn.request(21, conn.best_version(21), body), 10)
+                    await asyncio.wait_for(conn.request(ApiKey.DELETE_RECORDS, conn.best_version(ApiKey.DELETE_RECORDS), body), 10)
                 except ConnectionError:
                     delete_records = "closes the connection on DeleteRecords"
         except (OSError, ConnectionError, TimeoutError):
