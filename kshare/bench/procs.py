@@ -13,6 +13,7 @@ import platform
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,8 +22,6 @@ import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
-
-from .brokers import _die_with_parent, free_port
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -36,6 +35,51 @@ KSHARE_LIMITS = ("group.share.min.heartbeat.interval.ms=100", "group.share.min.s
 BENCH_BROKER_CONFIG = {"log.segment.delete.delay.ms": 1000, "log.initial.task.delay.ms": 1000}
 KAFKA4_CONFIG = {"group.share.min.heartbeat.interval.ms": 100, "group.share.min.session.timeout.ms": 1000,
                  **BENCH_BROKER_CONFIG}
+
+
+# --------------------------------------------------------------------------------------------
+# ports and children that die with the bench
+
+
+_handed_out: set[int] = set()
+_ports_lock = threading.Lock()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that is free now and was not returned before by this process."""
+    with _ports_lock:
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise RuntimeError("no free port found")
+
+
+def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` now."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _die_with_parent(cmd: list[str]) -> list[str]:
+    """Prefix ``cmd`` so that it gets SIGKILL when this process dies (Linux ``setpriv --pdeathsig``).
+
+    Only from the main thread: the parent-death signal fires when the *thread* that forked exits.
+    """
+    if threading.current_thread() is not threading.main_thread() or not sys.platform.startswith("linux"):
+        return cmd
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "SIGKILL", "--", *cmd] if setpriv else cmd
+
+
+# --------------------------------------------------------------------------------------------
+# what is measured of a child
 
 
 def cpu_seconds(pid: int) -> float:

@@ -37,8 +37,8 @@ from confluent_kafka import Producer
 
 from kshare import AIOShareConsumer
 from kshare.clients.errors import KafkaError
-from tests.brokers import KafkaBroker
-from tests.integration.share_helpers import (
+from tests.harness.brokers import KafkaBroker
+from tests.harness.share import (
     TEST_LIMITS,
     ShareProxyThread,
     produce,
@@ -46,6 +46,7 @@ from tests.integration.share_helpers import (
     share_group,
     values,
 )
+from tests.harness.tls import TlsMaterial
 from tests.integration.test_security import (
     KSHARE_STATE_TOPIC_OPS,
     KSHARE_TOPIC_OPS,
@@ -54,7 +55,6 @@ from tests.integration.test_security import (
     _start_kshare,
 )
 from tests.integration.test_share_differential import HEARTBEAT_MS, KAFKA4_TEST_LIMITS, KAFKA4_VERSION
-from tests.tls import TlsMaterial
 
 KSHARE, KAFKA4 = "kshare", "kafka4"
 MAX_GROUP_SIZE = 2

@@ -16,8 +16,8 @@ import uuid
 import pytest
 from confluent_kafka import AcknowledgeType
 
-from tests.integration import share_helpers
-from tests.integration.share_helpers import (
+from tests.harness import share
+from tests.harness.share import (
     ShareProxyThread,
     describe_group_configs,
     produce,
@@ -29,7 +29,7 @@ from tests.integration.share_helpers import (
 
 pytestmark = pytest.mark.kafka
 
-kshare39 = share_helpers.kshare39
+kshare39 = share.kshare39
 
 BACKOFF_MS = 1500
 

@@ -38,7 +38,7 @@ import pytest
 
 from kshare.client import KafkaConnection
 from kshare.protocol import messages
-from tests.proxy_harness import ProxyThread
+from tests.harness.proxies import ProxyThread
 
 # kafka-python (its record batch builder, used for one Produce request) loads its schemas the old way
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated. Use files:DeprecationWarning")

@@ -26,9 +26,15 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Producer
 
-from tests.integration.cluster import ThreeNodeCluster
-
-from .share_helpers import ConsumerLoop, ShareProxyThread, quiet_logger, read_plain, share_group, stop_all
+from tests.harness.cluster import ThreeNodeCluster
+from tests.harness.share import (
+    ConsumerLoop,
+    ShareProxyThread,
+    quiet_logger,
+    read_plain,
+    share_group,
+    stop_all,
+)
 
 log = logging.getLogger("kshare.tests.broker_roll")
 

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import AcknowledgeType, Consumer, KafkaError, Producer, ShareConsumer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from tests.brokers import KafkaBroker
+from tests.harness.brokers import KafkaBroker
 
 
 def _produce(bootstrap: str, topic: str, n: int, partitions: int) -> list[bytes]:

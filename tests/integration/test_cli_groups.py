@@ -31,9 +31,9 @@ from confluent_kafka import AcknowledgeType, KafkaException, Producer, ShareCons
 from confluent_kafka.admin import AdminClient
 
 from kshare.cli import main as kshare_main
-from tests.brokers import BrokerError, ensure_kafka, free_port
-from tests.integration import share_helpers
-from tests.integration.share_helpers import share_group
+from tests.harness import share
+from tests.harness.brokers import BrokerError, ensure_kafka, free_port
+from tests.harness.share import share_group
 
 log = logging.getLogger("kshare.tests.cli")
 
@@ -49,7 +49,7 @@ def _quiet() -> logging.Logger:
 # kshare in a thread
 
 
-kshare = share_helpers.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
+kshare = share.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
 
 
 @pytest.fixture
@@ -180,7 +180,7 @@ class Member:
 
 
 # checked every 0.3 s: most conditions here run the CLI
-wait_until = partial(share_helpers.wait_until, interval=0.3)
+wait_until = partial(share.wait_until, interval=0.3)
 
 
 def lag_zero(bootstrap: str, group: str, partitions: int) -> bool:
@@ -545,7 +545,7 @@ def kafka_tools() -> Path:
 
 
 def share_group_command(libs: Path, bootstrap: str, *args: str) -> subprocess.CompletedProcess:
-    from tests.brokers import _java
+    from tests.harness.brokers import _java
 
     cmd = [_java(), "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", f"{libs}/*",
            SHARE_GROUP_COMMAND, "--bootstrap-server", bootstrap, "--timeout", "20000", *args]

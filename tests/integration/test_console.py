@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.brokers import _die_with_parent, free_port
+from kshare.bench.procs import _die_with_parent, free_port
 from tests.integration.test_first_hour import KSHARE, REPO, KshareProxy, _env, one_line, run_kshare
 
 log = logging.getLogger("kshare.tests.console")

@@ -1,7 +1,7 @@
 """Crash recovery of kshare's durable share state (issue 5): the proxy SIGKILLed under load, restarts
 without consumers, the upstream broker restarted under load, damaged records on the state topic.
 
-Everything is real: ``python -m kshare proxy`` as a child process (``tests.proxy_harness.ProxyProcess``)
+Everything is real: ``python -m kshare proxy`` as a child process (``tests.harness.proxies.ProxyProcess``)
 in front of Apache Kafka 3.9, librdkafka ``ShareConsumer``s (confluent-kafka) or raw share-group
 RPCs (``kshare.client.KafkaConnection``). A restarted proxy listens on the same bootstrap *and*
 broker ports (``--broker-port-base``), so clients reconnect to the addresses they already know.
@@ -55,8 +55,9 @@ from kshare.share import state_codec as sc
 from kshare.share.states import ShareSnapshot, ShareUpdate
 from kshare.share.store import SharePartitionKey
 from kshare.tools.admin_client import ShareGroupAdmin
-from tests.brokers import KafkaBroker, free_port
-from tests.integration.share_helpers import (
+from tests.harness.brokers import KafkaBroker, free_port
+from tests.harness.proxies import ProxyProcess
+from tests.harness.share import (
     ACCEPT,
     HEARTBEAT,
     REJECT,
@@ -70,7 +71,6 @@ from tests.integration.share_helpers import (
     topic_id,
     wait_until,
 )
-from tests.proxy_harness import ProxyProcess
 
 log = logging.getLogger("kshare.tests.crash")
 
@@ -804,7 +804,7 @@ def test_damaged_state_records_are_skipped(kafka39, topic_name, group, state_top
         assert all(" ERROR " in line for line in skipped), skipped
         assert f"{len(damaged)} skipped" in out
         assert describe_offsets(kshare.bootstrap, group) == {0: 20}
-        from tests.integration.share_helpers import describe_group_configs
+        from tests.harness.share import describe_group_configs
 
         configs = describe_group_configs(kshare.bootstrap, group)
         assert configs["share.auto.offset.reset"] == "earliest"

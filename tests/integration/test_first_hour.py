@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.brokers import _die_with_parent, free_port
+from kshare.bench.procs import _die_with_parent, free_port
 
 log = logging.getLogger("kshare.tests.first_hour")
 

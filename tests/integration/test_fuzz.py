@@ -45,6 +45,7 @@ import pytest
 
 from kshare.client import KafkaConnection
 from kshare.protocol import messages
+from tests.harness.proxies import ProxyThread
 from tests.integration.test_bad_input import (
     PROXY_LOGGER,
     GoodTraffic,
@@ -52,7 +53,6 @@ from tests.integration.test_bad_input import (
     hostport,
     unexpected_errors,
 )
-from tests.proxy_harness import ProxyThread
 
 SEED = int(os.environ.get("KSHARE_FUZZ_SEED", "932"))
 FRAMES = int(os.environ.get("KSHARE_FUZZ_FRAMES", "10000"))

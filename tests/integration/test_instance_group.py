@@ -13,7 +13,7 @@ import uuid
 
 from kshare.share.instance_group import InstanceGroup
 from kshare.share.ownership import Instance, OwnershipMap
-from tests.brokers import KafkaBroker
+from tests.harness.brokers import KafkaBroker
 
 PARTITIONS = 6
 

@@ -1,7 +1,7 @@
 """Apache Kafka's own Java ``KafkaShareConsumer`` (kafka-clients 4.4) through kshare in front of Kafka 3.9.
 
 A second real client besides librdkafka: ``tests/java/ShareConsumerDriver.java``, built once per
-cache (Maven Central + javac, see ``share_helpers.java_share_driver``) and run as a child process
+cache (Maven Central + javac, see ``share.java_share_driver``) and run as a child process
 that prints one JSON line per record. One kshare runs for the module; each test has its own topic
 and share group.
 """
@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 
-from tests.integration import share_helpers
-from tests.integration.share_helpers import (
+from tests.harness import share
+from tests.harness.share import (
     JavaShareConsumer,
     newcomer_gets,
     produce,
@@ -27,12 +27,12 @@ from tests.integration.share_helpers import (
 @pytest.fixture(scope="session")
 def java_driver() -> list[str]:
     """The ShareConsumerDriver command line (built on first use, cached by content hash)."""
-    from tests.integration.share_helpers import java_share_driver
+    from tests.harness.share import java_share_driver
 
     return java_share_driver()
 
 
-kshare39 = share_helpers.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
+kshare39 = share.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import AcknowledgeType
 
-from tests.integration import share_helpers
-from tests.integration.share_helpers import (
+from tests.harness import share
+from tests.harness.share import (
     ConsumerLoop,
     HolderProcess,
     ShareProxyThread,
@@ -37,7 +37,7 @@ from tests.integration.share_helpers import (
 
 pytestmark = pytest.mark.kafka
 
-kshare39 = share_helpers.kshare39
+kshare39 = share.kshare39
 
 KEYS = 20
 RECORDS = 300

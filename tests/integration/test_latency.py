@@ -1,6 +1,6 @@
 """A ShareFetch waiting in long poll is answered as soon as a record it may take reaches kshare.
 
-Raw ShareFetch requests (``share_helpers.Raw``) through kshare in front of Apache Kafka 3.9 and
+Raw ShareFetch requests (``share.Raw``) through kshare in front of Apache Kafka 3.9 and
 Tansu: a ShareFetch with a long MaxWaitMs waits on a caught-up partition, a record is produced,
 and the answer must come with it right away, not when MaxWaitMs runs out, also when the record
 comes after the proxy's own upstream long poll ran out empty, and also for a second fetch waiting
@@ -17,10 +17,10 @@ import uuid
 import pytest
 
 from kshare.share.partition_log import POLL_WAIT_MS
-from tests.integration import share_helpers
-from tests.integration.share_helpers import Raw, ShareProxyThread, acquired, produce, share_group
+from tests.harness import share
+from tests.harness.share import Raw, ShareProxyThread, acquired, produce, share_group
 
-kshare39 = share_helpers.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the module
+kshare39 = share.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the module
 
 WAIT_MS = 8000  # MaxWaitMs of the waiting fetches: an answer by the deadline would be far later
 PROMPT_S = 1.5  # generous for a loaded machine; the deadline is 8 s

@@ -19,7 +19,7 @@ import uuid
 import pytest
 from confluent_kafka import AcknowledgeType
 
-from tests.integration.share_helpers import (
+from tests.harness.share import (
     ShareProxyThread,
     produce,
     records_of,

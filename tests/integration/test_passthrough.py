@@ -34,9 +34,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from kshare.client import KafkaConnection
 from kshare.protocol import messages
 from kshare.proxy import filters
-from tests.integration import clients
-from tests.integration.cluster import KafkaCluster
-from tests.proxy_harness import ProxyThread
+from tests.harness import clients
+from tests.harness.cluster import KafkaCluster
+from tests.harness.proxies import ProxyThread
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, DESCRIBE_CLUSTER = 0, 1, 3, 10, 18, 60
 NOT_LEADER_OR_FOLLOWER = 6
@@ -55,7 +55,7 @@ class Side:
     """One upstream broker and the proxy in front of it."""
 
     name: str
-    broker: object  # tests.brokers.KafkaBroker | TansuBroker
+    broker: object  # tests.harness.brokers.KafkaBroker | TansuBroker
     proxy: ProxyThread
 
     @property

@@ -31,9 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from confluent_kafka import Producer
 
 from kshare.proxy import connection
-from tests.brokers import KafkaBroker
-from tests.integration.clients import confluent_consume, confluent_produce
-from tests.proxy_harness import ProxyThread
+from tests.harness.brokers import KafkaBroker
+from tests.harness.clients import confluent_consume, confluent_produce
+from tests.harness.proxies import ProxyThread
 
 SEND_BUFFER = 4096
 WORKERS = 3

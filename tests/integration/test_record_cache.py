@@ -20,8 +20,8 @@ from typing import Any
 from kshare.protocol import messages
 from kshare.share import service as service_module
 from kshare.share.partition_log import MIN_FETCH_BYTES
-from tests.brokers import KafkaBroker
-from tests.integration.share_helpers import (
+from tests.harness.brokers import KafkaBroker
+from tests.harness.share import (
     ACCEPT,
     Raw,
     ShareProxyThread,

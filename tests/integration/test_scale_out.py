@@ -50,8 +50,8 @@ from kshare.proxy.virtual import split_node
 from kshare.share import state_codec as sc
 from kshare.share.store import SharePartitionKey
 from kshare.tools.admin_client import ShareGroupAdmin
-from tests.brokers import KafkaBroker, free_port
-from tests.integration.share_helpers import admin, quiet_logger, share_group, wait_until
+from tests.harness.brokers import KafkaBroker, free_port
+from tests.harness.share import admin, quiet_logger, share_group, wait_until
 from tests.integration.test_crash_recovery import (
     BATCH_RECORDS,
     GROUP_CONFIGS,

@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Shar
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from kshare.protocol import messages
-from tests.brokers import KafkaBroker
-from tests.tls import TlsMaterial
+from tests.harness.brokers import KafkaBroker
+from tests.harness.tls import TlsMaterial
 
 NONE = 0
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -487,7 +487,7 @@ def test_native_share_authorization_error_codes(kafka44_secure: KafkaBroker):
 def test_native_java_share_consumer_with_acls(kafka44_secure: KafkaBroker, protocol):
     """Apache Kafka's Java KafkaShareConsumer (tests/java driver) reads as alice over TLS with
     ``java_client_config`` (SCRAM over SASL_SSL; the client certificate on SSL)."""
-    from tests.integration.share_helpers import JavaShareConsumer, java_share_driver
+    from tests.harness.share import JavaShareConsumer, java_share_driver
 
     broker = kafka44_secure
     topic, group = _unique("java-t"), _unique("java-g")

@@ -48,8 +48,9 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from kshare.client import KafkaConnection
 from kshare.protocol import messages
 from kshare.security import AuthenticationFailed, ClientSecurity
-from tests.brokers import KafkaBroker
-from tests.integration.share_helpers import (
+from tests.harness.brokers import KafkaBroker
+from tests.harness.proxies import ProxyProcess
+from tests.harness.share import (
     COORDINATOR_NOT_READY,
     NONE,
     ConsumerLoop,
@@ -62,13 +63,12 @@ from tests.integration.share_helpers import (
     values,
     wait_until,
 )
+from tests.harness.tls import TlsMaterial, _san, _sign
 from tests.integration.test_secure_brokers import (
     GROUP_AUTHORIZATION_FAILED,
     NATIVE_SHARE_AUTH_ERRORS,
     TOPIC_AUTHORIZATION_FAILED,
 )
-from tests.proxy_harness import ProxyProcess
-from tests.tls import TlsMaterial, _san, _sign
 
 RUN = uuid.uuid4().hex[:6]
 PREFIX = f"sec-{RUN}"  # every topic and group of this module starts with it

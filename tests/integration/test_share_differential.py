@@ -19,7 +19,7 @@ record, how soon after a lock ran out a record comes back, how long an assignmen
 the join answer). Disagreements found are fixed or kept as strict xfail tests with the reason.
 
 Both brokers are session fixtures; kshare runs for the module with the broker-level bounds of
-``share_helpers.TEST_LIMITS``. Lock durations are 1000 ms or more (Kafka 4.4's minimum).
+``share.TEST_LIMITS``. Lock durations are 1000 ms or more (Kafka 4.4's minimum).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from kshare.protocol import messages
-from tests.brokers import KAFKA_4, KafkaBroker
-from tests.integration.drain import DrainResult, drain
-from tests.integration.drain import names as drain_names
-from tests.integration.share_helpers import (
+from tests.harness.brokers import KAFKA_4, KafkaBroker
+from tests.harness.drain import DrainResult, drain
+from tests.harness.drain import names as drain_names
+from tests.harness.share import (
     ACCEPT,
     FENCED_MEMBER_EPOCH,
     INVALID_RECORD_STATE,
@@ -109,7 +109,7 @@ class Target:
         share_group(self.bootstrap, group, **{"share.heartbeat.interval.ms": HEARTBEAT_MS, **configs})
 
 
-# Kafka 4.4's broker-level bounds lowered as kshare's are here (share_helpers.TEST_LIMITS): its
+# Kafka 4.4's broker-level bounds lowered as kshare's are here (share.TEST_LIMITS): its
 # defaults allow lock durations of 15-60 s only, session timeouts from 45 s, heartbeats from 5 s.
 KAFKA4_TEST_LIMITS = {
     "group.share.min.record.lock.duration.ms": TEST_LIMITS.min_record_lock_duration_ms,

@@ -35,8 +35,8 @@ from kshare.protocol import messages
 from kshare.share.dead_letter import HEADER_PREFIX, REASON_DELIVERY_LIMIT, REASON_REJECTED
 from kshare.share.errors import ErrorCode
 from kshare.share.upstream import FetchResult
-from tests.integration import share_helpers
-from tests.integration.share_helpers import (
+from tests.harness import share
+from tests.harness.share import (
     ACCEPT,
     FENCED_MEMBER_EPOCH,
     INCONSISTENT_GROUP_PROTOCOL,
@@ -75,7 +75,7 @@ from tests.integration.share_helpers import (
 # fixtures
 
 
-kshare39 = share_helpers.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
+kshare39 = share.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
 
 
 @pytest.fixture
@@ -854,13 +854,13 @@ def test_a_write_failing_after_the_answer_went_ahead_closes_the_connection(kafka
         try:
             tid = await raw.topic_id(topic_name)
             member, _ = await raw.join(group, topic_name)
-            req = share_helpers.fetch_request(group, member, 0, {tid: [0]})
+            req = share.fetch_request(group, member, 0, {tid: [0]})
             req.max_records = req.batch_size = 10
             writer.write(bytes(messages.encode_request(78, 1, 1, "ahead", req)))
             size = struct.unpack(">i", await reader.readexactly(4))[0]
             first = messages.decode_response(78, 1, memoryview(await reader.readexactly(size)))
             kshare39.call(fail_next_submit)
-            req = share_helpers.fetch_request(group, member, 1, acks={(tid, 0): [(0, 9, [ACCEPT])]})
+            req = share.fetch_request(group, member, 1, acks={(tid, 0): [(0, 9, [ACCEPT])]})
             req.max_records = req.batch_size = 10
             writer.write(bytes(messages.encode_request(78, 1, 2, "ahead", req)))
             got = bytearray()
@@ -906,7 +906,7 @@ async def _ahead_of_the_write(kafka39, bootstrap: str, group_id: str, topic: str
     async def send(epoch: int, max_records: int, acks=None) -> None:
         nonlocal corr
         corr += 1
-        req = share_helpers.fetch_request(group_id, member, epoch, {tid: [0, 1]} if epoch == 0 else None, acks=acks)
+        req = share.fetch_request(group_id, member, epoch, {tid: [0, 1]} if epoch == 0 else None, acks=acks)
         req.max_records = req.batch_size = max_records
         writer.write(bytes(messages.encode_request(78, 1, corr, "ahead", req)))
         await writer.drain()

@@ -1,6 +1,6 @@
 """The kshare PySpark source end to end: real Spark on a cluster (the test session's
 ``local-cluster[2,2,1024]``: two executor JVMs of two cores, task retries allowed; see
-tests/integration/spark_cluster.py), the real kshare proxy in a thread in front of Apache Kafka
+tests/harness/spark_cluster.py), the real kshare proxy in a thread in front of Apache Kafka
 3.9, records produced by librdkafka.
 
 One SparkSession for the test session (shared with test_spark_cluster.py); every test has its own
@@ -32,11 +32,11 @@ from kshare.share.dead_letter import HEADER_PREFIX, REASON_REJECTED  # noqa: E40
 from kshare.spark import RejectError, reject  # noqa: E402
 from kshare.spark.ledger import Entry, Ledger  # noqa: E402
 from kshare.spark.options import parse_client  # noqa: E402
-from tests.integration import share_helpers  # noqa: E402
-from tests.integration import spark_cluster as cluster  # noqa: E402
-from tests.integration.share_helpers import produce, share_group, values  # noqa: E402
+from tests.harness import share  # noqa: E402
+from tests.harness import spark_cluster as cluster  # noqa: E402
+from tests.harness.share import produce, share_group, values  # noqa: E402
 
-kshare39 = share_helpers.kshare39
+kshare39 = share.kshare39
 spark_cluster = cluster.spark_cluster
 pytestmark = pytest.mark.timeout(240)
 
@@ -126,7 +126,7 @@ def upstream_of(request) -> tuple[str, Callable[[str], None], dict[str, object]]
     def create(topic: str) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin = AdminClient({"bootstrap.servers": bootstrap, "logger": share_helpers.quiet_logger()})
+        admin = AdminClient({"bootstrap.servers": bootstrap, "logger": share.quiet_logger()})
         admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
 
     return bootstrap, create, {"share_heartbeat_interval_ms": 500}
@@ -249,9 +249,9 @@ def test_the_commit_channel_carries_the_marker(kshare39, kafka39):
 
 
 @pytest.fixture(scope="module")
-def kshare_tansu(tansu) -> Iterator[share_helpers.ShareProxyThread]:
+def kshare_tansu(tansu) -> Iterator[share.ShareProxyThread]:
     """kshare in front of the real Tansu broker, which drops offset-commit metadata."""
-    with share_helpers.ShareProxyThread(tansu.bootstrap) as proxy:
+    with share.ShareProxyThread(tansu.bootstrap) as proxy:
         yield proxy
 
 
@@ -337,12 +337,12 @@ def test_rejected_records_are_never_delivered_again(spark, kshare39, kafka39, tm
         batch.unpersist()
 
     def wait_seen(expected: list[bytes]) -> None:
-        share_helpers.wait_until(lambda: set(expected) <= {v for v, _ in seen} or q.exception() is not None,
+        share.wait_until(lambda: set(expected) <= {v for v, _ in seen} or q.exception() is not None,
                                  90, "every record in the sink")
         assert q.exception() is None, q.exception()
 
     def wait_start(offset: int) -> None:
-        share_helpers.wait_until(lambda: _start_offset(kshare39.bootstrap, group, topic) == offset, 30,
+        share.wait_until(lambda: _start_offset(kshare39.bootstrap, group, topic) == offset, 30,
                                  f"the start offset at {offset}")
 
     q = (spark.readStream.format("kshare").options(**opts).load().writeStream.foreachBatch(sink)
@@ -360,7 +360,7 @@ def test_rejected_records_are_never_delivered_again(spark, kshare39, kafka39, tm
         counts.setdefault(v, []).append(c)
     assert {v: counts[v] for v in poison} == {v: [1] for v in poison}
     assert set(counts) == set(first + second)
-    letters = share_helpers.read_plain(kafka39.bootstrap, dlq, len(poison) + 1, timeout=5)
+    letters = share.read_plain(kafka39.bootstrap, dlq, len(poison) + 1, timeout=5)
     assert sorted(m.value() for m in letters) == sorted(poison)
     assert {dict(m.headers())[HEADER_PREFIX + "message"] for m in letters} == {REASON_REJECTED.encode()}
     # the last reject() pruned the first wave's offsets (below the start offset by then)

@@ -1,6 +1,6 @@
 """The kshare PySpark source on a Spark cluster: executors in JVMs of their own (Spark's
 ``local-cluster[2,2,1024]`` master: a standalone master, two workers, two executor JVMs with two
-cores each; see tests/integration/spark_cluster.py), the real kshare proxy in a thread in front of
+cores each; see tests/harness/spark_cluster.py), the real kshare proxy in a thread in front of
 Apache Kafka 3.9 (and ``kshare proxy`` on its default embedded broker), records produced by
 librdkafka.
 
@@ -38,12 +38,12 @@ from pyspark.errors import StreamingQueryException  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from kshare.spark import OptionError, ShareSource, register  # noqa: E402
-from tests.integration import share_helpers  # noqa: E402
-from tests.integration import spark_cluster as cluster  # noqa: E402
-from tests.integration.share_helpers import produce, share_group, values, wait_until  # noqa: E402
-from tests.proxy_harness import ProxyProcess  # noqa: E402
+from tests.harness import share  # noqa: E402
+from tests.harness import spark_cluster as cluster  # noqa: E402
+from tests.harness.proxies import ProxyProcess  # noqa: E402
+from tests.harness.share import produce, share_group, values, wait_until  # noqa: E402
 
-kshare39 = share_helpers.kshare39
+kshare39 = share.kshare39
 spark_cluster = cluster.spark_cluster
 pytestmark = pytest.mark.timeout(300)
 
@@ -273,7 +273,7 @@ def test_speculation_and_workers_not_reused_are_refused_with_one_line(spark_clus
                  .option("kafka.share.group.id", group).option("subscribe", topic).load().collect())
             assert NO_REUSE in str(failed.value)
         # nothing was read: the group still has all ten for its next reader
-        assert len(share_helpers.newcomer_gets(proxy.bootstrap, group, topic, 3.0)) == 10
+        assert len(share.newcomer_gets(proxy.bootstrap, group, topic, 3.0)) == 10
 
 
 @pytest.mark.spark_own_session

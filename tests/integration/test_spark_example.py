@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.proxy_harness import ProxyProcess
+from tests.harness.proxies import ProxyProcess
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'kshare[spark]')")
 pytestmark = pytest.mark.timeout(300)

@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tests.brokers import KafkaBroker, TansuBroker
-
-from .share_helpers import ShareProxyThread, poll_until, quiet_logger, share_group, subscribed
+from tests.harness.brokers import KafkaBroker, TansuBroker
+from tests.harness.share import ShareProxyThread, poll_until, quiet_logger, share_group, subscribed
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -40,8 +40,8 @@ from kshare.client import KafkaConnection
 from kshare.protocol import messages
 from kshare.proxy.config import ProxyConfig, parse_hostports
 from kshare.share.config import BrokerLimits
-from tests.brokers import KafkaBroker
-from tests.proxy_harness import LoopThread
+from tests.harness.brokers import KafkaBroker
+from tests.harness.proxies import LoopThread
 
 log = logging.getLogger("kshare.tests.share")
 
@@ -120,7 +120,7 @@ class ShareProxyThread(LoopThread):
 @pytest.fixture(scope="module")
 def kshare39(kafka39: KafkaBroker) -> Iterator[ShareProxyThread]:
     """Fixture: kshare in front of the session's Apache Kafka 3.9, one for each test module that
-    takes it, by assignment: ``kshare39 = share_helpers.kshare39`` (pytest knows a fixture by the
+    takes it, by assignment: ``kshare39 = share.kshare39`` (pytest knows a fixture by the
     name it is assigned to; imported by name, it would be shadowed by the test arguments)."""
     with ShareProxyThread(kafka39.bootstrap) as proxy:
         yield proxy
@@ -700,7 +700,7 @@ def java_share_driver(timeout: float = 600.0) -> list[str]:
     import shutil
     import subprocess
 
-    from tests.brokers import _java, cache_root
+    from tests.harness.brokers import _java, cache_root
 
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in JAVA_SOURCES)).hexdigest()[:16]
     root = cache_root() / f"share-driver-{digest}"

@@ -1,10 +1,9 @@
 """Multi-node Apache Kafka KRaft clusters for tests that need more than one broker.
 
 Node 1 is broker + controller (the single-voter quorum), node 2 is a broker only; both are
-:class:`tests.brokers.KafkaBroker` processes (same fetch, formatting, logging and process handling),
-formatted with one cluster id. ``tests/brokers.py`` only runs single-node clusters, hence this.
-:class:`ThreeNodeCluster` (three broker + controller nodes, replication factor 3) is
-:class:`kshare.bench.brokers.ThreeNodeCluster`, re-exported here.
+:class:`kshare.bench.brokers.KafkaBroker` processes (same fetch, formatting, logging and process handling),
+formatted with one cluster id. :class:`ThreeNodeCluster` (three broker + controller nodes, replication
+factor 3) is :class:`kshare.bench.three_nodes.ThreeNodeCluster`, re-exported here.
 """
 
 from __future__ import annotations
@@ -12,8 +11,8 @@ from __future__ import annotations
 import time
 
 # the three-node cluster lives in the package (``kshare bench --only failover`` runs it too)
-from kshare.bench.brokers import THREE_NODE_JVM_OPTS, ThreeNodeCluster  # noqa: F401 - re-exported
-from tests.brokers import KAFKA_3, BrokerError, KafkaBroker
+from kshare.bench.brokers import KAFKA_3, BrokerError, KafkaBroker
+from kshare.bench.three_nodes import THREE_NODE_JVM_OPTS, ThreeNodeCluster  # noqa: F401 - re-exported
 
 # Two JVMs on a 2-core machine: keep each small.
 _JVM_OPTS = (
