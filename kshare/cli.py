@@ -326,19 +326,44 @@ def ready(metrics_address: str, timeout: float) -> None:
         time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
 
-_BENCH_SCENARIOS = ("passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded", "spark",
-                    "failover")
+class _BenchScenario(click.Choice):
+    """A scenario's name, checked against the registry of :mod:`kshare.bench.scenarios`, imported only when a
+    name is checked or listed (``--help``): it costs as much as the rest of the CLI's imports."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        from .bench.scenarios import SCENARIOS
+
+        return SCENARIOS
+
+    @choices.setter
+    def choices(self, _: object) -> None:
+        pass  # click.Choice.__init__ sets it: the registry is the list
 
 
-_BENCH_SCENARIOS += ("aioconsumer",)  # kshare.AIOShareConsumer vs confluent's ShareConsumer (issue 43)
+def _list_bench_scenarios(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from .bench.scenarios import REGISTRY
+
+    for name, s in REGISTRY.items():
+        when = "no broker, " if s.broker_less else ""
+        when += "only when named" if s.opt_in else "in a full run"
+        click.echo(f"{name:<12} {s.title} ({when})")
+    ctx.exit()
 
 
 @main.command()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Results folder (default: bench-results/<timestamp>).")
-@click.option("--only", multiple=True, type=click.Choice(_BENCH_SCENARIOS),
-              help="Run only this scenario (repeatable; default: all but embedded, spark and failover, which "
-                   "run only when named).")
+@click.option("--only", multiple=True, type=_BenchScenario(),
+              help="Run only this scenario (repeatable; default: all but embedded, spark, failover, aioconsumer "
+                   "and the micro-benchmarks, which run only when named; see --list).")
+@click.option("--list", "list_scenarios", is_flag=True, expose_value=False, is_eager=True,
+              callback=_list_bench_scenarios, help="List the scenarios and exit.")
 @click.option("--quick", is_flag=True, help="Small sizes and one repeat: a smoke run of a few minutes.")
 @click.option("--repeats", type=click.IntRange(1), default=None,
               help="Alternated repeats per configuration (default 3, 1 with --quick).")
@@ -361,7 +386,9 @@ def bench(out_dir: str | None, only: tuple[str, ...], quick: bool, repeats: int 
     `kshare proxy` with no --upstream on its embedded broker against native Kafka 4.4 instead, and its
     time to ready; `--only spark` (about 25 minutes, needs pyspark) the kshare PySpark source against
     Spark's own Kafka source; `--only failover` (about 7 minutes) share consumers through a rolling
-    restart and a crash of three brokers, kshare on Kafka 3.9 beside native Kafka 4.4. Reference:
+    restart and a crash of three brokers, kshare on Kafka 3.9 beside native Kafka 4.4. The
+    micro-benchmarks (`--only codec`, `engine`, `record_keys`; seconds each) need no broker: kshare's
+    own units against a baseline in the same run. `--list` names every scenario. Reference:
     docs/cli.md.
     """
     from pathlib import Path

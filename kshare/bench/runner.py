@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import scenarios
 from .brokers import KAFKA_3, KAFKA_4, BrokerError, KafkaBroker, ensure_kafka, free_port
 from .procs import BENCH_BROKER_CONFIG, KAFKA4_CONFIG, Child, ProxyProcess, load, machine_info, start_relay
+from .scenarios import OPT_IN, REGISTRY, SCENARIOS
+from .scenarios.common import KAFKA3, KAFKA4, PYSPARK, UPSTREAM
 
 log = logging.getLogger("kshare.bench")
 
@@ -26,87 +27,16 @@ class BenchError(Exception):
     """A clear reason the bench cannot run (shown without a traceback)."""
 
 
-# sizes: (full run, --quick). On the project's 2-core machine (loaded) a full run took 20.5 minutes with
-# latency runs of 30 s, 1,000,000 / 400,000 share records and 2,000 acks (these sizes add about 3 minutes),
-# --quick 3 minutes.
-SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    # pass-through: runs of 2-3 s (600,000 x 100 B and 300,000 x 1 KiB took 0.4-0.6 s, and single
-    # runs of the same configuration spread over +-25 %)
-    "passthrough": ({"records": {100: 2_000_000, 1024: 1_000_000}}, {"records": {100: 100_000, 1024: 40_000}}),
-    "share": (
-        {"records": {100: 1_200_000, 1024: 500_000}, "partition_counts": [1, 4, 16], "warmup": 4},
-        {"records": {100: 60_000, 1024: 20_000}, "partition_counts": [1, 4, 16], "warmup": 1},
-    ),
-    "scaling": (
-        {
-            "points": [(n, 1) for n in (1, 2, 4, 8, 16, 32)]
-            + [(n, 4) for n in (1, 4, 8, 16, 32)]
-            + [(3, 2), (6, 4)],
-            "seconds": 10.0,
-        },
-        {"points": [(1, 1), (8, 1), (8, 4), (3, 2)], "seconds": 3.0},
-    ),
-    "latency": (
-        {"rate": 5000.0, "seconds": 40.0, "warmup_s": 15.0},
-        {"rate": 5000.0, "seconds": 5.0, "warmup_s": 3.0},
-    ),
-    "ack": (
-        {"member_counts": [1, 4, 16, 64], "samples_per_run": 3000, "paced_samples": 2000},
-        {"member_counts": [1, 4, 16, 64], "samples_per_run": 64, "paced_samples": 64},
-    ),
-    "cpu": ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 50_000, 1024: 20_000}}),
-    "memory": (
-        {"groups": 10, "members": 100, "partitions": 1000, "records": 200},
-        {"groups": 2, "members": 10, "partitions": 100, "records": 20},
-    ),
-    # 10 minutes measured after a warm-up, at a laptop's rate, for each of kshare and native 4.4 (a
-    # full run about 25 minutes: the two runs, the jars' download and four proxy starts)
-    "embedded": (
-        {"rate": 1000.0, "seconds": 600.0, "warmup_s": 30.0, "linger_ms": 0},
-        {"rate": 1000.0, "seconds": 60.0, "warmup_s": 10.0, "linger_ms": 0},
-    ),
-    # the kshare PySpark source vs Spark's Kafka source: queries of 30 s of ideal work (12 micro-batches of
-    # 2.5 s), 9 per repeat (2 pairs side by side, each also with the kshare workers' commit watch at 20 ms
-    # instead of 100, and kshare alone at 3 more parallelisms), about 8 minutes a repeat on the project's
-    # 2-core machine
-    "spark": (
-        {"seconds": 30.0, "pairs": [(1, 4), (2, 8)], "alone": [1, 2, 4, 8], "watch_ms": [20]},
-        {"seconds": 8.0, "pairs": [(1, 4), (2, 8)], "alone": [1, 8], "warmup": False},
-    ),
-    # issue 40: a three-node cluster's brokers restarted one by one (SIGTERM) and one killed (SIGKILL) under
-    # four share consumers, kshare on Kafka 3.9 and native Kafka 4.4, one after the other. A fault's cycle
-    # (stop, start, replicas in sync, preferred leaders back, 5 s) took 15-20 s on the project's 2-core
-    # machine, the roll + kill about 80 s after 15 s of baseline: at 150 records/s the producer writes
-    # through all of it, and the four consumers (about 650 records/s at 6 ms a record) still have a
-    # backlog when the last fault comes
-    "failover": (
-        {"records_before": 40_000, "records_during": 20_000, "rate": 150.0},
-        {"records_before": 4_000, "records_during": 3_000, "rate": 20.0, "baseline_s": 5.0, "settle_s": 2.0},
-    ),
-}
+# sizes: (full run, --quick), each scenario's own (its module in kshare.bench.scenarios). On the project's
+# 2-core machine (loaded) a full run took 20.5 minutes with latency runs of 30 s, 1,000,000 / 400,000 share
+# records and 2,000 acks (the sizes now add about 3 minutes), --quick 3 minutes.
+SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {name: s.sizes for name, s in REGISTRY.items()}
 # scenarios that take no --repeats (one long run each, or one load)
-NO_REPEATS = ("memory", "embedded", "failover")
+NO_REPEATS = tuple(name for name, s in REGISTRY.items() if not s.repeats)
 # scenarios whose repeats are fewer than --repeats (their runs are long, and alternate anyway)
-MAX_REPEATS = {"scaling": 1}
-# scenarios with more repeats than the default 3 in a full run: one share consumer reads 500,000 x
-# 1 KiB in about a second, and on the project's shared 2-core machine single runs of the same
-# configuration spread over 0.7-1.4x their median (kshare and native alike); a classic consumer's
-# pass-through runs took one of two rates (600,000 x 100 B in 2.3 or 3.3 s, direct as well as
-# through the relay or kshare; librdkafka's fetch queue backoff, now 5 ms), so a median of 3 could
-# compare one rate with the other. Pass-through runs of 2-3 s still spread +-15 % (the broker, the
-# client and the proxy share 2 cores): 7 of the share runs (with 5, the 1 KiB x 16 ratio's median read
-# 0.96-1.15 from one full run to the next), and 11 pass-through runs: the machine itself has slow
-# spells of several seconds, in which the same consume of 2,000,000 x 100 B, direct, took 1.5-1.75 s
-# instead of 1.2 s and 1.4x the CPU time (no steal, no I/O wait), and with 7 a ratio's median still
-# read 0.88-1.10 for the same code.
-DEFAULT_REPEATS = {"share": 7, "passthrough": 11}
-# kshare.AIOShareConsumer vs confluent's ShareConsumer (issue 43): runs of 1-3 s, 12 configurations a repeat
-# (2 sizes x 3 clients x kshare and native 4.4), alternated; about 6 minutes with 5 repeats
-SIZES["aioconsumer"] = (
-    {"records": {100: 300_000, 1024: 150_000}},
-    {"records": {100: 40_000, 1024: 20_000}},
-)
-DEFAULT_REPEATS["aioconsumer"] = 5
+MAX_REPEATS = {name: s.max_repeats for name, s in REGISTRY.items() if s.max_repeats}
+# scenarios with more repeats than the default 3 in a full run (their modules say why)
+DEFAULT_REPEATS = {name: s.default_repeats for name, s in REGISTRY.items() if s.default_repeats}
 
 
 @dataclass
@@ -122,8 +52,8 @@ class Options:
     @property
     def scenarios(self) -> list[str]:
         if self.only:
-            return [s for s in scenarios.SCENARIOS if s in self.only]
-        return [s for s in scenarios.SCENARIOS if s not in scenarios.OPT_IN]
+            return [s for s in SCENARIOS if s in self.only]
+        return [s for s in SCENARIOS if s not in OPT_IN]
 
     @property
     def n_repeats(self) -> int:
@@ -300,24 +230,24 @@ def _tree_bytes(root: Path) -> int:
 
 def check_prerequisites(options: Options) -> None:
     """Fail early and clearly: matplotlib, Java and the Kafka releases (fetched now if missing)."""
-    if options.plots:
+    chosen = [REGISTRY[name] for name in options.scenarios]
+    if options.plots and any(s.plot for s in chosen):
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise BenchError("matplotlib is not installed: pip install 'kshare[bench]'") from None
-    try:
-        import confluent_kafka  # noqa: F401
-    except ImportError:
-        raise BenchError("confluent-kafka is not installed: pip install 'kshare[bench]'") from None
+    if not all(s.broker_less for s in chosen):
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            raise BenchError("confluent-kafka is not installed: pip install 'kshare[bench]'") from None
+    needs = set().union(*(s.needs for s in chosen))
     need = set()
-    wanted = set(options.scenarios)
-    if "aioconsumer" in wanted:
-        need.add(KAFKA_4)
-    if (not options.upstream and wanted - {"embedded"}) or "failover" in wanted:
+    if (UPSTREAM in needs and not options.upstream) or KAFKA3 in needs:
         need.add(KAFKA_3)
-    if wanted & {"share", "scaling", "latency", "embedded", "failover"}:
+    if KAFKA4 in needs:
         need.add(KAFKA_4)
-    if "spark" in wanted:
+    if PYSPARK in needs:
         from .sparkrun import pyspark_problem
 
         problem = pyspark_problem()
@@ -362,14 +292,7 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
             "quick": options.quick,
             "repeats": {name: scenario_args(name, options).get("repeats", 1) for name in options.scenarios},
             "scenarios": options.scenarios,
-            "upstream": options.upstream
-            or (
-                f"Apache Kafka {KAFKA_3} (started by the bench)"
-                if set(options.scenarios) - {"embedded", "failover"}
-                else f"Apache Kafka {KAFKA_3} as three nodes (started by the failover scenario)"
-                if "failover" in options.scenarios
-                else "none (the embedded scenario's kshare proxy starts its own broker)"
-            ),
+            "upstream": _upstream(options),
             "reference": f"Apache Kafka {KAFKA_4} with share groups",
             "proxy_args": options.proxy_args,
             "machine": machine_info(),
@@ -390,10 +313,10 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
             args = scenario_args(name, options)
             started = time.monotonic()
             try:
-                if name == "cpu":
-                    res = scenarios.cpu(env, progress, earlier=results["scenarios"], **args)
-                else:
-                    res = getattr(scenarios, name)(env, progress, **args)
+                scenario = REGISTRY[name]
+                if scenario.uses_earlier:
+                    args["earlier"] = results["scenarios"]
+                res = scenario.run(env, progress, **args)
             except KeyboardInterrupt:
                 interrupted = True
                 results["errors"][name] = "interrupted"
@@ -437,6 +360,20 @@ def run(options: Options, *, stream: TextIO | None = None) -> dict[str, Any]:
         f"in {time.monotonic() - t0:.0f} s"
     )
     return results
+
+
+def _upstream(options: Options) -> str:
+    """The fronted cluster, as results.md names it."""
+    needs = set().union(*(REGISTRY[name].needs for name in options.scenarios))
+    if options.upstream:
+        return options.upstream
+    if UPSTREAM in needs:
+        return f"Apache Kafka {KAFKA_3} (started by the bench)"
+    if "failover" in options.scenarios:
+        return f"Apache Kafka {KAFKA_3} as three nodes (started by the failover scenario)"
+    if "embedded" in options.scenarios:
+        return "none (the embedded scenario's kshare proxy starts its own broker)"
+    return "none (no scenario of this run needs a broker)"
 
 
 def _write(results: dict[str, Any], options: Options, report: Any, *, final: bool) -> None:

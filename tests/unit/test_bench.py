@@ -13,6 +13,9 @@ from click.testing import CliRunner
 
 from kshare.bench import report, runner, scenarios
 from kshare.bench.brokers import BrokerError
+from kshare.bench.scenarios.common import cache_budget_mb
+from kshare.bench.scenarios.failover_analysis import failover_analysis
+from kshare.bench.scenarios.latency import latency_windows
 from kshare.cli import main
 
 
@@ -297,8 +300,11 @@ def synthetic() -> dict:
 
 
 def test_markdown_has_every_section_and_marks_targets() -> None:
-    text = report.markdown(synthetic())
-    for name in scenarios.SCENARIOS:
+    results = synthetic()
+    text = report.markdown(results)
+    # every scenario with a section of its own (the micro-benchmarks': tests/unit/test_bench_scenarios.py)
+    assert {n for n, s in scenarios.REGISTRY.items() if not s.broker_less} <= set(results["scenarios"])
+    for name in results["scenarios"]:
         assert f"(`{name}`)" in text
     assert "| pass-through produce 100 B: kshare / relay | 0.98 | >= 0.95 | **met** |" in text
     assert "| share 100 B: kshare / native | 1.33 | >= 1.00 | **met** |" in text
@@ -338,7 +344,7 @@ def test_target_met_and_not_met() -> None:
 def test_plots_written(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     written = report.plots(synthetic(), tmp_path)
-    assert sorted(written) == sorted(f"{name}.png" for name in scenarios.SCENARIOS)
+    assert sorted(written) == sorted(f"{name}.png" for name in synthetic()["scenarios"])
     for name in written:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = synthetic()
@@ -353,9 +359,9 @@ def test_alternate_and_percentiles() -> None:
     assert (
         scenarios.pct(xs, 0.5) == 500 and scenarios.pct(xs, 0.99) == 990 and scenarios.pct(xs, 0.999) == 999
     )
-    assert scenarios._cache_budget_mb(["--record-cache-mb", "32"], 64) == 32
-    assert scenarios._cache_budget_mb(["--record-cache-mb=16"], 64) == 16
-    assert scenarios._cache_budget_mb([], 64) == 64
+    assert cache_budget_mb(["--record-cache-mb", "32"], 64) == 32
+    assert cache_budget_mb(["--record-cache-mb=16"], 64) == 16
+    assert cache_budget_mb([], 64) == 64
 
 
 def test_latency_windows() -> None:
@@ -364,7 +370,7 @@ def test_latency_windows() -> None:
     # 100 records/s, 10 s windows, the first 5 s (500 records) a warm-up
     seqs = array("q", range(2500))
     lat = array("d", [100.0 if s < 500 else 1.0 + (s % 1000) / 1000 for s in range(2500)])
-    ws = scenarios._windows(seqs, lat, 100.0, 500, 10.0)
+    ws = latency_windows(seqs, lat, 100.0, 500, 10.0)
     assert [(w["start_s"], w["received"], w["warmup"]) for w in ws] == [
         (-10.0, 500, True), (0.0, 1000, False), (10.0, 1000, False)
     ]
@@ -380,7 +386,7 @@ def test_failover_analysis() -> None:
     windows = [{"name": "before", "start": 0.0, "end": 10.0},
                {"name": "SIGTERM node 1", "start": 10.0, "end": 40.0, "signal": 10.0, "partitions": [0, 1]}]
     acks = [(9.0, 9.5), (10.0, 10.5), (29.9, 30.0)]
-    a = scenarios.failover_analysis(deliveries, available, windows, acks, t_end=40.0)
+    a = failover_analysis(deliveries, available, windows, acks, t_end=40.0)
     assert (a["records"], a["delivered"], a["lost"], a["lost_ids"]) == (6, 5, 1, [5])
     assert (a["deliveries"], a["redeliveries"]) == (7, 2)
     # 2 -> 12: record 3 was available (since 0) and undelivered; 13 -> 20 too; 21 -> 40: record 5 from 30
@@ -537,7 +543,7 @@ def test_tests_brokers_reexports_the_package() -> None:
 
     assert shim.KafkaBroker is brokers.KafkaBroker and shim.free_port is brokers.free_port
     assert shim.ensure_kafka is brokers.ensure_kafka and shim._java is brokers._java
-    assert brokers._tls_factory is not None  # secure brokers still get tests.tls certificates
+    assert shim.SecureKafkaBroker.__mro__[1] is brokers.KafkaBroker  # the tests' secure brokers extend it
     assert (Path(brokers.__file__).parent / "kafka" / "pom.xml").is_file()
 
 

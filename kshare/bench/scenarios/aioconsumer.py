@@ -17,11 +17,13 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import clients
-from .procs import load
+from .. import clients
+from ..format import bars, fmt_num, fmt_ratio, fmt_size, table
+from ..procs import load
+from .common import KAFKA4, UPSTREAM, Scenario, alternate, median, per_round, target
 
 if TYPE_CHECKING:
-    from .runner import Env, Progress
+    from ..runner import Env, Progress
 
 AIO_TARGET = 0.8  # AIOShareConsumer records/s / confluent ShareConsumer's
 MAX_POLL_RECORDS = 500
@@ -107,13 +109,7 @@ def _max_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _median(xs: list[float]) -> float:
-    from .scenarios import median
-
-    return median(xs)
-
-
-def aioconsumer(
+def run(
     env: Env,
     progress: Progress,
     *,
@@ -124,8 +120,6 @@ def aioconsumer(
     systems: list[str] | None = None,
     warmup: bool = True,
 ) -> dict[str, Any]:
-    from .scenarios import alternate, per_round, target
-
     names = list(client_names or CLIENTS)
     systems = list(systems or SYSTEMS)
     bootstraps: dict[str, str] = {}
@@ -175,9 +169,9 @@ def aioconsumer(
             for client in names:
                 ss = [s for s in samples if (s["system"], s["client"], s["value_size"]) == (system, client, size)]
                 secs[client] = [s["data_seconds"] for s in ss]
-                row[f"{client}_rps"] = n / _median(secs[client])
-                row[f"{client}_first_s"] = _median([s["first_record_s"] for s in ss])
-                row[f"{client}_cpu_us"] = _median([s["cpu_s"] for s in ss]) * 1e6 / n
+                row[f"{client}_rps"] = n / median(secs[client])
+                row[f"{client}_first_s"] = median([s["first_record_s"] for s in ss])
+                row[f"{client}_cpu_us"] = median([s["cpu_s"] for s in ss]) * 1e6 / n
             for client in names:
                 if client != "confluent" and "confluent" in names:
                     row[f"{client}_vs_confluent"] = row[f"{client}_rps"] / row["confluent_rps"]
@@ -203,8 +197,6 @@ def aioconsumer(
 
 
 def section(res: dict[str, Any]) -> list[str]:
-    from .report import _num, _ratio, _size, _table
-
     cfg = res.get("config", {})
     names = cfg.get("clients", list(CLIENTS))
     out = [
@@ -222,29 +214,40 @@ def section(res: dict[str, Any]) -> list[str]:
     head += [f"{c} CPU us/rec" for c in names]
     rows = []
     for r in res.get("rows", []):
-        line = ["kshare (3.9)" if r["system"] == "kshare" else "native 4.4", _size(r["value_size"])]
-        line += [_num(r.get(f"{c}_rps")) for c in names]
-        line += [f"{_ratio(r.get(f'{c}_vs_confluent'))} ({_ratio(r.get(f'{c}_vs_confluent_per_round'))})"
+        line = ["kshare (3.9)" if r["system"] == "kshare" else "native 4.4", fmt_size(r["value_size"])]
+        line += [fmt_num(r.get(f"{c}_rps")) for c in names]
+        line += [f"{fmt_ratio(r.get(f'{c}_vs_confluent'))} ({fmt_ratio(r.get(f'{c}_vs_confluent_per_round'))})"
                  for c in names if c != "confluent"]
-        line += [_num(r.get(f"{c}_cpu_us"), 2) for c in names]
+        line += [fmt_num(r.get(f"{c}_cpu_us"), 2) for c in names]
         rows.append(line)
-    out += _table(head, rows, "ll" + "r" * (len(head) - 2))
+    out += table(head, rows, "ll" + "r" * (len(head) - 2))
     out.append("")
     return out
 
 
 def plot(plt: Any, res: dict[str, Any]) -> Any:
-    from .report import COLORS, _bars, _size
-
-    COLORS.setdefault("confluent", "tab:gray")
-    COLORS.setdefault("aio", "tab:blue")
-    COLORS.setdefault("aio-uvloop", "tab:purple")
     names = res["config"].get("clients", list(CLIENTS))
     rows = res["rows"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    groups = [f"{'kshare' if r['system'] == 'kshare' else 'native'} {_size(r['value_size'])}" for r in rows]
-    _bars(ax1, groups, {c: [r.get(f"{c}_rps") for r in rows] for c in names}, "records/s (first -> last record)")
+    groups = [f"{'kshare' if r['system'] == 'kshare' else 'native'} {fmt_size(r['value_size'])}" for r in rows]
+    bars(ax1, groups, {c: [r.get(f"{c}_rps") for r in rows] for c in names}, "records/s (first -> last record)")
     ax1.set_title("one share consumer: steady rate", fontsize=10)
-    _bars(ax2, groups, {c: [r.get(f"{c}_cpu_us") for r in rows] for c in names}, "CPU us per record")
+    bars(ax2, groups, {c: [r.get(f"{c}_cpu_us") for r in rows] for c in names}, "CPU us per record")
     ax2.set_title("consumer process CPU per record", fontsize=10)
     return fig
+
+
+# runs of 1-3 s, 12 configurations a repeat (2 sizes x 3 clients x kshare and native 4.4), alternated; about
+# 6 minutes with 5 repeats
+SIZES = ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 40_000, 1024: 20_000}})
+SCENARIO = Scenario(
+    name="aioconsumer",
+    title="kshare.AIOShareConsumer vs confluent-kafka's ShareConsumer: one consumer's records/s",
+    run=run,
+    sizes=SIZES,
+    section=section,
+    plot=plot,
+    needs=frozenset({UPSTREAM, KAFKA4}),
+    opt_in=True,  # one figure for the docs rather than a regression watch
+    default_repeats=5,
+)

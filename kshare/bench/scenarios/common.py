@@ -1,0 +1,86 @@
+"""What every scenario of ``kshare bench`` shares: its description (:class:`Scenario`), the alternated
+order of configurations, medians, percentiles and the targets' check."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+FULL_BATCHES_LINGER_MS = 1000  # a producer whose batches are cut by size alone (the share scenarios)
+MEMORY_OVERHEAD_MB = 200  # RSS may exceed the idle proxy's by the record-cache budget plus this
+DEFAULT_CACHE_MB = 256  # kshare proxy --record-cache-mb's default
+
+# what a scenario needs started (Scenario.needs): the fronted cluster (Apache Kafka 3.9 started by the
+# bench unless --upstream), the Apache Kafka 3.9 release itself (clusters of a scenario's own), native
+# Apache Kafka 4.4 with share groups, pyspark
+UPSTREAM, KAFKA3, KAFKA4, PYSPARK = "upstream", "kafka3", "kafka4", "pyspark"
+BROKERS = frozenset({UPSTREAM, KAFKA3, KAFKA4})
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario: how it runs, at which sizes, and how its results read.
+
+    ``run(env, progress, **sizes)`` returns a JSON-able dict: ``config`` (what was run), ``rows`` (medians,
+    one dict per table row), ``samples`` (every measured run) and ``targets`` (:func:`target`, each met or
+    not); ``section(results)`` is its part of results.md (a table of its rows if None), ``plot(plt,
+    results)`` its figure (none if None)."""
+
+    name: str
+    title: str
+    run: Callable[..., dict[str, Any]]
+    sizes: tuple[dict[str, Any], dict[str, Any]]  # (full run, --quick)
+    section: Callable[[dict[str, Any]], list[str]] | None = None
+    plot: Callable[[Any, dict[str, Any]], Any] | None = None
+    needs: frozenset[str] = frozenset({UPSTREAM})
+    opt_in: bool = False  # runs only when named (--only)
+    repeats: bool = True  # takes --repeats (False: one long run or one load)
+    default_repeats: int | None = None  # in a full run, instead of 3
+    max_repeats: int | None = None  # never more than this (long runs that alternate anyway)
+    uses_earlier: bool = False  # run() also gets ``earlier``: the results of the scenarios run before it
+
+    @property
+    def broker_less(self) -> bool:
+        return not (self.needs & BROKERS)
+
+
+def alternate(configs: list[str], repeat: int) -> list[str]:
+    """The order of ``configs`` in round ``repeat``: forwards, backwards, forwards..."""
+    return list(configs) if repeat % 2 == 0 else list(reversed(configs))
+
+
+def median(xs: list[float]) -> float:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def target(name: str, value: float, threshold: float, op: str, unit: str = "") -> dict[str, Any]:
+    met = (value >= threshold if op == ">=" else value <= threshold) if not math.isnan(value) else False
+    return {"name": name, "value": value, "threshold": threshold, "op": op, "unit": unit, "met": bool(met)}
+
+
+def per_round(a_secs: list[float], b_secs: list[float]) -> float:
+    """The median over rounds of b's time / a's time (a's rate / b's rate) for runs of one round
+    taken side by side: beside the ratio of the medians, a figure a slow spell of the machine
+    that fell on a few runs of one configuration moves less."""
+    return median([b / a for a, b in zip(a_secs, b_secs, strict=False) if a and b])
+
+
+def pct(sorted_xs: list[float] | array, q: float) -> float:
+    if not sorted_xs:
+        return float("nan")
+    return sorted_xs[min(len(sorted_xs) - 1, max(0, math.ceil(q * len(sorted_xs)) - 1))]
+
+
+def cache_budget_mb(proxy_args: list[str], default: int) -> int:
+    """The record-cache budget ``kshare proxy`` runs with, from the arguments the bench passes it."""
+    for i, a in enumerate(proxy_args):
+        if a == "--record-cache-mb" and i + 1 < len(proxy_args):
+            return int(proxy_args[i + 1])
+        if a.startswith("--record-cache-mb="):
+            return int(a.split("=", 1)[1])
+    return default
