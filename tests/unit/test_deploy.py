@@ -1,7 +1,7 @@
 """deploy/ (container, Kubernetes, systemd) names only what `kshare proxy` has, and is well formed.
 
 Every `--flag` given to a kshare command and every KSHARE_* variable in deploy/ and
-docs/deploy.md must be a parameter (option or environment variable) of that click command. The
+docs/guide/deploy.md must be a parameter (option or environment variable) of that click command. The
 Kubernetes manifests must be YAML documents of the expected kinds whose cross-references hold
 (selectors, the headless Service, the ConfigMap, probes on the metrics port, broker ports), and
 must run three proxies as one instance group: three replicas, KSHARE_INSTANCE_GROUP for all of
@@ -23,7 +23,7 @@ from kshare.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-DOCS = ROOT / "docs" / "deploy.md"
+DOCS = ROOT / "docs" / "guide" / "deploy.md"
 K8S = DEPLOY / "kubernetes"
 STRIMZI_EXAMPLE = K8S / "strimzi-example" / "kafka.yaml"
 
@@ -112,7 +112,7 @@ def container_args() -> list[tuple[str, list[str]]]:
 
 
 def used_names() -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
-    """([(file, subcommand, flag)], [(file, KSHARE_VARIABLE)]) over deploy/ and docs/deploy.md."""
+    """([(file, subcommand, flag)], [(file, KSHARE_VARIABLE)]) over deploy/ and docs/guide/deploy.md."""
     flags, envs = [], []
     for path in scanned_files():
         text = path.read_text()
@@ -125,7 +125,7 @@ def used_names() -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
 
 
 def test_deploy_names_only_options_kshare_proxy_has():
-    """Every flag and KSHARE_* variable in deploy/ and docs/deploy.md exists in the CLI."""
+    """Every flag and KSHARE_* variable in deploy/ and docs/guide/deploy.md exists in the CLI."""
     flags, envs = used_names()
     unknown = []
     for rel, sub, flag in flags:
@@ -143,14 +143,14 @@ def test_the_scan_finds_what_deploy_uses():
     flags, envs = used_names()
     env_files = {rel for rel, _ in envs}
     assert {"deploy/Dockerfile", "deploy/kubernetes/configmap.yaml", "deploy/kubernetes/statefulset.yaml",
-            "deploy/systemd/kshare.env", "docs/deploy.md"} <= env_files
+            "deploy/systemd/kshare.env", "docs/guide/deploy.md"} <= env_files
     assert {var for _, var in envs} >= {"KSHARE_UPSTREAM", "KSHARE_STATE_TOPIC", "KSHARE_ADVERTISED_HOST",
                                        "KSHARE_LISTEN_HOST", "KSHARE_PORT", "KSHARE_BROKER_PORT_BASE",
                                        "KSHARE_METRICS_PORT"}
     assert invocations("ExecStart=/opt/kshare/bin/kshare proxy --port 1 \\\n  --log-format json && x --y") == [
         ("proxy", ["--port", "--log-format"])]
     assert invocations('CMD ["kshare", "ready", "--timeout", "0"]') == [("ready", ["--timeout"])]
-    assert ("docs/deploy.md", "proxy", "--listen-host") in flags
+    assert ("docs/guide/deploy.md", "proxy", "--listen-host") in flags
 
 
 # -- Dockerfile -----------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def test_systemd_unit():
     assert service["EnvironmentFile"] == "/etc/kshare/kshare.env"
     assert service["Restart"] == "on-failure"
     assert service["KillSignal"] == "SIGTERM"
-    assert int(service["TimeoutStopSec"]) >= 40  # a clean stop can take about 35 s (docs/proxy.md)
+    assert int(service["TimeoutStopSec"]) >= 40  # a clean stop can take about 35 s (docs/reference/proxy.md)
     assert service["User"] not in ("", "root", "0")
     assert service["NoNewPrivileges"] == "yes"
     assert service["ProtectSystem"] == "strict"
@@ -523,7 +523,7 @@ def test_manifests_fit_together():
 
 
 # A clean stop: queued state writes get at most 5 s, then the proxy leaves the instance group (the
-# hand-over), then closing the state store is bounded by its 30 s write timeout (docs/deploy.md,
+# hand-over), then closing the state store is bounded by its 30 s write timeout (docs/guide/deploy.md,
 # Stopping). The grace period must cover all of it, so that SIGKILL never turns a rolling restart
 # into a crash (a take-over only after the session timeout).
 CLEAN_STOP_S = 5 + 30

@@ -1,11 +1,14 @@
 """The docs say what the code does, and keep saying it.
 
-* docs/proxy.md's option tables list every option of `kshare proxy` and `kshare ready`, each with
-  its environment variable (and its default and choices where the command has them), and no
-  option the commands do not have;
-* every metric `/metrics` exports is in docs/proxy.md's metrics table under the name it is exported
-  as (counters with `_total`), and every `kshare_...` metric name the docs mention is exported;
-* no doc or deploy file says that TLS, SASL or several proxies are not supported.
+* docs/reference/proxy.md's option tables list every option of `kshare proxy` and `kshare ready`,
+  each with its environment variable (and its default and choices where the command has them),
+  and no option the commands do not have;
+* every metric `/metrics` exports is in docs/reference/metrics.md's metrics table under the name it
+  is exported as (counters with `_total`), and every `kshare_...` metric name the docs mention is
+  exported;
+* no doc or deploy file says that TLS, SASL or several proxies are not supported;
+* the index, docs/README.md, links every doc, and every relative link in the docs and the README
+  leads to a file that exists (and, with an anchor, to a heading of it).
 
 The exported metrics are read from the registry the proxy builds (`kshare.metrics.Metrics`), fed
 with stand-ins for the proxy and the share service, so a new metric is seen without a broker.
@@ -25,7 +28,9 @@ from kshare.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-PROXY_MD = DOCS / "proxy.md"
+PROXY_MD = DOCS / "reference" / "proxy.md"
+METRICS_MD = DOCS / "reference" / "metrics.md"
+INDEX_MD = DOCS / "README.md"
 
 HELP_OPTIONS = tuple(main.context_settings["help_option_names"])  # every command has them
 
@@ -65,7 +70,7 @@ def option_rows(text: str) -> dict[str, list[str]]:
 
 # -- options ----------------------------------------------------------------------------------------
 
-COMMANDS = {  # command -> its section of docs/proxy.md, and whether the table has an environment column
+COMMANDS = {  # command -> its section of docs/reference/proxy.md, and whether the table has an environment column
     "proxy": ("## `kshare proxy`", True),
     "ready": ("## `kshare ready`", False),
 }
@@ -114,7 +119,7 @@ def test_every_option_has_a_row(name):
     for help_name in HELP_OPTIONS:
         if help_name not in rows:
             missing.append(f"{help_name}: no row")
-    assert not missing, f"docs/proxy.md, kshare {name}:\n" + "\n".join(missing)
+    assert not missing, f"docs/reference/proxy.md, kshare {name}:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -125,7 +130,7 @@ def test_no_row_for_an_option_the_command_lacks(name):
         known.update(opt.opts)
         known.update(opt.secondary_opts)
     stale = sorted(set(documented(name)) - known)
-    assert not stale, f"docs/proxy.md lists options kshare {name} does not have: {stale}"
+    assert not stale, f"docs/reference/proxy.md lists options kshare {name} does not have: {stale}"
 
 
 def test_every_proxy_environment_variable_is_in_the_reference():
@@ -168,7 +173,7 @@ def sample_names(families: dict[str, str]) -> set[str]:
 
 
 def doc_files() -> list[Path]:
-    return sorted(DOCS.glob("*.md")) + [ROOT / "README.md"] + sorted(p for p in (ROOT / "deploy").rglob("*")
+    return sorted(DOCS.rglob("*.md")) + [ROOT / "README.md"] + sorted(p for p in (ROOT / "deploy").rglob("*")
                                                                       if p.is_file())
 
 
@@ -186,10 +191,10 @@ def test_the_metrics_are_read_from_the_proxy_registry():
 
 
 def test_every_exported_metric_is_in_the_reference():
-    table = section(PROXY_MD.read_text(), "## Metrics")
+    table = section(METRICS_MD.read_text(), "## Metrics")
     listed = set(METRIC_IN_TEXT.findall(table))
     missing = sorted(name for name in exported() if name not in listed)
-    assert not missing, f"exported on /metrics but not in docs/proxy.md's Metrics section: {missing}"
+    assert not missing, f"exported on /metrics but not in docs/reference/metrics.md's Metrics section: {missing}"
 
 
 def test_every_metric_the_docs_name_is_exported():
@@ -255,7 +260,7 @@ def test_no_doc_says_tls_sasl_or_several_proxies_are_missing():
     found = []
     for path in doc_files():
         found += [f"{path.relative_to(ROOT)}: {claim[:160]}" for claim in claims_missing(path.read_text())]
-    assert not found, "TLS, SASL and instance groups exist (docs/security.md, docs/scale-out.md):\n" + "\n".join(found)
+    assert not found, "TLS, SASL and instance groups exist (docs/guide/security.md, docs/design/scale-out.md):\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("text", [
@@ -284,3 +289,87 @@ def test_the_phrases_are_caught(text):
 ])
 def test_true_limits_pass(text):
     assert not claims_missing(text)
+
+
+# -- links ------------------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+# an inline link or image: [text](target) or ![alt](target); the target has no spaces
+INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)\)")
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks (a link in a code sample is not one)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            out.append(line)
+    return "\n".join(out)
+
+
+def relative_links(path: Path) -> list[tuple[str, str]]:
+    """(file part, anchor) of every link in `path` that is not to another site."""
+    links = []
+    for target in INLINE_LINK.findall(prose(path.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        links.append((file, anchor))
+    return links
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub makes for the headings of a markdown file (repeats get -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    for line in prose(path.read_text()).splitlines():
+        match = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if match:
+            base = slug(match.group(1))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            if count:
+                seen[f"{base}-{count}"] = 1
+    return set(seen)
+
+
+def markdown_files() -> list[Path]:
+    return sorted(DOCS.rglob("*.md")) + [ROOT / "README.md"]
+
+
+def test_the_index_links_every_doc():
+    linked = {(INDEX_MD.parent / file).resolve() for file, _ in relative_links(INDEX_MD) if file}
+    missing = [str(p.relative_to(ROOT)) for p in sorted(DOCS.rglob("*.md")) if p != INDEX_MD and p.resolve() not in linked]
+    assert not missing, "docs/README.md does not link:\n" + "\n".join(missing)
+    assert "docs/README.md" in {f for f, _ in relative_links(ROOT / "README.md")}, "README.md does not link the index"
+
+
+def test_every_relative_link_leads_somewhere():
+    broken = []
+    for path in markdown_files():
+        for file, anchor in relative_links(path):
+            target = (path.parent / file).resolve() if file else path
+            where = f"{path.relative_to(ROOT)}: {file}{'#' + anchor if anchor else ''}"
+            if not target.exists():
+                broken.append(f"{where} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in anchors(target):
+                broken.append(f"{where} (no such heading)")
+    assert not broken, "links that lead nowhere:\n" + "\n".join(broken)
+
+
+def test_links_and_anchors_are_read_as_github_does(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Title\n\n## Group limits (`--group-limit`)\n\n## Fair acquisition (`fairness.FairShare`)\n\n"
+                    "## Figures\n\n### Figures\n\n[a](x.md#y) ![b](../i.png) [c](https://e.org/x) [d](#title)\n"
+                    "[`kshare ready`](proxy.md#kshare-ready)\n```\n[e](in-code.md)\n```\n")
+    assert anchors(page) == {"title", "group-limits---group-limit", "fair-acquisition-fairnessfairshare",
+                             "figures", "figures-1"}
+    assert relative_links(page) == [("x.md", "y"), ("../i.png", ""), ("", "title"), ("proxy.md", "kshare-ready")]
