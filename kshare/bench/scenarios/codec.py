@@ -29,6 +29,7 @@ struct that has tagged fields, so its time per partition grows with the message.
 from __future__ import annotations
 
 import gc
+import importlib
 import random
 import statistics
 import time
@@ -305,8 +306,6 @@ def measure(fns: dict[str, Callable[[], object]], seconds: float, repeats: int) 
 
 
 def kafka_python_class(path: str) -> type:
-    import importlib
-
     module, name = path.rsplit(".", 1)
     return getattr(importlib.import_module(f"kafka.protocol.{module}"), name)
 

@@ -16,8 +16,10 @@ from array import array
 from typing import TYPE_CHECKING, Any
 
 from .. import clients
+from ..brokers import KAFKA_3, KAFKA_4
 from ..format import COLORS, fmt_num, table
-from ..procs import ProxyProcess
+from ..procs import BENCH_BROKER_CONFIG, KAFKA4_CONFIG, ProxyProcess
+from ..three_nodes import ThreeNodeCluster
 from .common import (
     KAFKA3,
     KAFKA4,
@@ -454,8 +456,6 @@ def run(
     started again; before the next fault the bench waits (as a rolling restart does) until every
     replica is in sync and the preferred leaders are back, then ``settle_s``. The share groups'
     ``share.record.lock.duration.ms`` is ``lock_ms`` on both (native: also its broker default)."""
-    from ..brokers import KAFKA_3, KAFKA_4, ThreeNodeCluster
-    from ..procs import BENCH_BROKER_CONFIG, KAFKA4_CONFIG
 
     out_dir = env.options.out / "failover"
     out_dir.mkdir(parents=True, exist_ok=True)

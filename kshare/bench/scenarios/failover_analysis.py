@@ -4,6 +4,7 @@ and how long records waited with none delivered (:mod:`kshare.bench.scenarios.fa
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from pathlib import Path
@@ -37,8 +38,6 @@ def failover_analysis(
     delivered (from the first delivery on: the group's first join is not a failover's doing); a record
     delivered before and given again counts as delivered, so it is left out of it. The producer's stall
     is the longest time between two successful delivery reports."""
-    import heapq
-
     deliveries = sorted(deliveries)
     first: dict[int, float] = {}
     redelivered = []

@@ -4,13 +4,19 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from .. import clients
+from .. import clients, sparkrun
 from ..format import bars, fmt_num, fmt_pct, fmt_ratio, table
+from ..procs import _die_with_parent, kshare_env
 from .common import (
     PYSPARK,
     UPSTREAM,
@@ -66,7 +72,7 @@ def _produce_records(bootstrap: str, topic: str, records: int, size: int, partit
 
 
 def _spark_locks(tasks: int, partitions: int, per_task: int, cap: int = 4000) -> int:
-    """``share.partition.max.record.locks`` as docs/spark.md advises: twice what one micro-batch's
+    """``share.partition.max.record.locks`` as docs/guide/spark.md advises: twice what one micro-batch's
     tasks hold of a partition (so micro-batch N+1 acquires while N waits for its commit), at least
     the default 2000 and at most kshare's default cap."""
     return max(2000, min(cap, 2 * math.ceil(tasks / partitions) * per_task))
@@ -76,14 +82,6 @@ def _spark_child(env: Env, progress: Progress, plan: dict[str, Any], label: dict
                  timeout: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run ``plan`` in ``python -m kshare.bench.sparkrun`` (output to spark.log); one progress step
     per query. Returns the session's line and the queries' results."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from ..brokers import _die_with_parent
-    from ..procs import kshare_env
 
     out = env.options.out / "spark"
     out.mkdir(parents=True, exist_ok=True)
@@ -166,7 +164,6 @@ def run(
     partition (a pair's figure is reused for its parallelism). Each query reads ``tasks x 200 x
     seconds`` records (its ideal run time is ``seconds``). ``watch_ms``: more kshare configurations in
     the pairs, with the workers' commit watch at these intervals instead of the code's."""
-    from .. import sparkrun
 
     problem = sparkrun.pyspark_problem()
     if problem:
