@@ -1,7 +1,7 @@
 """kshare: share groups (KIP-932) for every Kafka cluster, as a wire-protocol proxy sidecar.
 
 ``from kshare import AIOShareConsumer``: an asyncio share consumer for kshare and for native Apache
-Kafka 4.x share groups (docs/aio-share-consumer.md). Imported on first use: ``import kshare`` stays light."""
+Kafka 4.x share groups (docs/guide/aio-share-consumer.md). Imported on first use: ``import kshare`` stays light."""
 
 from __future__ import annotations
 

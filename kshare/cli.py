@@ -98,7 +98,7 @@ def _option(*decls: str, env: str, **kwargs: object):
 @_option("--instance-group", env="INSTANCE_GROUP", default=None, metavar="NAME",
          help="Run as one of several proxies serving as one: proxies started with the same name, cluster and state "
               "topic split the share-partitions through a consumer group on the cluster and take over from each other "
-              "(docs/scale-out.md). --advertised-host must then be reachable by clients and by the other proxies.")
+              "(docs/design/scale-out.md). --advertised-host must then be reachable by clients and by the other proxies.")
 @_option("--instance-session-timeout-ms", env="INSTANCE_SESSION_TIMEOUT_MS", default=10_000, show_default=True,
          type=click.IntRange(1000), help="How long the others wait for a proxy of the instance group that stopped "
                                         "answering before they take its share-partitions over.")
@@ -146,7 +146,7 @@ def proxy(upstream: str | None, embedded: str, data_dir: str | None, listen_host
     """Run the proxy in front of a Kafka cluster, serving share groups.
 
     Clients bootstrap from --listen-host:--port. SIGTERM or SIGINT stops it cleanly (queued state
-    writes finish first). Reference: docs/proxy.md.
+    writes finish first). Reference: docs/reference/proxy.md.
     """
     from .share.config import ConfigError, limits_from
 
@@ -389,7 +389,7 @@ def bench(out_dir: str | None, only: tuple[str, ...], quick: bool, repeats: int 
     restart and a crash of three brokers, kshare on Kafka 3.9 beside native Kafka 4.4. The
     micro-benchmarks (`--only codec`, `engine`, `record_keys`; seconds each) need no broker: kshare's
     own units against a baseline in the same run. `--list` names every scenario. Reference:
-    docs/cli.md.
+    docs/benchmarks/README.md.
     """
     from pathlib import Path
 

@@ -11,7 +11,7 @@ proxy's own event loop serves:
   the body is JSON saying why (``ready``, ``reason``, ``upstream``, ``share_state``);
 * ``GET /live``: 200 while the event loop answers.
 
-Metric names are listed in docs/proxy.md; changing one breaks operators' dashboards.
+Metric names are listed in docs/reference/metrics.md; changing one breaks operators' dashboards.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class ShareCollector(Collector):
                                     value=service.ownership.epoch)
         checks = service.upstream.checks
         deviation = GaugeMetricFamily("kshare_upstream_deviation", "1 where the fronted cluster deviates from Kafka "
-                                      "in what kshare relies on (logged once at WARNING; docs/proxy.md)",
+                                      "in what kshare relies on (logged once at WARNING; docs/reference/proxy.md)",
                                       labels=["check"])
         for check in CHECKS:
             deviation.add_metric([check], 1 if check in checks.deviations else 0)

@@ -112,7 +112,7 @@ def summarize(batches: list[dict[str, Any]], tasks: int, records: int, work_s: f
         "overhead_ms": statistics.mean(overheads),
         "overhead_median_ms": statistics.median(overheads),
         "overhead_max_ms": max(overheads),
-        # the old figure of docs/spark.md: the micro-batch minus the work of its busiest task
+        # the old figure of docs/benchmarks/spark.md: the micro-batch minus the work of its busiest task
         "overhead_busiest_ms": statistics.mean(busiest) if busiest else float("nan"),
         "rows_per_batch": rows / len(steady),
         "first_batch_ms": batches[0]["durationMs"].get("triggerExecution", 0),

@@ -7,7 +7,7 @@
   ``kshare groups`` and the Spark source, and the client properties they are configured with;
 * :mod:`~kshare.clients.share_member`: the share-group member (the Spark source's workers run it);
 * :class:`AIOShareConsumer`: an asyncio share consumer in aiokafka's style, for kshare and for
-  native Apache Kafka 4.x share groups (docs/aio-share-consumer.md).
+  native Apache Kafka 4.x share groups (docs/guide/aio-share-consumer.md).
 
 Nothing here imports the proxy (``kshare.proxy``) or the share-group engine (``kshare.share``): the
 layers point one way, protocol -> clients -> proxy -> share -> app (tests/unit/test_layers.py).

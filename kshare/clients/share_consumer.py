@@ -7,7 +7,7 @@ kshare and for native Apache Kafka 4.x share groups.
 
 Built on :class:`kshare.clients.share_member.ShareMember` (the member the Spark source's workers
 use): ShareGroupHeartbeat, ShareFetch in record-limit mode (never more than ``max_records``
-acquired), ShareAcknowledge, on kshare's own protocol layer. See docs/aio-share-consumer.md.
+acquired), ShareAcknowledge, on kshare's own protocol layer. See docs/guide/aio-share-consumer.md.
 """
 
 from __future__ import annotations

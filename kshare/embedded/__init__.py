@@ -23,7 +23,7 @@ CHOICES = ("auto", "kafka", "tansu")
 TANSU_LACKS = ("in memory only (everything is gone when the proxy stops), drops offset-commit metadata (the "
                "Spark source refuses it), reports end offsets short of multi-record batches (kshare corrects "
                "them) and slows down as its log grows")
-"""What the Tansu fallback lacks, in one line (docs/proxy.md#the-embedded-broker has the details)."""
+"""What the Tansu fallback lacks, in one line (docs/reference/proxy.md#the-embedded-broker has the details)."""
 
 
 class EmbeddedBroker(Protocol):

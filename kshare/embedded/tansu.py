@@ -2,7 +2,7 @@
 
 ``kshare proxy`` without ``--upstream`` starts one when there is no Java for Apache Kafka (or with
 ``--embedded tansu``). Tansu keeps everything in memory and deviates from Kafka in ways kshare
-works around or refuses (docs/proxy.md#the-embedded-broker): for trying kshare, not for data.
+works around or refuses (docs/reference/proxy.md#the-embedded-broker): for trying kshare, not for data.
 """
 
 from __future__ import annotations

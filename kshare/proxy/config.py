@@ -48,11 +48,11 @@ class ProxyConfig:
     group_limits: BrokerLimits = field(default_factory=BrokerLimits)
     record_cache_bytes: int = 256 << 20  # raw batches cached for share fetches, all partitions together
     # Several proxies as one service: those started with the same name (and cluster and state
-    # topic) split the share-partitions through a consumer group (docs/scale-out.md).
+    # topic) split the share-partitions through a consumer group (docs/design/scale-out.md).
     instance_group: str | None = None
     instance_session_timeout_ms: int = 10_000
     # TLS on the client listeners (None: plaintext), and how kshare's own connections (and the
-    # relay's, for TLS) reach the cluster (docs/security.md)
+    # relay's, for TLS) reach the cluster (docs/guide/security.md)
     tls: TLSFiles | None = None
     upstream_security: ClientSecurity = field(default_factory=ClientSecurity)
 

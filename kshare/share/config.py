@@ -141,7 +141,7 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
                   "Topic archived records are copied to (empty: none)"),
         ConfigDef("errors.deadletterqueue.copy.record.enable", "boolean", "false", _bool,
                   "Copy the key and value of dead-lettered records, not only context headers"),
-        # kshare's own (docs/ordering-and-backoff.md): off by default, behaviour as Apache Kafka's
+        # kshare's own (docs/design/ordering-and-backoff.md): off by default, behaviour as Apache Kafka's
         ConfigDef("kshare.share.redelivery.backoff.ms", "int", "0", _int_in(0, 3_600_000),
                   "kshare: a released or timed-out record is delivered again only after this long, doubled "
                   "for every delivery after the first (0: at once, as Apache Kafka)"),

@@ -1,4 +1,4 @@
-"""The service's side of an instance group (several proxies as one service; docs/scale-out.md).
+"""The service's side of an instance group (several proxies as one service; docs/design/scale-out.md).
 
 Mixed into :class:`kshare.share.service.ShareGroupService`: joining the group, applying each new
 ownership map (give up what moved away, claim, i.e. fence and replay, what moved here), stopping

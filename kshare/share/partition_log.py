@@ -82,7 +82,7 @@ MIN_FETCH_BYTES = 64 << 10
 # With warm brokers, one share consumer of 1 KiB records read 1.04-1.17x the records/s with 1 MB
 # read-aheads than with 4 MB ones on 1, 4 and 16 partitions (level at 100 B). Cold brokers had
 # said otherwise: a Fetch cost a JIT-compiling Kafka 3.9 about 1.1 ms of CPU, so fewer, larger ones
-# won then (docs/benchmarks.md).
+# won then (docs/benchmarks/README.md).
 READ_AHEAD_BYTES = 1 << 20
 # What a read that found nothing cached asks for: it waits for the answer, and a smaller one comes
 # sooner (the read-ahead it starts then brings the rest).

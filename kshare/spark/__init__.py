@@ -1,4 +1,4 @@
-"""The kshare PySpark data source: Spark executors as share-group members (docs/spark.md).
+"""The kshare PySpark data source: Spark executors as share-group members (docs/guide/spark.md).
 
     from kshare.spark import register
     register(spark)                       # or spark.dataSource.register(ShareSource)
@@ -43,7 +43,7 @@ NO_REUSE_REFUSED = ("kshare source: spark.python.worker.reuse=false is not suppo
 
 def refuse_unsupported(spark: Any) -> None:
     """An :class:`OptionError` (one line) if ``spark`` runs speculative task attempts or does not
-    reuse its Python workers (see docs/spark.md)."""
+    reuse its Python workers (see docs/guide/spark.md)."""
 
     def conf(key: str, default: str) -> list[str]:
         values = [spark.conf.get(key, default)]

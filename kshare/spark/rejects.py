@@ -59,7 +59,7 @@ def reject(rows: Any, *, options: Mapping[str, Any] | None = None, bootstrap: st
     records rejected; raises :class:`RejectError` with one line when they cannot be recorded.
 
     ``reject(df)`` is an action: when ``df`` derives from the micro-batch and the sink runs another
-    action, ``persist()`` first, or the source reads new records for it (docs/spark.md)."""
+    action, ``persist()`` first, or the source reads new records for it (docs/guide/spark.md)."""
     opts = _options(options, bootstrap, group, kafka_options)
     wanted = _offsets(rows)
     if not wanted:

@@ -1,4 +1,4 @@
-"""``ShareSource``: the ``kshare`` PySpark data source (streaming and batch), see docs/spark.md.
+"""``ShareSource``: the ``kshare`` PySpark data source (streaming and batch), see docs/guide/spark.md.
 
 Offsets are not positions in a log (a share group hands out whatever is available): a stream's
 offset is ``{"stream": id, "batch": n}``, a counter that moves by one per micro-batch. The stream
@@ -45,7 +45,7 @@ class ShareInputPartition(InputPartition):
 
 class ShareSource(DataSource):
     """``spark.dataSource.register(ShareSource)``; then ``spark.readStream.format("kshare")`` or
-    ``spark.read.format("kshare")`` with the options in docs/spark.md."""
+    ``spark.read.format("kshare")`` with the options in docs/guide/spark.md."""
 
     default_parallelism: int | None = None  # set by kshare.spark.register(spark)
 

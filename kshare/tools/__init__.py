@@ -1,5 +1,5 @@
 """Operator tools: ``kshare groups`` (share-group administration, like kafka-share-groups.sh) and
-``kshare consume`` / ``kshare produce`` (console clients).  See docs/cli.md."""
+``kshare consume`` / ``kshare produce`` (console clients).  See docs/reference/cli.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Delayed redelivery (kshare's own group configs, docs/ordering-and-backoff.md), end to end with
+"""Delayed redelivery (kshare's own group configs, docs/design/ordering-and-backoff.md), end to end with
 confluent-kafka's ShareConsumer through kshare in front of Apache Kafka 3.9.
 
 A released record comes back only after ``kshare.share.redelivery.backoff.ms``, doubled for each

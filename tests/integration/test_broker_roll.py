@@ -11,7 +11,7 @@ leader for their state partition; records lost: none, ever. kshare holds the sha
 proxy, which does not move when a broker does: a client keeps its connections to the proxy (they are
 re-attached to another broker under it), its share sessions and what it acquired. Native Kafka
 loses the acquired records of every moved share-partition leader (1 % of the records redelivered in
-``kshare bench --only failover``, kshare none: docs/benchmarks-failover.md).
+``kshare bench --only failover``, kshare none: docs/benchmarks/failover.md).
 """
 
 from __future__ import annotations

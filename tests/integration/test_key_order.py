@@ -1,4 +1,4 @@
-"""Key-ordered sharing (``kshare.share.ordering=key``, docs/ordering-and-backoff.md), end to end
+"""Key-ordered sharing (``kshare.share.ordering=key``, docs/design/ordering-and-backoff.md), end to end
 with confluent-kafka ShareConsumers through kshare in front of Apache Kafka 3.9.
 
 Within a share-partition no two records of one key are out at once and the records of a key are

@@ -5,7 +5,7 @@ Tansu: a ShareFetch with a long MaxWaitMs waits on a caught-up partition, a reco
 and the answer must come with it right away, not when MaxWaitMs runs out, also when the record
 comes after the proxy's own upstream long poll ran out empty, and also for a second fetch waiting
 on the same partition after the first one gave up. The soak that measures the latency itself is
-``benchmarks/bench_latency.py`` (docs/benchmarks-share.md).
+``benchmarks/bench_latency.py`` (docs/benchmarks/share.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Several kshare proxies as one service (issue 12, docs/scale-out.md): three ``python -m kshare
+"""Several kshare proxies as one service (issue 12, docs/design/scale-out.md): three ``python -m kshare
 proxy --instance-group NAME`` child processes in front of the session's Apache Kafka 3.9 broker,
 splitting the state topic's partitions through the consumer group ``kshare-instances.<NAME>``.
 

@@ -1,4 +1,4 @@
-"""kshare in front of a secured cluster (issue 13, docs/security.md), end to end.
+"""kshare in front of a secured cluster (issue 13, docs/guide/security.md), end to end.
 
 One ``kshare proxy`` child process per module in front of the session's ``kafka39_secure``: it
 connects to the broker's SASL_SSL listener as the user ``kshare`` (SCRAM-SHA-512, its password in a

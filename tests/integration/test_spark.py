@@ -6,7 +6,7 @@ tests/harness/spark_cluster.py), the real kshare proxy in a thread in front of A
 One SparkSession for the test session (shared with test_spark_cluster.py); every test has its own
 topic, share group and checkpoint.
 The sink is ``foreachBatch`` collecting rows on the driver (one action per micro-batch: a share
-source cannot replay, see docs/spark.md).
+source cannot replay, see docs/guide/spark.md).
 """
 
 from __future__ import annotations

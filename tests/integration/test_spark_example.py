@@ -1,4 +1,4 @@
-"""``examples/spark_pipeline.py`` as docs/spark.md runs it, against ``kshare proxy`` on its default
+"""``examples/spark_pipeline.py`` as docs/guide/spark.md runs it, against ``kshare proxy`` on its default
 embedded broker (Apache Kafka): every good job reaches the Parquet output, the poison ones are
 rejected, and the share group is left with nothing to deliver (the example waits for the last
 micro-batch's acknowledgements and says so). Real Spark in a subprocess, real proxy, real broker."""

@@ -1,7 +1,7 @@
 """Property tests: the range engine against a naive per-offset reference model.
 
 The model keeps one dict entry per offset and applies the rules record by record,
-written from the specification (docs/engine.md), not from the engine's code. A
+written from the specification (docs/design/engine.md), not from the engine's code. A
 hypothesis state machine drives both with random acquisitions from a random upstream
 log (gaps, control batches, committed and aborted transactions), acknowledgements
 (valid and invalid), clock ticks, member releases, limit changes, SPSO resets and

@@ -1,4 +1,4 @@
-"""The bytes of the share-group state topic records (docs/state-format.md)."""
+"""The bytes of the share-group state topic records (docs/reference/state-format.md)."""
 
 from __future__ import annotations
 

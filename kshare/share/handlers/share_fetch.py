@@ -335,7 +335,7 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
                 # the client may read it (asked above): kshare's own principal may not
                 _REFUSED_TO_KSHARE.add(topic.name)
                 log.warning("the cluster refuses kshare's own principal READ on topic %s, which share group %s "
-                            "reads: grant it READ (docs/security.md); its consumers get TOPIC_AUTHORIZATION_FAILED",
+                            "reads: grant it READ (docs/guide/security.md); its consumers get TOPIC_AUTHORIZATION_FAILED",
                             topic.name, group_id)
             out.partition(topic_id, partition).error_code = read.error_code
             continue

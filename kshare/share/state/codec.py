@@ -1,4 +1,4 @@
-"""Bytes of the records on the share-group state topic (see ``docs/state-format.md``).
+"""Bytes of the records on the share-group state topic (see ``docs/reference/state-format.md``).
 
 Every record's key starts with an int16 *record type* (Kafka calls it the key version, and
 Apache Kafka's ``__share_group_state`` uses the same convention: 0 ShareSnapshot, 1 ShareUpdate),
@@ -408,7 +408,7 @@ def partition_of_key_bytes(key: bytes, partitions: int) -> int:
 
 
 def state_partition_of(topic_id: bytes, partition: int, partitions: int) -> int:
-    """The state partition of every share group's state of this topic-partition (docs/state-format.md)."""
+    """The state partition of every share group's state of this topic-partition (docs/reference/state-format.md)."""
     return (murmur2(topic_id + struct.pack(">i", partition)) & 0x7FFFFFFF) % partitions
 
 

@@ -2,7 +2,7 @@
 
 Why not aiokafka's producer: it keeps one Produce request per broker in flight, so a state write
 that comes while one is out waits for that round trip and then its own; with 16 members
-acknowledging at once the writes queued 4-9 ms behind each other (docs/benchmarks-durability.md).
+acknowledging at once the writes queued 4-9 ms behind each other (docs/reference/state-format.md, Writing).
 Here every batch goes out at once, on one connection per broker: Kafka handles a connection's
 requests one at a time in order, so a partition's batches are appended in the order they were
 sent, however many are in flight, and the idempotent producer's sequence numbers follow each
