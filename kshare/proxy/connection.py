@@ -1,14 +1,15 @@
-"""One client connection and the upstream broker connection that serves it.
+"""One client connection: the asyncio shell around its request frames and the answers it is owed.
 
 The hot path is a relay: a request's header (12 bytes; a little more for Produce, whose ``acks``
 says whether a response will come) is read, then the rest of the frame streams to the broker as
-it arrives. Responses stream back the same way when nothing is queued ahead of them and nothing
-needs rewriting. Only responses named in ``filters`` and requests the proxy serves itself are
-buffered and decoded.
+it arrives (the splitting is ``frames.RequestFramer``'s; what each frame is, ``begin``'s, after
+``filters.INTERCEPTIONS``). Responses stream back the same way (``upstream.UpstreamConnection``)
+when nothing is queued ahead of them and nothing needs rewriting. Only responses named in
+``filters`` and requests the proxy serves itself are buffered and decoded.
 
 Response order: every request that expects a response takes a ``Slot`` in ``ClientConnection.order``
-when its header is read; responses are written to the client strictly in slot order, so locally
-served answers and forwarded ones interleave correctly under pipelining.
+(``answers.AnswerOrder``) when its header is read; responses are written to the client strictly
+in slot order, so locally served answers and forwarded ones interleave correctly under pipelining.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from ..protocol import messages
-from ..protocol.codegen import DecodeError, _uvarint
+from ..protocol.codegen import DecodeError
 from . import filters
+from .answers import AnswerOrder, Slot, _rest_after
+from .frames import COLLECT, FORWARD, HEAD, SIZE, WAIT, RequestFramer, produce_header
+from .upstream import UpstreamConnection
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,11 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kshare.proxy")
 
-_SIZE = struct.Struct(">i")
-_HEAD_OUT = struct.Struct(">ii")  # a response's size and correlation id
-_HEAD = struct.Struct(">ihhi")  # size, api key, api version, correlation id
 _VERSION = struct.Struct(">h")
-_I16 = struct.Struct(">h")
+_DOWNGRADES = filters.DOWNGRADES
 _ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id never needs more
 # Correlation ids of acks=0 Produce requests remembered per connection, in case the broker answers
 # them after all (Tansu does; Kafka never does, hence the bound).
@@ -45,66 +46,10 @@ _UNANSWERED_LIMIT = 4096
 _HOLDS_RECHECK_S = 0.1  # see ClientConnection._check_holds
 _REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the answers it is owed
 BROKER_NOT_AVAILABLE = 8
-SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 _UNANSWERED_QUIET_S = 1.0  # see ClientConnection.can_reattach
 # The slot a locally served request's handler answers: set in the handler's own task (its context
 # is a copy), so ``send_ahead`` knows which response it begins.
 _SERVING: ContextVar[Slot | None] = ContextVar("kshare_serving", default=None)
-
-
-class Slot:
-    """A response owed to the client, in request order."""
-
-    __slots__ = ("api_key", "version", "corr", "data", "streaming", "started", "request", "probe", "ahead",
-                 "ahead_rest", "release")
-
-    def __init__(self, api_key: int, version: int, corr: int) -> None:
-        self.api_key = api_key
-        self.version = version
-        self.corr = corr
-        self.data: bytes | bytearray | list | None = None  # a list: buffers to write in turn
-        self.streaming = False
-        self.started = perf_counter()
-        self.request: Any = None  # the decoded request, for the few rewrites that need it
-        self.probe: asyncio.Future | None = None  # the proxy's own request: its decoded response goes here
-        self.ahead: list | None = None  # the beginning of a local response, written before the rest was known
-        # (response body, the rest of its encoding): what follows ``ahead`` if the handler returns
-        # that very body, unchanged since (see ``send_ahead``)
-        self.ahead_rest: tuple[Any, list] | None = None
-        self.release: Callable[[], None] | None = None  # called once the response has left the process
-
-
-def produce_header(frame: bytes | bytearray | memoryview, version: int, start: int, end: int) -> tuple[int, bool] | None:
-    """(``acks``, whether it is transactional) of the Produce request at ``frame[start:end]``
-    (size prefix included). Returns None when ``frame`` holds too little of it to tell, or the
-    request ends before ``acks``.
-
-    Read by hand rather than with the codec: it runs for every Produce request.
-    """
-    try:
-        (n,) = _I16.unpack_from(frame, start + 12)  # client id
-        pos = start + 14 + max(n, 0)
-        if version >= 9:  # flexible: the header's tagged fields, then a compact transactional id
-            count, pos = _uvarint(frame, pos)
-            for _ in range(count):
-                _, pos = _uvarint(frame, pos)
-                size, pos = _uvarint(frame, pos)
-                pos += size
-            n, pos = _uvarint(frame, pos)
-            transactional = n > 0
-            pos += max(n - 1, 0)
-        elif version >= 3:
-            (n,) = _I16.unpack_from(frame, pos)
-            transactional = n >= 0
-            pos += 2 + max(n, 0)
-        else:
-            transactional = False
-        if pos + 2 > min(end, len(frame)):
-            return None
-        (acks,) = _I16.unpack_from(frame, pos)
-        return acks, transactional
-    except (DecodeError, struct.error, IndexError):
-        return None
 
 
 class ClientConnection(asyncio.BufferedProtocol):
@@ -116,14 +61,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamConnection | None = None
         self.peer = "?"
-        # request parsing
-        self._buf = bytearray()  # bytes of a frame not yet complete/decided
-        self._forward_left = 0  # bytes of the current request still to stream to the broker
-        self._local_left = 0  # bytes of a locally served request still to collect
-        self._local_slot: Slot | None = None
-        self._local_chunks: list[bytes] = []
+        # request frames: those read before the broker connection is up wait in ``frames.held``
+        self.frames = RequestFramer(self, proxy.config.max_frame_bytes)
+        self._collecting: Slot | None = None  # the slot of the frame ``frames`` is collecting
         # response ordering
-        self.order: deque[Slot] = deque()
+        self.order = AnswerOrder()
         self.awaiting_upstream: deque[Slot] = deque()
         self.unanswered: OrderedDict[int, None] = OrderedDict()  # acks=0 Produce correlation ids
         self.closed = False
@@ -185,8 +127,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.proxy.upstream_reached()
             if not self.closed and self.transport is not None:
                 self.transport.resume_reading()
-                if self._buf:
-                    self._start_frames()
+                self.frames.resume()
             return
         where = "bootstrap" if self.node_id is None else f"broker {self.node_id}"
         self.proxy.upstream_unreachable(f"client {self.peer}: cannot reach the {where} upstream "
@@ -203,7 +144,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         # it acquired live on this connection); any other client (a producer, an admin) sees what
         # Kafka shows, its connection closed, and reconnects.
         return (self.served_here and not self.closed and not self.ending and not self.sasl
-                and not self.awaiting_upstream and not self._forward_left and self.transport is not None
+                and not self.awaiting_upstream and not self.frames.forward_left and self.transport is not None
                 and perf_counter() - self.unanswered_at > _UNANSWERED_QUIET_S)
 
     def reattach(self) -> None:
@@ -217,7 +158,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         on the old connection come in; then the new connection takes the backlog."""
         if self.closed or self.reattaching or self.upstream is None:
             return
-        if self._forward_left:  # in the middle of a request: at its end
+        if self.frames.forward_left:  # in the middle of a request: at its end
             asyncio.get_running_loop().call_later(0.01, self.rehome)
             return
         self.reattaching = True
@@ -263,7 +204,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             backlog, self._backlog = self._backlog, []
             if backlog and upstream.transport is not None:
                 upstream.transport.writelines(backlog)
-            if not self._forward_left:
+            if not self.frames.forward_left:
                 self._send_probes()
             return
         log.info("client %s: its broker closed the connection and no other broker answered; closing client",
@@ -285,10 +226,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._answer_unreachable_frames()
 
     def _answer_unreachable_frames(self) -> None:
-        buf = self._buf
+        buf = self.frames.held
         if self.closed or len(buf) < 12:
             return
-        size, api_key, version, corr = _HEAD.unpack_from(buf, 0)
+        size, api_key, version, corr = HEAD.unpack_from(buf, 0)
         if api_key != filters.API_VERSIONS or not 10 <= size <= self.proxy.config.max_frame_bytes:
             self.close()
             return
@@ -304,7 +245,7 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed:
-            missing = self._bytes_missing()
+            missing = self.frames.missing()
             if missing:
                 log.info("client %s: connection closed %d byte(s) short of the end of a request frame",
                          self.peer, missing)
@@ -321,6 +262,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             if self._to_client:
                 self.flush_client()  # the answers gathered so far go out before the connection closes
             self.closed = True
+            self.frames.stop()
             if self.transport is not None:
                 self.transport.close()
             if self.upstream is not None:
@@ -354,18 +296,6 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._holds_timer = None
         self._check_holds()
 
-    def _bytes_missing(self) -> int:
-        """How many bytes the request frame being received still lacks (0 at a frame boundary)."""
-        if self._forward_left or self._local_left:
-            return self._forward_left + self._local_left
-        buf, pos = self._buf, 0  # whole frames wait here while the broker connection is made
-        while len(buf) - pos >= 4:
-            (size,) = _SIZE.unpack_from(buf, pos)
-            if not 0 <= size <= self.proxy.config.max_frame_bytes:
-                return 0  # rejected as soon as it is looked at
-            pos += 4 + size
-        return pos - len(buf) if pos > len(buf) else (4 - (len(buf) - pos)) % 4
-
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
@@ -385,7 +315,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         else arrives is dropped, but still read, so that a client hanging up is noticed at once.
         """
         self.ending = True
-        self._buf.clear()
+        self.frames.stop()
         if not self.order:
             self.close()
             return
@@ -407,7 +337,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         slot.probe = fut
         frame = bytes(messages.encode_request(api_key, version, corr, "kshare-authorization", body))
         self._probes.append((slot, frame))
-        if not self._forward_left:
+        if not self.frames.forward_left:
             self._send_probes()
         return fut
 
@@ -494,157 +424,71 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self.closed or self.ending:
             return
         if self.upstream is None and not self.reattaching:  # first connection: hold everything until it is up
-            self._buf += data
+            self.frames.hold(data)
             if self.unreachable:
                 self._answer_unreachable_frames()
             return
         self._to_broker = []
         try:
-            self._take(data)
+            self.frames.feed(data)
         finally:
             self.flush_upstream()
 
-    def _take(self, view: memoryview) -> None:
-        i, n = 0, len(view)
-        while i < n and not (self.closed or self.ending):
-            if self._forward_left:
-                take = min(self._forward_left, n - i)
-                self.send_upstream(view[i : i + take] if take < n else view)
-                self._forward_left -= take
-                i += take
-                if not self._forward_left and self._probes:
-                    self._send_probes()
-                continue
-            if self._local_left:
-                take = min(self._local_left, n - i)
-                self._local_chunks.append(bytes(view[i : i + take]))
-                self._local_left -= take
-                i += take
-                if not self._local_left:
-                    self._serve_collected()
-                continue
-            # at a frame boundary: the frames are read where they are, in this read (and pass on
-            # as slices of it); only a header split between reads is gathered in ``_buf`` first
-            if self._buf:
-                self._buf += view[i:]
-                self._start_frames()
-            else:
-                self._start_frames(view[i:] if i else view)
-            i = n
+    # -- the frame splitter's sink: what each request frame is (see filters.INTERCEPTIONS) --------
+    def begin(self, buf: bytearray | memoryview, pos: int, size: int, api_key: int, version: int,
+              corr: int) -> int | str:
+        proxy = self.proxy
+        if proxy.handler_for(api_key, version) is not None or (proxy.view is not None and filters.reads_request(api_key)):
+            slot = Slot(api_key, version, corr)
+            self.order.append(slot)
+            proxy.stats.count(api_key)
+            self._collecting = slot
+            return COLLECT
+        bad = proxy.check_forwardable(api_key, version)
+        if bad is not None:
+            return bad
+        if api_key == filters.SASL_HANDSHAKE or api_key == filters.SASL_AUTHENTICATE:
+            self.sasl = True
+        expects_response = True
+        transactional = False
+        if api_key == filters.PRODUCE:
+            head = produce_header(buf, version, pos, pos + 4 + size)
+            if head is None:
+                if len(buf) >= min(pos + 4 + size, pos + _ACKS_ZERO_PREFIX_LIMIT):
+                    return "malformed Produce request header"
+                return WAIT  # for more of the header
+            acks, transactional = head
+            expects_response = acks != 0
+        down = _DOWNGRADES.get(api_key)
+        if down is not None and version > down.version and not (transactional and down.keep_transactional):
+            _VERSION.pack_into(buf, pos + 6, down.version)  # in place: reads are writable
+            version = down.version
+        if expects_response:
+            slot = Slot(api_key, version, corr)
+            self.order.append(slot)
+            self.awaiting_upstream.append(slot)
+        else:
+            self.unanswered[corr] = None
+            self.unanswered_at = perf_counter()
+            if len(self.unanswered) > _UNANSWERED_LIMIT:
+                self.unanswered.popitem(last=False)
+        proxy.stats.count(api_key)
+        return FORWARD
 
-    def _start_frames(self, read: memoryview | None = None) -> None:
-        """Decide what to do with each frame whose header is in ``_buf``, or in ``read`` (part of
-        one read from the socket; what is left of it undecided is kept in ``_buf``)."""
-        buf: bytearray | memoryview = self._buf if read is None else read
-        pos = 0  # the frame being looked at; everything before it is dealt with
-        run = 0  # start of the complete frames to forward not yet handed to send_upstream
-        bad: str | None = None  # why the frame at ``pos`` is refused (the ones before it go first)
-        try:
-            while not (self.closed or self.ending) and len(buf) - pos >= 4:
-                (size,) = _SIZE.unpack_from(buf, pos)
-                if size < 0:
-                    bad = f"invalid frame size {size}"
-                    return
-                if size > self.proxy.config.max_frame_bytes:
-                    bad = f"frame of {size} bytes exceeds the limit of {self.proxy.config.max_frame_bytes}"
-                    return
-                end = pos + 4 + size
-                if size < 10:
-                    if len(buf) >= end:
-                        bad = f"frame of {size} bytes is too short for a request header"
-                    return
-                if len(buf) - pos < 12:
-                    return
-                _, api_key, version, corr = _HEAD.unpack_from(buf, pos)
-                served = self.proxy.handler_for(api_key, version)
-                if served is not None or (self.proxy.view is not None and filters.reads_request(api_key)):
-                    if run < pos:  # what came before goes first
-                        self.send_upstream(buf[run:pos] if read is not None else bytes(buf[run:pos]))
-                    pos = run = self._begin_local(buf, pos, size, api_key, version, corr)
-                    continue
-                bad = self.proxy.check_forwardable(api_key, version)
-                if bad is not None:
-                    return
-                if api_key == SASL_HANDSHAKE or api_key == SASL_AUTHENTICATE:
-                    self.sasl = True
-                if api_key == filters.FETCH and version > filters.FETCH_SERVED_AS:
-                    # Fetch v16+ responses differ from v15 only by the new leaders' NodeEndpoints.
-                    # Asking the broker for v15 gives a body that is also a valid v16+ answer
-                    # without them, so the response can stream through untouched (no buffering or
-                    # decoding on the consume hot path) and never carries a broker address. Kafka
-                    # fills CurrentLeader as well only for v16+ (KafkaApis: versionId >= 16), so
-                    # after a leader change the client learns the new leader from
-                    # NOT_LEADER_OR_FOLLOWER and a Metadata refresh, as before KIP-951
-                    # (tests/integration/test_passthrough.py::test_node_endpoints_point_at_proxy).
-                    _VERSION.pack_into(buf, pos + 6, filters.FETCH_SERVED_AS)  # in place: reads are writable
-                    version = filters.FETCH_SERVED_AS
-                expects_response = True
-                if api_key == filters.PRODUCE:
-                    head = produce_header(buf, version, pos, end)
-                    if head is None:
-                        if len(buf) >= min(end, pos + _ACKS_ZERO_PREFIX_LIMIT):
-                            bad = "malformed Produce request header"
-                        return  # wait for more of the header
-                    acks, transactional = head
-                    expects_response = acks != 0
-                    if version > filters.PRODUCE_SERVED_AS and not transactional:
-                        # As for Fetch: v10+ differs from v9 only by the leader hints of KIP-951 in
-                        # the response (and, for transactions alone, by KIP-890's error and
-                        # implicit AddPartitionsToTxn: those keep their version). Asked as v9, the
-                        # broker's answer is also a valid v10+ answer without them and streams
-                        # through undecoded; the client learns a new leader from
-                        # NOT_LEADER_OR_FOLLOWER and a Metadata refresh.
-                        _VERSION.pack_into(buf, pos + 6, filters.PRODUCE_SERVED_AS)
-                        version = filters.PRODUCE_SERVED_AS
-                if expects_response:
-                    slot = Slot(api_key, version, corr)
-                    self.order.append(slot)
-                    self.awaiting_upstream.append(slot)
-                else:
-                    self.unanswered[corr] = None
-                    self.unanswered_at = perf_counter()
-                    if len(self.unanswered) > _UNANSWERED_LIMIT:
-                        self.unanswered.popitem(last=False)
-                self.proxy.stats.count(api_key)
-                if len(buf) >= end:
-                    pos = end  # complete: forwarded with the frames around it, in one piece
-                    continue
-                self._forward_left = end - len(buf)
-                pos = len(buf)
-                return
-        finally:
-            if read is not None:
-                if run < pos:
-                    self.send_upstream(buf[run:pos])  # no copy: a slice of the read
-                if pos < len(buf) and not self.ending and bad is None:  # (a rejected connection keeps none)
-                    self._buf += buf[pos:]
-            else:
-                if run < pos:
-                    self.send_upstream(bytes(buf[run:pos]))
-                del buf[:pos]
-            if bad is not None:
-                self._reject(bad)
+    def forward(self, data: bytes | memoryview) -> None:
+        self.send_upstream(data)
 
-    def _begin_local(self, buf: bytearray | memoryview, pos: int, size: int, api_key: int, version: int, corr: int) -> int:
-        """A frame the proxy reads itself; returns where the next frame starts."""
-        slot = Slot(api_key, version, corr)
-        self.order.append(slot)
-        self.proxy.stats.count(api_key)
-        end = pos + 4 + size
-        if len(buf) >= end:
-            frame = bytes(buf[pos + 4 : end])
-            self._serve(slot, frame)
-            return end
-        self._local_slot = slot
-        self._local_chunks = [bytes(buf[pos + 4 :])]
-        self._local_left = end - len(buf)
-        return len(buf)
+    def forwarded(self) -> None:
+        if self._probes:
+            self._send_probes()
 
-    def _serve_collected(self) -> None:
-        slot, frame = self._local_slot, b"".join(self._local_chunks)
-        self._local_slot, self._local_chunks = None, []
+    def collected(self, frame: bytes) -> None:
+        slot, self._collecting = self._collecting, None
         assert slot is not None
         self._serve(slot, frame)
+
+    def refuse(self, reason: str) -> None:
+        self._reject(reason)
 
     def _serve(self, slot: Slot, frame: bytes) -> None:
         try:
@@ -654,7 +498,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                 header, body = messages.parse_request_header(memoryview(frame)), None
         except DecodeError as exc:
             self.order.remove(slot)  # never answered: the answers owed are those before it
-            self._reject(f"malformed {_api_name(slot.api_key)} v{slot.version} request: {exc}")
+            self._reject(f"malformed {filters.api_name(slot.api_key)} v{slot.version} request: {exc}")
             return
         handler = self.proxy.handler_for(slot.api_key, slot.version)
         if handler is None or not self.proxy.serves(slot.api_key, header, body):
@@ -668,7 +512,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                     return
                 slot.request = body
             self.awaiting_upstream.append(slot)
-            self.send_upstream(_SIZE.pack(len(frame)) + frame)
+            self.send_upstream(SIZE.pack(len(frame)) + frame)
             return
         self.served_here = True
         self._spawn(self._run_handler(handler, slot, header, body))
@@ -695,12 +539,12 @@ class ClientConnection(asyncio.BufferedProtocol):
                     # otherwise. It retries on a new connection; what it was sent is not confirmed.
                     log.info("client %s: a state write failed after the beginning of the %s answer was "
                              "sent; closing the connection (the client retries)", self.peer,
-                             _api_name(slot.api_key))
+                             filters.api_name(slot.api_key))
                     self.close()
                     return
                 slot.data = rest
         except Exception:
-            log.exception("client %s: handler for %s failed; closing", self.peer, _api_name(slot.api_key))
+            log.exception("client %s: handler for %s failed; closing", self.peer, filters.api_name(slot.api_key))
             self.close()
             return
         finally:
@@ -721,7 +565,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         from, the rest of that encoding); should the handler return that same body object, it
         promises it did not change it, and the rest is written as it is, not encoded again."""
         slot = _SERVING.get()
-        if slot is None or self.closed or not self.order or self.order[0] is not slot or slot.ahead is not None:
+        if slot is None or self.closed or not self.order.is_next(slot) or slot.ahead is not None:
             return False
         slot.ahead = pieces
         slot.ahead_rest = rest
@@ -746,8 +590,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     def flush(self) -> None:
         """Write every response at the head of the order that is ready."""
         order = self.order
-        while order and order[0].data is not None:
-            slot = order.popleft()
+        while (slot := order.next_ready()) is not None:
             if slot.release is not None:
                 self._holds.append(slot.release)
                 slot.release = None
@@ -756,261 +599,3 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.proxy.stats.answered(slot.api_key, perf_counter() - slot.started)
         if self.ending and not order:
             self.close()
-
-
-class ReadBuffer:
-    """The buffer every connection of a proxy reads into (both are ``asyncio.BufferedProtocol``).
-
-    uvloop copies each read of a plain ``asyncio.Protocol`` into a new ``bytes``; on the relay
-    path that copy, and the allocation of the large objects it needs, was the largest part of the
-    proxy's own work. Reads are handled one at a time, each to the end before the next, so one
-    buffer serves them all as long as no transport keeps a view of it afterwards. What is read
-    goes on as slices of the buffer only to a transport with nothing queued, which sends at once;
-    to one already backed up it goes as a copy. Should a write begun with nothing queued not
-    finish, the transport keeps the rest as a view: the buffer is left to it and a new one is
-    made (``replace``). Anything kept past the read (a partial header, a request the proxy
-    serves itself, a buffered response) is copied out of it.
-    """
-
-    SIZE = 1 << 20  # reads of up to 1 MiB: fewer system calls on the consume path
-
-    __slots__ = ("view", "replaced")
-
-    def __init__(self) -> None:
-        self.view = memoryview(bytearray(self.SIZE))
-        self.replaced = 0  # buffers left to a transport
-
-    @staticmethod
-    def may_lend(out: asyncio.Transport | None) -> bool:
-        """Whether slices of the buffer may be written to ``out`` as they are: it sends at once."""
-        return out is not None and not out.get_write_buffer_size() and not out.is_closing()
-
-    def returned(self, out: asyncio.Transport | None) -> None:
-        """After a read whose slices went to ``out``: if it kept what it could not send yet (a
-        view), the buffer is left to it."""
-        if out is not None and (out.get_write_buffer_size() or out.is_closing()):
-            self.replace()
-
-    def replace(self) -> None:
-        self.view = memoryview(bytearray(self.SIZE))
-        self.replaced += 1
-
-
-class UpstreamConnection(asyncio.BufferedProtocol):
-    """The proxy's connection to one broker on behalf of one client connection."""
-
-    def __init__(self, client: ClientConnection) -> None:
-        self.client = client
-        self.transport: asyncio.Transport | None = None
-        self._head = bytearray()  # the first 8 bytes (size, correlation id) of a response
-        self._slot: Slot | None = None
-        self._left = 0  # bytes of the current response body still to come
-        self._chunks: list[bytes] | None = None  # set when buffering the current response
-        self._discard = False  # the current response answers an acks=0 Produce: dropped
-        self._lend = False  # whether chunks of the read buffer go to the client as views (ReadBuffer)
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        client = self.client
-        if client.upstream is not self:
-            return  # one the client has replaced already (re-attached, or rehomed)
-        gone = ConnectionError("the upstream connection closed")
-        for slot in [*client.awaiting_upstream, *(s for s, _ in client._probes)]:
-            if slot.probe is not None and not slot.probe.done():
-                slot.probe.set_exception(gone)
-                slot.probe.exception()  # retrieved: its caller may be gone
-        client._probes.clear()
-        if client.can_reattach():
-            log.debug("client %s: upstream connection closed (%s) with nothing owed; reconnecting", client.peer,
-                      exc or "EOF")
-            client.reattach()
-            return
-        if not client.closed:
-            # The client sees what a broker failure looks like: its connection drops. The broker
-            # also closes a connection on a request it cannot parse: name the first unanswered one
-            # (unless the client's connection was being ended for a bad request: logged already).
-            waiting = client.awaiting_upstream
-            pending = (
-                f"{len(waiting)} request(s) unanswered, first {_api_name(waiting[0].api_key)} v{waiting[0].version}"
-                f" correlation id {waiting[0].corr}" if waiting else "no request unanswered"
-            )
-            if not client.ending:
-                log.info("client %s: upstream broker closed the connection (%s; %s); closing client",
-                         client.peer, exc or "EOF", pending)
-            client.close()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            if self.transport is not None:
-                self.transport.close()
-
-    def pause_writing(self) -> None:
-        if self.client.transport is not None:
-            self.client.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.client.transport is not None and not self.client.closed:
-            self.client.transport.resume_reading()
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.client.proxy.reads.view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        client = self.client
-        reads = client.proxy.reads
-        out = client.transport
-        self._lend = reads.may_lend(out)
-        client._to_client = []
-        try:
-            self._take(reads.view[:nbytes])
-        finally:
-            client.flush_client()
-            if self._lend:
-                reads.returned(out)
-
-    def _take(self, view: memoryview) -> None:
-        client = self.client
-        i, n = 0, len(view)
-        while i < n and not self.closed:
-            if self._left:
-                take = min(self._left, n - i)
-                chunk = view[i : i + take] if take < n else view
-                if self._discard:
-                    pass
-                elif self._chunks is None:
-                    client.send_client(chunk if self._lend else bytes(chunk))
-                else:
-                    self._chunks.append(bytes(chunk))
-                self._left -= take
-                i += take
-                if not self._left:
-                    self._finish_response()
-                continue
-            need = 8 - len(self._head)
-            take = min(need, n - i)
-            self._head += view[i : i + take]
-            i += take
-            if len(self._head) == 8:
-                self._start_response()
-
-    def _start_response(self) -> None:
-        client = self.client
-        size, corr = struct.unpack(">ii", self._head)
-        self._head.clear()
-        if corr in client.unanswered and not (client.awaiting_upstream and client.awaiting_upstream[0].corr == corr):
-            # A response to an acks=0 Produce (Tansu sends them): the client expects none, as from
-            # Kafka, and a client talking to such a broker directly skips it too.
-            del client.unanswered[corr]
-            self._discard = True
-            self._left = size - 4
-            if not self._left:
-                self._finish_response()
-            return
-        if not client.awaiting_upstream:
-            log.error("client %s: broker sent a response nobody asked for (correlation id %d)", client.peer, corr)
-            client.close()
-            return
-        slot = client.awaiting_upstream.popleft()
-        if slot.corr != corr:
-            log.error("client %s: broker answered correlation id %d, expected %d", client.peer, corr, slot.corr)
-            client.close()
-            return
-        self._slot = slot
-        self._left = size - 4
-        if filters.response_filter(slot.api_key, slot.version) is None and client.order and client.order[0] is slot:
-            slot.streaming = True
-            self._chunks = None
-            client.send_client(_HEAD_OUT.pack(size, corr))
-        else:
-            self._chunks = [_SIZE.pack(size), _SIZE.pack(corr)]
-        if not self._left:
-            self._finish_response()
-
-    def _finish_response(self) -> None:
-        if self._discard:
-            self._discard = False
-            return
-        client = self.client
-        slot = self._slot
-        assert slot is not None
-        self._slot = None
-        if slot.probe is not None:
-            frame = b"".join(self._chunks or ())
-            self._chunks = None
-            if not slot.probe.done():
-                try:
-                    slot.probe.set_result(messages.decode_response(slot.api_key, slot.version, memoryview(frame)[4:]))
-                except DecodeError as exc:
-                    slot.probe.set_exception(exc)
-            return
-        if self._chunks is None:  # streamed
-            done = client.order.popleft()
-            client.proxy.stats.answered(done.api_key, perf_counter() - done.started)
-            client.flush()
-            return
-        frame = b"".join(self._chunks)
-        self._chunks = None
-        f = filters.response_filter(slot.api_key, slot.version)
-        if f is None:
-            slot.data = frame
-            client.flush()
-            return
-        try:
-            body = messages.decode_response(slot.api_key, slot.version, memoryview(frame)[4:])
-        except DecodeError as exc:
-            # e.g. an ApiVersions UNSUPPORTED_VERSION answer in v0 form: pass it on untouched
-            log.debug("client %s: cannot decode %s v%d response (%s); passing through",
-                      client.peer, _api_name(slot.api_key), slot.version, exc)
-            slot.data = frame
-            client.flush()
-            return
-        if f.applies is not None and not f.applies(body):
-            slot.data = frame
-            client.flush()
-            return
-        if inspect.iscoroutinefunction(f.rewrite):
-            # started inside the task: if the client goes away first and the task is cancelled
-            # before it runs, no rewrite coroutine is left never awaited
-            client._spawn(self._finish_rewrite(slot, f, body, frame))
-        else:
-            f.rewrite(client.proxy, body, slot.version)
-            self._store_rewritten(slot, body, frame)
-
-    async def _finish_rewrite(self, slot: Slot, f: filters.ResponseFilter, body: Any, frame: bytes) -> None:
-        try:
-            if f.reads_request:
-                await f.rewrite(self.client.proxy, body, slot.version, slot.request)
-            else:
-                await f.rewrite(self.client.proxy, body, slot.version)
-        except Exception:
-            log.exception("client %s: rewriting %s response failed; closing", self.client.peer, _api_name(slot.api_key))
-            self.client.close()
-            return
-        self._store_rewritten(slot, body, frame)
-
-    def _store_rewritten(self, slot: Slot, body: Any, frame: bytes) -> None:
-        header_end = 4 + messages.response_body_offset(slot.api_key, slot.version, memoryview(frame)[4:])
-        out = bytearray(frame[:header_end])
-        messages.codec_for(messages.api(slot.api_key).response, slot.version).encode(body, out)
-        struct.pack_into(">i", out, 0, len(out) - 4)
-        slot.data = out
-        self.client.flush()
-
-
-def _rest_after(ahead: list, pieces: list) -> list | None:
-    """What is left of a response's ``pieces`` once ``ahead`` was written; None if the response
-    does not begin with ``ahead`` (it changed since)."""
-    n = len(ahead)
-    if len(pieces) < n or not all(a is b or a == b for a, b in zip(ahead, pieces[:n], strict=True)):
-        return None
-    return pieces[n:]
-
-
-def _api_name(key: int) -> str:
-    a = messages.apis().get(key)
-    return a.name if a else f"api {key}"

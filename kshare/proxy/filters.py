@@ -1,14 +1,21 @@
-"""The one list of what the proxy does to each API besides forwarding it untouched.
+"""The one table of what the proxy does to each API besides forwarding it untouched.
 
 Every request is forwarded to the broker behind the listener it arrived on, as opaque bytes with
-only its header read, unless it appears here:
+only its header read, unless its API key is in ``INTERCEPTIONS``. An entry says, for its API:
 
-* ``RESPONSE_FILTERS``: forwarded, but the response is decoded and rewritten (broker addresses,
-  topic ids, advertised versions) or only read (the topics DeleteTopics deleted). ``from_version``
+* ``downgrade``: the request is asked of the broker at a lower version (its header rewritten in
+  place, nothing else), so that the response streams back undecoded;
+* ``served``: kshare answers it itself (all of its requests, or with ``some`` only those the
+  handler's ``applies`` accepts, the rest forwarded). The handlers register through
+  ``Proxy.serve``, which refuses an API not declared here; the share layer registers its own
+  (the proxy does not import it), and ``by`` names the handler;
+* ``response``: forwarded, but the response is decoded and rewritten (broker addresses, topic
+  ids, advertised versions) or only read (the topics DeleteTopics deleted). ``from_version``
   skips versions that carry nothing to rewrite.
-* served APIs: answered by the proxy itself; handlers register through ``Proxy.serve`` (the
-  share-group APIs), and ApiVersions requests newer than the proxy knows get the
-  UNSUPPORTED_VERSION fallback locally.
+
+Forwarded untouched but read: every request's header (API key, version, correlation id), a
+Produce request's ``acks`` (acks=0 gets no response) and the SASL APIs (a connection
+authenticated upstream cannot be moved to another broker).
 """
 
 from __future__ import annotations
@@ -17,20 +24,51 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol import messages
 from . import rewrite
 
 PRODUCE = 0
 FETCH = 1
+LIST_OFFSETS = 2
 METADATA = 3
 FIND_COORDINATOR = 10
-DELETE_TOPICS = 20
+JOIN_GROUP = 11
+LIST_GROUPS = 16
+SASL_HANDSHAKE = 17
 API_VERSIONS = 18
+DELETE_TOPICS = 20
+DESCRIBE_CONFIGS = 32
+SASL_AUTHENTICATE = 36
+DELETE_GROUPS = 42
+INCREMENTAL_ALTER_CONFIGS = 44
 DESCRIBE_CLUSTER = 60
+SHARE_GROUP_HEARTBEAT = 76
+SHARE_GROUP_DESCRIBE = 77
+SHARE_FETCH = 78
+SHARE_ACKNOWLEDGE = 79
+READ_SHARE_GROUP_STATE = 84
+WRITE_SHARE_GROUP_STATE = 85
+DELETE_SHARE_GROUP_STATE = 86
+DESCRIBE_SHARE_GROUP_OFFSETS = 90
+ALTER_SHARE_GROUP_OFFSETS = 91
+DELETE_SHARE_GROUP_OFFSETS = 92
 
-# Fetch requests newer than this are sent to the broker as this version, and so are
-# non-transactional Produce requests (see ClientConnection._start_frames).
-FETCH_SERVED_AS = 15
-PRODUCE_SERVED_AS = 9
+
+@dataclass(frozen=True, slots=True)
+class Downgrade:
+    """Requests newer than ``version`` are sent to the broker as ``version``."""
+
+    version: int
+    keep_transactional: bool = False  # transactional requests keep their version
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """Answered by kshare instead of the cluster."""
+
+    by: str  # the handler (module or class) that answers; tests check it is the one registered
+    some: bool = False  # only the requests the handler's ``applies`` accepts; the rest are forwarded
+    newer_than_codec: bool = False  # only versions newer than the proxy's codec knows
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,25 +83,81 @@ class ResponseFilter:
     reads_request: bool = False
 
 
-RESPONSE_FILTERS: dict[int, ResponseFilter] = {
-    METADATA: ResponseFilter(rewrite.rewrite_metadata),
-    FIND_COORDINATOR: ResponseFilter(rewrite.rewrite_find_coordinator, reads_request=True),
-    DESCRIBE_CLUSTER: ResponseFilter(rewrite.rewrite_describe_cluster),
-    # Non-transactional Produce v10+ is asked as v9 (no NodeEndpoints); transactional ones keep
-    # their version and have their NodeEndpoints rewritten.
-    PRODUCE: ResponseFilter(rewrite.rewrite_node_endpoints, 10, rewrite.needs_node_endpoint_rewrite),
-    # Fetch v16+ never reaches the broker (it is asked as v15), so its responses carry no
-    # NodeEndpoints; the filter stays for a broker that sends them anyway.
-    FETCH: ResponseFilter(rewrite.rewrite_node_endpoints, 16, rewrite.needs_node_endpoint_rewrite),
-    API_VERSIONS: ResponseFilter(rewrite.rewrite_api_versions),
+@dataclass(frozen=True, slots=True)
+class Interception:
+    downgrade: Downgrade | None = None
+    served: Served | None = None
+    response: ResponseFilter | None = None
+
+
+_SHARE = "kshare.share.handlers."
+
+INTERCEPTIONS: dict[int, Interception] = {
+    PRODUCE: Interception(
+        # Non-transactional Produce v10+ differs from v9 only by the leader hints of KIP-951 in the
+        # response (and, for transactions alone, by KIP-890's error and implicit
+        # AddPartitionsToTxn: those keep their version). Asked as v9, the broker's answer is also a
+        # valid v10+ answer without them and streams through undecoded; the client learns a new
+        # leader from NOT_LEADER_OR_FOLLOWER and a Metadata refresh. Transactional ones have their
+        # NodeEndpoints rewritten.
+        downgrade=Downgrade(9, keep_transactional=True),
+        response=ResponseFilter(rewrite.rewrite_node_endpoints, 10, rewrite.needs_node_endpoint_rewrite),
+    ),
+    FETCH: Interception(
+        # Fetch v16+ responses differ from v15 only by the new leaders' NodeEndpoints. Asking the
+        # broker for v15 gives a body that is also a valid v16+ answer without them, so the
+        # response streams through untouched (no buffering or decoding on the consume hot path)
+        # and never carries a broker address. Kafka fills CurrentLeader as well only for v16+
+        # (KafkaApis: versionId >= 16), so after a leader change the client learns the new leader
+        # from NOT_LEADER_OR_FOLLOWER and a Metadata refresh, as before KIP-951
+        # (tests/integration/test_passthrough.py::test_node_endpoints_point_at_proxy).
+        downgrade=Downgrade(15),
+        # never applies while the downgrade holds: kept for a broker that sends them anyway
+        response=ResponseFilter(rewrite.rewrite_node_endpoints, 16, rewrite.needs_node_endpoint_rewrite),
+    ),
+    LIST_OFFSETS: Interception(served=Served(_SHARE + "list_offsets", some=True)),
+    METADATA: Interception(response=ResponseFilter(rewrite.rewrite_metadata)),
+    FIND_COORDINATOR: Interception(response=ResponseFilter(rewrite.rewrite_find_coordinator, reads_request=True)),
+    JOIN_GROUP: Interception(served=Served(_SHARE + "join_group", some=True)),
+    LIST_GROUPS: Interception(served=Served(_SHARE + "list_groups", some=True)),
+    API_VERSIONS: Interception(
+        # a client newer than the proxy's codec gets UNSUPPORTED_VERSION in v0, as from Kafka
+        served=Served("kshare.proxy.server.Proxy.api_versions_fallback", newer_than_codec=True),
+        response=ResponseFilter(rewrite.rewrite_api_versions),
+    ),
     # not rewritten: read for the topics deleted (the share layer forgets them at once)
-    DELETE_TOPICS: ResponseFilter(rewrite.note_deleted_topics),
+    DELETE_TOPICS: Interception(response=ResponseFilter(rewrite.note_deleted_topics)),
+    DESCRIBE_CONFIGS: Interception(served=Served(_SHARE + "group_configs.DescribeConfigs", some=True)),
+    DELETE_GROUPS: Interception(served=Served(_SHARE + "delete_groups", some=True)),
+    INCREMENTAL_ALTER_CONFIGS: Interception(
+        served=Served(_SHARE + "group_configs.IncrementalAlterConfigs", some=True)),
+    DESCRIBE_CLUSTER: Interception(response=ResponseFilter(rewrite.rewrite_describe_cluster)),
+    SHARE_GROUP_HEARTBEAT: Interception(served=Served(_SHARE + "share_group_heartbeat")),
+    SHARE_GROUP_DESCRIBE: Interception(served=Served(_SHARE + "share_group_describe")),
+    SHARE_FETCH: Interception(served=Served(_SHARE + "share_fetch")),
+    SHARE_ACKNOWLEDGE: Interception(served=Served(_SHARE + "share_acknowledge")),
+    READ_SHARE_GROUP_STATE: Interception(served=Served(_SHARE + "share_state.ReadShareGroupState")),
+    WRITE_SHARE_GROUP_STATE: Interception(served=Served(_SHARE + "share_state.WriteShareGroupState")),
+    DELETE_SHARE_GROUP_STATE: Interception(served=Served(_SHARE + "share_state.DeleteShareGroupState")),
+    DESCRIBE_SHARE_GROUP_OFFSETS: Interception(served=Served(_SHARE + "describe_share_group_offsets")),
+    ALTER_SHARE_GROUP_OFFSETS: Interception(served=Served(_SHARE + "alter_share_group_offsets")),
+    DELETE_SHARE_GROUP_OFFSETS: Interception(served=Served(_SHARE + "delete_share_group_offsets")),
 }
+
+# The table's columns, for the per-frame lookups of the connection code.
+DOWNGRADES: dict[int, Downgrade] = {k: i.downgrade for k, i in INTERCEPTIONS.items() if i.downgrade is not None}
+SERVED: dict[int, Served] = {k: i.served for k, i in INTERCEPTIONS.items() if i.served is not None}
+RESPONSE_FILTERS: dict[int, ResponseFilter] = {
+    k: i.response for k, i in INTERCEPTIONS.items() if i.response is not None}
+_READS_REQUEST = frozenset(k for k, f in RESPONSE_FILTERS.items() if f.reads_request)
+
+# The versions Fetch and non-transactional Produce requests are sent to the broker as.
+FETCH_SERVED_AS = DOWNGRADES[FETCH].version
+PRODUCE_SERVED_AS = DOWNGRADES[PRODUCE].version
 
 
 def reads_request(api_key: int) -> bool:
-    f = RESPONSE_FILTERS.get(api_key)
-    return f is not None and f.reads_request
+    return api_key in _READS_REQUEST
 
 
 def response_filter(api_key: int, version: int) -> ResponseFilter | None:
@@ -71,3 +165,9 @@ def response_filter(api_key: int, version: int) -> ResponseFilter | None:
     if f is None or version < f.from_version:
         return None
     return f
+
+
+def api_name(key: int) -> str:
+    """An API's name for log lines and reasons ("Fetch"), or "API <key>" for one the codec lacks."""
+    a = messages.apis().get(key)
+    return a.name if a else f"API {key}"

@@ -9,11 +9,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from ..client import KafkaConnection
+from ..clients.connection import KafkaConnection
 from ..protocol import messages
 from . import filters
 from .config import ProxyConfig
-from .connection import ClientConnection, ReadBuffer
+from .connection import ClientConnection
+from .read_buffer import ReadBuffer
 from .tls import ListenerTLS, quiet_hang_ups
 from .virtual import ClusterView
 
@@ -193,7 +194,17 @@ class Proxy:
         With it, only requests for which ``applies(header, body)`` is true are answered here (e.g.
         DescribeConfigs of a share group); the rest are forwarded, and the cluster's versions are
         advertised, capped at ``max_version``.
+
+        Only an API ``filters.INTERCEPTIONS`` declares served (with ``some`` exactly when
+        ``applies`` is given) may be registered: that table is the one list of what the proxy
+        does not simply forward.
         """
+        declared = filters.SERVED.get(api_key)
+        if declared is None or declared.newer_than_codec:
+            raise ValueError(f"{filters.api_name(api_key)} is not declared served in kshare.proxy.filters.INTERCEPTIONS")
+        if declared.some != (applies is not None):
+            how = "for the requests an applies() accepts" if declared.some else "whole, without applies()"
+            raise ValueError(f"{filters.api_name(api_key)} is declared served {how} in kshare.proxy.filters.INTERCEPTIONS")
         self._served[api_key] = (min_version, max_version, handler, applies)
         if applies is not None:
             self.version_caps[api_key] = (min_version, max_version)
@@ -206,7 +217,7 @@ class Proxy:
         if entry is not None and entry[0] <= version <= entry[1]:
             return entry[2]
         if api_key == filters.API_VERSIONS and version > messages.api(api_key).max_version:
-            return self._api_versions_fallback
+            return self.api_versions_fallback
         return None
 
     def serves(self, api_key: int, header: Any, body: Any) -> bool:
@@ -214,7 +225,7 @@ class Proxy:
         entry = self._served.get(api_key)
         return entry is None or entry[3] is None or entry[3](header, body)
 
-    def _api_versions_fallback(self, conn: ClientConnection, header: Any, body: Any) -> tuple[int, Any]:
+    def api_versions_fallback(self, conn: ClientConnection, header: Any, body: Any) -> tuple[int, Any]:
         """A client newer than us: answer in v0 with UNSUPPORTED_VERSION and our range, as Kafka does."""
         a = messages.api(filters.API_VERSIONS)
         cls = messages.message_class("ApiVersionsResponse")
@@ -226,16 +237,16 @@ class Proxy:
         known = self.upstream_versions
         cap = self.version_caps.get(api_key)
         if cap is not None and not cap[0] <= version <= cap[1] and api_key != filters.API_VERSIONS:
-            return f"{_name(api_key)} v{version} is outside the supported range {cap[0]}-{cap[1]}"
+            return f"{filters.api_name(api_key)} v{version} is outside the supported range {cap[0]}-{cap[1]}"
         if known is None or api_key == filters.API_VERSIONS:
             return None
         rng = known.get(api_key)
         if rng is None:
             if api_key in messages.apis():
-                return f"{_name(api_key)} (API key {api_key}) is not supported by the upstream cluster"
+                return f"{filters.api_name(api_key)} (API key {api_key}) is not supported by the upstream cluster"
             return f"unknown API key {api_key}"
         if not rng[0] <= version <= rng[1]:
-            return f"{_name(api_key)} v{version} is outside the supported range {rng[0]}-{rng[1]}"
+            return f"{filters.api_name(api_key)} v{version} is outside the supported range {rng[0]}-{rng[1]}"
         return None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -414,7 +425,3 @@ def describe_error(exc: BaseException) -> str:
         return exc.strerror.lower()
     return str(exc) or type(exc).__name__
 
-
-def _name(key: int) -> str:
-    a = messages.apis().get(key)
-    return a.name if a else f"API {key}"
