@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from .options import OptionError, Options
+from .options import NO_REUSE_REFUSED, SPECULATION_REFUSED, OptionError, Options
 from .rejects import RejectError, reject
 
 if os.environ.get("KSHARE_SPARK_LOG"):  # e.g. KSHARE_SPARK_LOG=INFO: the source's activity on stderr
@@ -28,17 +28,10 @@ __all__ = ["SCHEMA", "OptionError", "Options", "RejectError", "ShareSource", "re
 
 def __getattr__(name: str) -> Any:
     if name in ("ShareSource", "SCHEMA"):
-        from . import source
+        from . import source  # pyspark, loaded only when the source is asked for (see above)
 
         return getattr(source, name)
     raise AttributeError(name)
-
-
-SPECULATION_REFUSED = ("kshare source: spark.speculation=true is not supported (a losing speculative attempt's "
-                       "records would be accepted with the batch); set it to false")
-NO_REUSE_REFUSED = ("kshare source: spark.python.worker.reuse=false is not supported (a Python worker that ends with "
-                    "its task releases the records it read before their micro-batch commits: each would be "
-                    "redelivered until archived); set it to true")
 
 
 def refuse_unsupported(spark: Any) -> None:
@@ -64,7 +57,7 @@ def register(spark: Any) -> type:
     of the ``parallelism`` option (a data source cannot ask Spark for it by itself). Refuses a
     session with ``spark.speculation=true`` or ``spark.python.worker.reuse=false``
     (:class:`OptionError`, one line)."""
-    from .source import ShareSource
+    from .source import ShareSource  # pyspark: only when a session registers the source
 
     refuse_unsupported(spark)
     # A class made here is pickled by value (it is not importable by name), so the default

@@ -18,6 +18,13 @@ class OptionError(ValueError):
     """A missing or malformed option of the kshare source."""
 
 
+SPECULATION_REFUSED = ("kshare source: spark.speculation=true is not supported (a losing speculative attempt's "
+                       "records would be accepted with the batch); set it to false")
+NO_REUSE_REFUSED = ("kshare source: spark.python.worker.reuse=false is not supported (a Python worker that ends with "
+                    "its task releases the records it read before their micro-batch commits: each would be "
+                    "redelivered until archived); set it to true")
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     bootstrap: str

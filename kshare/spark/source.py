@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -27,7 +28,8 @@ from pyspark.sql.types import StructType
 
 from ..clients.share_member import ACCEPT, RELEASE, Record
 from .commits import CommitChannel, Marker
-from .options import Options, parse
+from .options import NO_REUSE_REFUSED, SPECULATION_REFUSED, OptionError, Options, parse
+from .worker import Tag, member_host
 
 log = logging.getLogger("kshare.spark")
 
@@ -127,8 +129,6 @@ class ShareStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         assert isinstance(partition, ShareInputPartition)
-        from .worker import Tag, member_host
-
         _refuse_unsupported()
         host = member_host(partition.opts)
         tag = Tag(partition.stream, partition.run, partition.batch, partition.index, _attempt())
@@ -157,8 +157,6 @@ class ShareBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         assert isinstance(partition, ShareInputPartition)
-        from .worker import Tag, member_host
-
         _refuse_unsupported()
         host = member_host(partition.opts)
         tag = Tag(partition.stream, partition.run, 0, partition.index, _attempt())
@@ -186,11 +184,6 @@ def _refuse_unsupported() -> None:
     hands a task the session's settings as local properties) or does not reuse Python workers
     (pyspark's daemon is told to with SPARK_REUSE_WORKER): for a source registered without
     ``kshare.spark.register``, which refuses both on the driver."""
-    from pyspark import TaskContext
-
-    from . import NO_REUSE_REFUSED, SPECULATION_REFUSED
-    from .options import OptionError
-
     tc = TaskContext.get()
     if tc is None:
         return
@@ -201,8 +194,6 @@ def _refuse_unsupported() -> None:
 
 
 def _attempt() -> int:
-    from pyspark import TaskContext
-
     tc = TaskContext.get()
     return tc.attemptNumber() if tc is not None else 0
 
