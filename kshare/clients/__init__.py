@@ -16,6 +16,7 @@ The consumer and its errors are imported on first use, so that the proxy, which 
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -62,6 +63,4 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'kshare.clients' has no attribute {name!r}")
-    from importlib import import_module
-
     return getattr(import_module(f".{module}", __name__), name)

@@ -8,6 +8,7 @@ against a native Apache Kafka 4.x cluster with share groups.  Built on :class:`K
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -102,8 +103,6 @@ async def speaks_tls(host: str, port: int, timeout: float) -> bool:
     """Whether ``host:port`` completes a TLS handshake (its certificate not checked: only the
     protocol is asked). A server that sends a TLS alert speaks TLS too (mutual TLS without a client
     certificate, an old protocol version)."""
-    import ssl
-
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE

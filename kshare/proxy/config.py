@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 
 from ..addresses import parse_hostports as parse_hostports  # re-exported: the CLI and tests import it here
@@ -61,8 +62,6 @@ class ProxyConfig:
         if self.advertised_host:
             return self.advertised_host
         if self.listen_host in ("0.0.0.0", "::", ""):
-            import socket
-
             return socket.getfqdn()
         return self.listen_host
 

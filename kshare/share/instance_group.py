@@ -55,6 +55,7 @@ class InstanceGroup:
 
     def _assignor(self) -> type:
         """aiokafka's assignors are classes with class methods: one of our own per membership."""
+        # aiokafka (here and in start) loads only in a proxy of an instance group
         from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
         from aiokafka.coordinator.protocol import (
             ConsumerProtocolMemberAssignment,

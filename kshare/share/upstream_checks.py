@@ -81,6 +81,7 @@ async def check_upstream(bootstrap: str, security: ClientSecurity, checks: Upstr
     INFO line says so (the record cache still takes a fetch's records past its high watermark as
     the end, whatever the cluster).
     """
+    # aiokafka loads only when the cluster is probed (a proxy without share groups never needs it)
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
     from aiokafka.errors import KafkaError, TopicAlreadyExistsError
