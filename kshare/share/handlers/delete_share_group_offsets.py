@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ...protocol.codes import ApiKey
 from .. import admin
 from ..authorization import Operation
 from ..errors import ErrorCode
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
     from ..service import ShareGroupService
 
-API_KEY = 92
+API_KEY = ApiKey.DELETE_SHARE_GROUP_OFFSETS
 VERSIONS = (0, 0)
 
 Response = messages.message_class("DeleteShareGroupOffsetsResponse")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ...protocol.codes import ApiKey
 from ..authorization import Operation
 from ..config import CONFIG_DEFS, ConfigError, GroupConfig, validate
 from ..errors import ErrorCode
@@ -74,7 +75,7 @@ async def _ask_coordinators(service: ShareGroupService, api_key: int, resources:
 
 
 class DescribeConfigs:
-    API_KEY = 32
+    API_KEY = ApiKey.DESCRIBE_CONFIGS
     VERSIONS = (0, 4)
 
     @staticmethod
@@ -146,7 +147,7 @@ def _group_configs(config: GroupConfig, resource: Any, req: Any) -> list[Any]:
 
 
 class IncrementalAlterConfigs:
-    API_KEY = 44
+    API_KEY = ApiKey.INCREMENTAL_ALTER_CONFIGS
     VERSIONS = (0, 1)
 
     @staticmethod
@@ -165,7 +166,7 @@ class IncrementalAlterConfigs:
         others = [r for r in req.resources if r not in ours and r not in remote]
         results: dict[int, Any] = {}
         if remote:
-            await _ask_coordinators(service, 44, remote, results, lambda rs: type(req)(
+            await _ask_coordinators(service, ApiKey.INCREMENTAL_ALTER_CONFIGS, remote, results, lambda rs: type(req)(
                 resources=rs, validate_only=req.validate_only), lambda resp: resp.responses,
                 lambda r, code: AlterResponse.AlterConfigsResourceResponse(
                     error_code=code, error_message="The group's coordinator did not answer.", resource_type=GROUP,
@@ -177,7 +178,7 @@ class IncrementalAlterConfigs:
                     resource_name=r.resource_name)
             ours = []
         if others:
-            upstream = await _forward(conn, 44, version, type(req)(resources=others, validate_only=req.validate_only))
+            upstream = await _forward(conn, ApiKey.INCREMENTAL_ALTER_CONFIGS, version, type(req)(resources=others, validate_only=req.validate_only))
             for r, res in zip(others, upstream.responses, strict=False):
                 results[id(r)] = res
         for r in ours:

@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ...protocol.codes import ApiKey
 from ..errors import ErrorCode
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
     from ..service import ShareGroupService
 
-API_KEY = 11
+API_KEY = ApiKey.JOIN_GROUP
 VERSIONS = (0, 9)
 
 Response = messages.message_class("JoinGroupResponse")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ...protocol.codes import ApiKey
 from ..authorization import Operation
 from .common import admin_loaded, group_refusal
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
     from ..service import ShareGroupService
 
-API_KEY = 16
+API_KEY = ApiKey.LIST_GROUPS
 VERSIONS = (0, 5)
 SHARE = "share"
 

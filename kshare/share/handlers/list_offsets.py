@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from ...protocol.codes import ApiKey
 from ..upstream import LATEST
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
     from ..service import ShareGroupService
 
-API_KEY = 2
+API_KEY = ApiKey.LIST_OFFSETS
 VERSIONS = (1, 10)  # v0 (offset arrays) is forwarded as it is
 
 

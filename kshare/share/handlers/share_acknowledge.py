@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ...protocol.codes import ApiKey
 from ..authorization import Operation
 from ..errors import ErrorCode
 from ..sessions import FINAL_EPOCH
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
     from ..service import ShareGroupService
 
-API_KEY = 79
+API_KEY = ApiKey.SHARE_ACKNOWLEDGE
 VERSIONS = (1, 2)
 
 Response = messages.message_class("ShareAcknowledgeResponse")

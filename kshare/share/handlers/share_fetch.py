@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
 from ...protocol.codegen import SPLICE_MIN
+from ...protocol.codes import ApiKey
 from ..authorization import Operation
 from ..errors import ErrorCode
 from ..partition import FetchedBatch
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from ..partition_state import SharePartitionState
     from ..service import ShareGroupService
 
-API_KEY = 78
+API_KEY = ApiKey.SHARE_FETCH
 VERSIONS = (1, 2)
 
 Response = messages.message_class("ShareFetchResponse")

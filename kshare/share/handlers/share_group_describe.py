@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ...protocol.codes import ApiKey
 from ..authorization import Operation
 from ..errors import ErrorCode
 from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere, group_refusal
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
     from ..service import ShareGroupService
 
-API_KEY = 77
+API_KEY = ApiKey.SHARE_GROUP_DESCRIBE
 VERSIONS = (0, 1)
 ASSIGNOR = "simple"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ...protocol.codes import ApiKey
 from ..authorization import Operation
 from ..errors import ErrorCode
 from .common import NOT_COORDINATOR_MESSAGE, coordinated_elsewhere, group_refusal, topic_refusal
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
     from ..service import ShareGroupService
 
-API_KEY = 76
+API_KEY = ApiKey.SHARE_GROUP_HEARTBEAT
 VERSIONS = (1, 1)
 
 Response = messages.message_class("ShareGroupHeartbeatResponse")

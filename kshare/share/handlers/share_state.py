@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
+from ...protocol.codes import ApiKey
 from .. import admin
 from ..authorization import Operation
 from ..errors import ErrorCode
@@ -59,7 +60,7 @@ async def _refusals(service: ShareGroupService, conn: ClientConnection, req: Any
 
 
 class ReadShareGroupState:
-    API_KEY = 84
+    API_KEY = ApiKey.READ_SHARE_GROUP_STATE
     VERSIONS = (0, 0)
     Response = messages.message_class("ReadShareGroupStateResponse")
 
@@ -91,7 +92,7 @@ class ReadShareGroupState:
 class WriteShareGroupState:
     """Only what the group's coordinator writes elsewhere: an SPSO reset (no state batches)."""
 
-    API_KEY = 85
+    API_KEY = ApiKey.WRITE_SHARE_GROUP_STATE
     VERSIONS = (0, 0)
     Response = messages.message_class("WriteShareGroupStateResponse")
 
@@ -118,7 +119,7 @@ class WriteShareGroupState:
 
 
 class DeleteShareGroupState:
-    API_KEY = 86
+    API_KEY = ApiKey.DELETE_SHARE_GROUP_STATE
     VERSIONS = (0, 0)
     Response = messages.message_class("DeleteShareGroupStateResponse")
 
