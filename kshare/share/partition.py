@@ -8,22 +8,32 @@ persist; time comes from an injected millisecond clock and the caller schedules 
 for ``next_deadline()``.
 
 State transitions are looked up in ``kshare.share.states.TRANSITIONS``; this module
-only walks offset ranges (``kshare.share.ranges``) and applies them.
+only walks offset ranges (``kshare.share.ranges``) and applies them. The engine's other jobs
+have modules of their own: acknowledgements (``acknowledgements``), key-ordered sharing
+(``key_order``), building the durable update of an operation (``partition_update``); the types
+of its calls are in ``partition_types``.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from bisect import bisect_left
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple, Protocol
 
+from kshare.share.acknowledgements import Acknowledging
 from kshare.share.errors import ErrorCode
+from kshare.share.key_order import WAITS_FOR_KEY, KeyOrder, RecordKeys, add_piece
+from kshare.share.partition_types import (
+    AcknowledgeResult,
+    AcquiredRange,
+    AcquireResult,
+    FetchedBatch,
+    InFlightRange,
+    ResetResult,
+)
+from kshare.share.partition_update import durable_update
 from kshare.share.ranges import StateRange, index_of, isolate, merge_between
 from kshare.share.states import (
-    ACK_TYPE_EVENTS,
     TERMINAL_STATES,
     TRANSITIONS,
     AcknowledgeType,
@@ -36,7 +46,6 @@ from kshare.share.states import (
     Transition,
     durable_view,
     merge_batches,
-    overlay,
     replay,
 )
 
@@ -68,81 +77,13 @@ _T_ACQUIRE = TRANSITIONS[(_AVAILABLE, Event.ACQUIRE)]
 _T_SKIP = TRANSITIONS[(_AVAILABLE, Event.SKIP)]
 _T_LOCK_TIMEOUT = TRANSITIONS[(_ACQUIRED, Event.LOCK_TIMEOUT)]
 _T_MEMBER_GONE = TRANSITIONS[(_ACQUIRED, Event.MEMBER_GONE)]
-_ACK_TRANSITIONS: dict[int, Transition] = {
-    ack_type: TRANSITIONS[(_ACQUIRED, event)] for ack_type, event in ACK_TYPE_EVENTS.items()
-}
-_VALID_ACK_TYPES = bytes(sorted(ACK_TYPE_EVENTS))
-
-
-# An Available record of a key-ordered group whose key has an earlier record not yet finished: it is
-# not acquired (nor fetched for) until that record is acknowledged or archived. Kept in the range's
-# deadline, as a redelivery backoff that ends when its key's turn comes, not at a time.
-_WAITS_FOR_KEY = 1 << 62
-_NO_KEY = -1  # record_keys.NULL_KEY: a record without a key
 
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-class FetchedBatch(NamedTuple):
-    """What the engine needs to know about one upstream record batch (never its records)."""
-
-    base_offset: int
-    last_offset: int
-    is_control: bool = False
-    is_transactional: bool = False
-    producer_id: int = -1
-
-
-class RecordKeys(Protocol):
-    """The records of one fetched batch for key-ordered groups (``record_keys.KeyedBatch``):
-    ``offsets`` ascending, ``keys[i]`` the identity of the key of the record at ``offsets[i]``
-    (equal keys, equal identities; -1 for a record without a key)."""
-
-    offsets: Sequence[int]
-    keys: Sequence[int]
-
-
-class AcquiredRange(NamedTuple):
-    """Offsets handed to a member, as in ShareFetch's AcquiredRecords."""
-
-    first_offset: int
-    last_offset: int
-    delivery_count: int
-
-
-class AcquireResult(NamedTuple):
-    records: list[AcquiredRange]  # in offset order, adjacent ranges with equal counts merged
-    count: int  # offsets acquired (intra-batch compaction gaps included, as Kafka counts)
-    update: ShareUpdate | None  # durable change to write before answering, if any
-
-
-class AcknowledgeResult(NamedTuple):
-    error_code: int  # ErrorCode.NONE, INVALID_REQUEST or INVALID_RECORD_STATE
-    update: ShareUpdate | None
-
-
-class ResetResult(NamedTuple):
-    error_code: int  # ErrorCode.NONE or NON_EMPTY_GROUP
-    snapshot: ShareSnapshot | None  # on success: write as a new snapshot (replaces all state)
-    update: ShareUpdate | None  # on refusal: lock expiries processed on the way, if any
-
-
-class InFlightRange(NamedTuple):
-    """Introspection view of one state range (for tests, metrics and describe calls)."""
-
-    first_offset: int
-    last_offset: int
-    state: RecordState
-    delivery_count: int
-    member_id: str | None
-    deadline_ms: int | None
-    available_at_ms: int | None = None  # Available, in its redelivery backoff until then
-    waits_for_key: bool = False  # Available, behind an unfinished earlier record of its key
-
-
-class SharePartition:
+class SharePartition(Acknowledging, KeyOrder):
     """In-flight state of one share-partition: SPSO, SPEO and offset ranges between them.
 
     Invariants: ``ranges`` tiles [SPSO, SPEO) exactly; the first range (if any) is not
@@ -191,23 +132,7 @@ class SharePartition:
         self.renew_enabled = renew_enabled
         self.redelivery_backoff_ms = redelivery_backoff_ms
         self.redelivery_backoff_max_ms = redelivery_backoff_max_ms
-        # Key-ordered sharing (docs/ordering-and-backoff.md). Keys are learnt from fetched batches
-        # (``acquire``'s record_keys) for every offset below _keyed_to; at and past it they are not
-        # known yet and nothing is acquired there. _key_of: key of each unfinished offset learnt
-        # (keyless ones left out); _key_queue: per key its learnt offsets, ascending, where entries
-        # no longer in _key_of are finished and dropped when they reach the front. The front is
-        # the key's head: the only record of the key that may be acquired.
-        self._key_ordered = False
-        self._keyed_to = start_offset
-        self._key_of: dict[int, int] = {}
-        self._key_queue: dict[int, deque[int]] = {}
-        self._keys_left = 0  # keyed records the acquire under way may still take
-        # Affinity: the member that finished each key's last record (by acknowledging it), and per
-        # member those keys. An acquire of that member under a key budget takes them first.
-        self._finisher: dict[int, str] = {}
-        self._finished_by: dict[str, set[int]] = {}
-        self._preferred: set[int] = set()  # heads the acquire under way takes first (its member's keys)
-        self._preferred_to = -1  # the last of them
+        self._init_keys(start_offset)  # key-ordered sharing (kshare.share.key_order)
         self.key_ordered = key_ordered
 
     # ------------------------------------------------------------------ configuration
@@ -222,39 +147,6 @@ class SharePartition:
         if value < 1:
             raise ValueError("delivery count limit must be at least 1")
         self._limit = value
-
-    @property
-    def key_ordered(self) -> bool:
-        """``kshare.share.ordering=key``: records of one key are acquired one at a time, in offset order."""
-        return self._key_ordered
-
-    @key_ordered.setter
-    def key_ordered(self, value: bool) -> None:
-        if value == self._key_ordered:
-            return
-        self._key_ordered = value
-        self._key_of.clear()
-        self._key_queue.clear()
-        self._forget_finishers()
-        # Turned on: keys are learnt again from the SPSO (records acquired before stay acquired).
-        # Turned off: records waiting for their key are plain Available.
-        self._keyed_to = self._spso
-        if not value:
-            for r in self._ranges:
-                if r.state == _AVAILABLE and r.deadline == _WAITS_FOR_KEY:
-                    r.deadline = 0
-            self._available_from = self._spso
-            merge_between(self._ranges, 0, len(self._ranges))
-
-    @property
-    def keys_known_to(self) -> int:
-        """Key-ordered groups: the keys of the records from here on are not known yet, so the
-        batches of a fetch ending before it need no keys read (``acquire``'s record_keys)."""
-        return max(self._keyed_to, self._spso)
-
-    def ordered_key_count(self) -> int:
-        """Keys with an unfinished record learnt (key-ordered groups; 0 otherwise)."""
-        return len(self._key_queue)
 
     def backoff_ms(self, delivery_count: int) -> int:
         """How long a record delivered ``delivery_count`` times waits before it may be acquired
@@ -371,8 +263,8 @@ class SharePartition:
                 r.count,
                 r.member,
                 r.deadline if r.state == _ACQUIRED else None,
-                r.deadline if r.state == _AVAILABLE and 0 < r.deadline < _WAITS_FOR_KEY else None,
-                r.state == _AVAILABLE and r.deadline == _WAITS_FOR_KEY,
+                r.deadline if r.state == _AVAILABLE and 0 < r.deadline < WAITS_FOR_KEY else None,
+                r.state == _AVAILABLE and r.deadline == WAITS_FOR_KEY,
             )
             for r in self._ranges
         ]
@@ -472,15 +364,7 @@ class SharePartition:
         old_start = self._begin()
         self._expire(now)
         if self._key_ordered:
-            if record_keys is not None:
-                self.learn_keys(fetched_batches, record_keys, fetch_offset)
-            self._keys_left = (1 << 62) if max_keys is None else max_keys
-            self._preferred = set()
-            self._preferred_to = -1
-            if max_keys is not None and max_keys < len(self._key_queue) and fetched_batches:
-                # (a budget for every key takes every free head: nothing to prefer)
-                self._choose_preferred(member_id, max_keys, fetched_batches[-1][1])
-                self._keys_left -= len(self._preferred)
+            self._begin_keyed_acquire(member_id, fetched_batches, record_keys, fetch_offset, max_keys)
         pieces: list[list[int]] = []  # [first, last, delivery count], merged as they come
         total = 0
         if max_records > 0 and fetched_batches:
@@ -578,7 +462,7 @@ class SharePartition:
                 if record_limit:
                     end = min(hi, start + min(budget, room) - 1)
                 self._append(StateRange(start, end, _ACQUIRED, 1, member_id, deadline))
-                _add_piece(pieces, start, end, 1)
+                add_piece(pieces, start, end, 1)
                 got = end - start + 1
                 acquired += got
                 budget -= got
@@ -625,305 +509,9 @@ class SharePartition:
             self._apply(r, _T_ACQUIRE, member_id, deadline)
             if r.state == _ACQUIRED:
                 got += b - a + 1
-                _add_piece(pieces, a, b, r.count)
+                add_piece(pieces, a, b, r.count)
             i += 1
         return got, False
-
-    # ------------------------------------------------------------------ key order
-
-    def learn_keys(
-        self,
-        fetched_batches: Sequence[FetchedBatch],
-        record_keys: Sequence[RecordKeys | None],
-        fetch_offset: int | None,
-    ) -> None:
-        """Key-ordered groups: learn the keys of fetched records (``acquire`` does it with its
-        record_keys; call it first to size ``max_keys`` on the keys known).
-
-        Keys are learnt from ``keys_known_to`` on, while the batches run on from it without a
-        gap of unknown offsets (gaps after fetch_offset are offsets missing upstream)."""
-        cursor = max(self._keyed_to, self._spso)
-        known = fetch_offset is not None and fetch_offset <= cursor
-        key_of = self._key_of
-        queues = self._key_queue
-        ranges = self._ranges
-        speo = self._speo
-        i = index_of(ranges, cursor) if cursor < speo else len(ranges)
-        for batch, keys in zip(fetched_batches, record_keys, strict=True):
-            last = batch[1]
-            if last < cursor:
-                continue
-            if batch[0] > cursor and not known:
-                break
-            known = True
-            if keys is not None:
-                offsets = keys.offsets
-                ids = keys.keys
-                for j in range(bisect_left(offsets, cursor), len(offsets)):
-                    k = ids[j]
-                    if k != _NO_KEY:
-                        o = offsets[j]
-                        if o < speo:  # in the window (relearning after a restart): finished ones not
-                            while ranges[i].last < o:
-                                i += 1
-                            if ranges[i].state in TERMINAL_STATES:
-                                continue
-                        key_of[o] = k
-                        q = queues.get(k)
-                        if q is None:
-                            queues[k] = deque((o,))
-                        else:
-                            q.append(o)
-            cursor = last + 1
-        self._keyed_to = cursor
-
-    def _is_head(self, offset: int, key: int) -> bool:
-        """True when ``offset`` (unfinished, key ``key``) is the first unfinished record of its key."""
-        q = self._key_queue[key]
-        key_of = self._key_of
-        while q[0] != offset and q[0] not in key_of:
-            q.popleft()
-        return q[0] == offset
-
-    def _acquire_keyed(
-        self,
-        lo: int,
-        hi: int,
-        member_id: str,
-        deadline: int,
-        cap: int | None,
-        pieces: list[list[int]],
-    ) -> tuple[int, bool]:
-        """Key-ordered acquisition of the offsets lo..hi of one batch; returns (offsets
-        acquired, whether to stop: cap, key budget, window full or keys not known).
-
-        First every acquirable offset is decided in offset order (take / wait for its key),
-        then the decisions are applied run by run.
-        """
-        top = min(hi, max(self._keyed_to, self._spso) - 1)  # keys past it are not known yet
-        runs: list[list[int]] = []  # [first, last, take?]
-        key_of = self._key_of
-        limit = self._limit
-        taken = 0
-        preferred, preferred_to = self._preferred, self._preferred_to
-
-        def decide(o: int, at_limit: bool) -> bool | None:
-            nonlocal taken
-            k = key_of.get(o)
-            if k is None:
-                take = True
-            elif not self._is_head(o, k):
-                take = False
-            elif at_limit:  # archived rather than acquired: uses no budget
-                take = True
-            elif o in preferred:  # (budget set aside for it)
-                take = True
-                self._drop_finisher(k)
-            elif self._keys_left <= 0:
-                if o < preferred_to:
-                    return False  # left Available; the member's own keys come further on
-                return None
-            else:
-                self._keys_left -= 1
-                take = True
-                if k in self._finisher:
-                    self._drop_finisher(k)  # its next record goes out: nothing left to keep
-            if take and not at_limit:
-                if cap is not None and taken >= cap:
-                    return None
-                taken += 1
-            if runs and runs[-1][2] == take and runs[-1][1] == o - 1:
-                runs[-1][1] = o
-            else:
-                runs.append([o, o, take])
-            return take
-
-        speo = self._speo
-        ranges = self._ranges
-        now = self._now
-        halt = False
-        w = min(top, speo - 1)
-        if lo <= w:  # offsets already in the window: the Available ones
-            i = index_of(ranges, lo)
-            while i < len(ranges) and not halt:
-                r = ranges[i]
-                if r.first > w:
-                    break
-                if r.state == _AVAILABLE and r.deadline <= now:  # not waiting (backoff, key)
-                    at_limit = r.count >= limit
-                    for o in range(max(r.first, lo), min(r.last, w) + 1):
-                        if decide(o, at_limit) is None:
-                            halt = True
-                            break
-                i += 1
-        if not halt and max(lo, speo) <= top:  # new offsets, while the window has room
-            if self.max_record_locks - (speo - self._spso) <= 0:
-                halt = True
-            else:
-                for o in range(max(lo, speo), top + 1):
-                    if decide(o, False) is None:
-                        halt = True
-                        break
-        got = 0
-        for first, last, take in runs:
-            if first < speo:
-                end = min(last, speo - 1)
-                if take:
-                    got += self._acquire_span(first, end, member_id, deadline, None, pieces)[0]
-                else:
-                    self._set_waiting(first, end)
-                if last < speo:
-                    continue
-                first = speo
-            if first > self._speo:  # unknown offsets before (no fetch_offset given): fetch again later
-                self._append(StateRange(self._speo, first - 1, _AVAILABLE, 0))
-            if take:
-                self._append(StateRange(first, last, _ACQUIRED, 1, member_id, deadline))
-                _add_piece(pieces, first, last, 1)
-                got += last - first + 1
-            else:
-                for a, b, waits in self._waiting_runs(first, last):
-                    self._append(StateRange(a, b, _AVAILABLE, 0, None, _WAITS_FOR_KEY if waits else 0))
-        return got, halt or top < hi
-
-    def _waiting_runs(self, first: int, last: int) -> list[tuple[int, int, bool]]:
-        """first..last decided 'wait for the key' split by whether that still holds: a record
-        archived on the way (at the delivery limit) makes the next one of its key the head."""
-        key_of = self._key_of
-        out: list[tuple[int, int, bool]] = []
-        for o in range(first, last + 1):
-            k = key_of.get(o)
-            waits = k is not None and not self._is_head(o, k)
-            if out and out[-1][2] == waits:
-                out[-1] = (out[-1][0], o, waits)
-            else:
-                out.append((o, o, waits))
-        return out
-
-    def _set_waiting(self, first: int, last: int) -> None:
-        """Mark the Available offsets of first..last (in the window) as waiting for their key."""
-        ranges = self._ranges
-        for a, b, waits in self._waiting_runs(first, last):
-            if not waits:
-                continue
-            i = index_of(ranges, a)
-            while i < len(ranges):
-                r = ranges[i]
-                if r.first > b:
-                    break
-                if r.state == _AVAILABLE and r.deadline != _WAITS_FOR_KEY:
-                    i = isolate(ranges, i, max(r.first, a), min(r.last, b))
-                    r = ranges[i]
-                    r.deadline = _WAITS_FOR_KEY
-                    self._touch(r.first, r.last)
-                i += 1
-
-    def _finish_keys(self, first: int, last: int, member: str | None = None) -> None:
-        """Records first..last are finished: the next record of each of their keys may go.
-        ``member``: who finished them (acknowledged them while holding them), or None."""
-        top = min(last, self._keyed_to - 1)
-        if top < first or not self._key_of:
-            return
-        key_of = self._key_of
-        keys = set()
-        for o in range(first, top + 1):
-            k = key_of.pop(o, None)
-            if k is not None:
-                keys.add(k)
-        for k in keys:
-            if member is not None:
-                self._set_finisher(k, member)
-            self._next_of_key(k)
-
-    def _set_finisher(self, key: int, member: str) -> None:
-        old = self._finisher.get(key)
-        if old == member:
-            return
-        if old is not None:
-            self._drop_finished(old, key)
-        self._finisher[key] = member
-        mine = self._finished_by.get(member)
-        if mine is None:
-            self._finished_by[member] = {key}
-        else:
-            mine.add(key)
-
-    def _drop_finisher(self, key: int) -> None:
-        member = self._finisher.pop(key, None)
-        if member is not None:
-            self._drop_finished(member, key)
-
-    def _drop_finished(self, member: str, key: int) -> None:
-        mine = self._finished_by.get(member)
-        if mine is not None:
-            mine.discard(key)
-            if not mine:
-                del self._finished_by[member]
-
-    def _forget_finishers(self) -> None:
-        self._finisher.clear()
-        self._finished_by.clear()
-
-    def _head(self, key: int) -> int | None:
-        """The first unfinished learnt record of ``key`` (finished ones dropped from the front)."""
-        q = self._key_queue.get(key)
-        if not q:
-            return None
-        key_of = self._key_of
-        while q and q[0] not in key_of:
-            q.popleft()
-        return q[0] if q else None
-
-    def _choose_preferred(self, member_id: str, budget: int, up_to: int) -> None:
-        """The heads, up to ``budget`` of them (first in offset order) and up to offset ``up_to``,
-        of the keys ``member_id`` finished last that may be acquired now: ``_acquire_keyed`` takes
-        these first, so a consumer asking again with its acknowledgements gets the next record
-        of each key it just finished (within its budget) instead of another member, and the keys
-        stay spread as they were."""
-        self._preferred = set()
-        self._preferred_to = -1
-        mine = self._finished_by.get(member_id)
-        if not mine or budget <= 0:
-            return
-        ranges = self._ranges
-        spso, speo, now = self._spso, self._speo, self._now
-        heads = []
-        for k in mine:
-            h = self._head(k)
-            if h is None or not spso <= h < speo or h > up_to:
-                continue
-            r = ranges[index_of(ranges, h)]
-            if r.state == _AVAILABLE and r.deadline <= now and r.count < self._limit:
-                heads.append(h)
-        if len(heads) > budget:
-            heads.sort()
-            del heads[budget:]
-        self._preferred = set(heads)
-        self._preferred_to = max(heads, default=-1)
-
-    def _next_of_key(self, key: int) -> None:
-        """Drop the key's finished records from its front; its new head stops waiting."""
-        q = self._key_queue.get(key)
-        if q is None:
-            return
-        key_of = self._key_of
-        while q and q[0] not in key_of:
-            q.popleft()
-        if not q:
-            del self._key_queue[key]
-            self._drop_finisher(key)
-            return
-        h = q[0]
-        if self._spso <= h < self._speo:
-            ranges = self._ranges
-            i = index_of(ranges, h)
-            r = ranges[i]
-            if r.state == _AVAILABLE and r.deadline == _WAITS_FOR_KEY:
-                i = isolate(ranges, i, h, h)
-                ranges[i].deadline = 0
-                self._touch(h, h)
-                if h < self._available_from:
-                    self._available_from = h
 
     def _touch(self, first: int, last: int) -> None:
         if first < self._touch_lo:
@@ -975,109 +563,6 @@ class SharePartition:
         if r.first < self._touch_lo:
             self._touch_lo = r.first
         self._touch_hi = r.last
-
-    # ------------------------------------------------------------------ acknowledge
-
-    def acknowledge(
-        self,
-        member_id: str,
-        batches: Iterable[tuple[int, int, int | Sequence[int]]],
-    ) -> AcknowledgeResult:
-        """Apply acknowledgement batches (first, last, types) of one member, atomically.
-
-        ``types`` is one type for the whole range or one per offset. Every offset must be
-        acquired by ``member_id`` with its lock still valid, else INVALID_RECORD_STATE and
-        nothing changes; malformed batches, and batches reaching past the last offset in flight
-        (as Kafka 4.4 answers them), give INVALID_REQUEST. Renew (4) is accepted only
-        when ``renew_enabled``. Lock expiries due by now are processed first and their
-        durable change is part of the returned update even when the acknowledgement fails.
-        """
-        now = self._clock()
-        old_start = self._begin()
-        self._expire(now)
-        plan, error = self._plan_acknowledgements(member_id, batches)
-        if error == ErrorCode.NONE and plan:
-            self._apply_plan(plan, member_id, now + self.record_lock_duration_ms)
-        return AcknowledgeResult(int(error), self._finish(old_start))
-
-    def _plan_acknowledgements(
-        self,
-        member_id: str,
-        batches: Iterable[tuple[int, int, int | Sequence[int]]],
-    ) -> tuple[list[tuple[int, int, int]], ErrorCode]:
-        """Validate everything first (atomicity); returns (first, last, type) runs to apply."""
-        plan: list[tuple[int, int, int]] = []
-        spans: list[tuple[int, int]] = []
-        for first, last, types in batches:
-            if first < 0 or first > last:
-                return [], ErrorCode.INVALID_REQUEST
-            if isinstance(types, int):
-                codes = bytes((types,)) if 0 <= types < 256 else b"\xff"
-            else:
-                try:
-                    codes = bytes(types)
-                except (TypeError, ValueError):
-                    return [], ErrorCode.INVALID_REQUEST
-            if len(codes) != 1 and len(codes) != last - first + 1:
-                return [], ErrorCode.INVALID_REQUEST
-            if codes.translate(None, _VALID_ACK_TYPES):
-                return [], ErrorCode.INVALID_REQUEST
-            if not self.renew_enabled and AcknowledgeType.RENEW in codes:
-                return [], ErrorCode.INVALID_RECORD_STATE
-            if len(codes) == 1:
-                plan.append((first, last, codes[0]))
-            else:
-                for start, end, ack_type in _type_runs(codes):
-                    plan.append((first + start, first + end, ack_type))
-            spans.append((first, last))
-        spans.sort()
-        for k in range(1, len(spans)):
-            if spans[k][0] <= spans[k - 1][1]:
-                return [], ErrorCode.INVALID_REQUEST
-        for first, last in spans:
-            # As Kafka's SharePartition: a batch starting before the in-flight records is an
-            # invalid state, one reaching past the last of them an invalid request
-            if self._spso < self._speo and first >= self._spso and last >= self._speo:
-                return [], ErrorCode.INVALID_REQUEST
-            if not self._held_by(member_id, first, last):
-                return [], ErrorCode.INVALID_RECORD_STATE
-        plan.sort()
-        return plan, ErrorCode.NONE
-
-    def _held_by(self, member_id: str, first: int, last: int) -> bool:
-        """True when every offset of first..last is acquired by the member (lock valid)."""
-        if first < self._spso or last >= self._speo:
-            return False
-        ranges = self._ranges
-        i = index_of(ranges, first)
-        while i < len(ranges):
-            r = ranges[i]
-            if r.first > last:
-                return True
-            if r.state != _ACQUIRED or r.member != member_id:
-                return False
-            i += 1
-        return True
-
-    def _apply_plan(self, plan: list[tuple[int, int, int]], member: str, deadline: int) -> None:
-        """Apply validated, sorted (first, last, type) runs in one walk over the ranges."""
-        ranges = self._ranges
-        i = index_of(ranges, plan[0][0])
-        for first, last, ack_type in plan:
-            t = _ACK_TRANSITIONS[ack_type]
-            while ranges[i].last < first:
-                i += 1
-            while i < len(ranges):
-                r = ranges[i]
-                if r.first > last:
-                    break
-                if r.first < first or r.last > last:
-                    i = isolate(ranges, i, max(r.first, first), min(r.last, last))
-                    r = ranges[i]
-                self._apply(r, t, member, deadline)
-                i += 1
-            if ack_type == AcknowledgeType.RENEW:
-                heapq.heappush(self._locks, (deadline, first, last))
 
     # ------------------------------------------------------------------ locks and members
 
@@ -1151,8 +636,7 @@ class SharePartition:
         for r in self._ranges:
             if r.state == _ACQUIRED and r.member == member_id:
                 self._apply(r, _T_MEMBER_GONE, None, 0)
-        for k in self._finished_by.pop(member_id, ()):
-            self._finisher.pop(k, None)
+        self._forget_member_keys(member_id)
         return self._finish(old_start)
 
     # ------------------------------------------------------------------ SPSO movement
@@ -1189,10 +673,8 @@ class SharePartition:
         self._ranges.clear()
         self._locks.clear()
         self._delays.clear()
-        self._key_of.clear()
-        self._key_queue.clear()
-        self._forget_finishers()
-        self._spso = self._speo = self._available_from = self._keyed_to = offset
+        self._forget_keys(offset)
+        self._spso = self._speo = self._available_from = offset
         return ResetResult(int(ErrorCode.NONE), ShareSnapshot(offset, ()), None)
 
     # ------------------------------------------------------------------ internals
@@ -1268,19 +750,7 @@ class SharePartition:
         self._advance_start()
         changes = self._changes
         self._changes = []
-        new_start = self._spso
-        if not changes:
-            return None if new_start == old_start else ShareUpdate(new_start, ())
-        batches = merge_batches(changes if _sorted_disjoint(changes) else overlay((), changes))
-        if new_start == old_start:
-            return ShareUpdate(-1, tuple(batches))
-        # The SPSO moved. When the records it moved past are exactly the ones this update
-        # settles and other durable state stays in flight, the update stays a pure delta:
-        # replaying it moves the start past the settled records (seed 001, "Acknowledge 110").
-        # Otherwise the new start offset is written and settles everything below it.
-        if _covers(batches, old_start, new_start) and self._durable_state_remains():
-            return ShareUpdate(-1, tuple(batches))
-        return ShareUpdate(new_start, tuple(_clip(batches, new_start)))
+        return durable_update(changes, old_start, self._spso, self._durable_state_remains)
 
     def _advance_start(self) -> None:
         """Move the SPSO past Acknowledged/Archived records and forget their state."""
@@ -1304,77 +774,3 @@ class SharePartition:
 
     def __repr__(self) -> str:
         return f"SharePartition(spso={self._spso}, speo={self._speo}, ranges={self._ranges!r})"
-
-
-def _add_piece(pieces: list[list[int]], first: int, last: int, count: int) -> None:
-    if pieces:
-        p = pieces[-1]
-        if p[1] + 1 == first and p[2] == count:
-            p[1] = last
-            return
-    pieces.append([first, last, count])
-
-
-def _type_runs(codes: bytes) -> list[tuple[int, int, int]]:
-    """Runs of equal acknowledge types as (start, end inclusive, type), found with bytes.find.
-
-    Each type's next occurrence is searched in C and cached, so a 500-offset batch with a
-    few releases costs a handful of calls instead of a Python step per offset.
-    """
-    n = len(codes)
-    present = [t for t in _VALID_ACK_TYPES if t in codes]
-    if len(present) == 1:
-        return [(0, n - 1, present[0])]
-    next_at = dict.fromkeys(present, -1)
-    runs = []
-    p = 0
-    while p < n:
-        current = codes[p]
-        q = n
-        for t in present:
-            if t != current:
-                at = next_at[t]
-                if at < p:
-                    at = codes.find(t, p)
-                    if at < 0:
-                        at = n
-                    next_at[t] = at
-                if at < q:
-                    q = at
-        runs.append((p, q - 1, current))
-        p = q
-    return runs
-
-
-def _sorted_disjoint(batches: Sequence[StateBatch]) -> bool:
-    prev = -1
-    for b in batches:
-        if b.first_offset <= prev:
-            return False
-        prev = b.last_offset
-    return True
-
-
-def _covers(batches: Sequence[StateBatch], first: int, end: int) -> bool:
-    """True when ``batches`` (sorted) cover every offset of first..end-1."""
-    cursor = first
-    for b in batches:
-        if b.last_offset < cursor:
-            continue
-        if b.first_offset > cursor:
-            return False
-        cursor = b.last_offset + 1
-        if cursor >= end:
-            return True
-    return cursor >= end
-
-
-def _clip(batches: Sequence[StateBatch], start: int) -> list[StateBatch]:
-    out = []
-    for b in batches:
-        if b.last_offset < start:
-            continue
-        if b.first_offset < start:
-            b = b._replace(first_offset=start)
-        out.append(b)
-    return out

@@ -1,0 +1,436 @@
+"""Key-ordered sharing (``kshare.share.ordering=key``, docs/design/ordering-and-backoff.md): the records
+of one key are acquired one at a time, in offset order, and spread over the members by keys.
+
+``KeyOrder`` is the share-partition engine's key bookkeeping, kept apart from the window it walks
+(``kshare.share.partition.SharePartition`` inherits it): which key each unfinished learnt record
+has, each key's queue of unfinished records (its head the only one that may be acquired), who
+finished each key last (affinity), and the key-ordered acquisition of one fetched batch. Records
+waiting for their key stay Available, marked by their range's deadline (``WAITS_FOR_KEY``): no
+state transition of their own (``kshare.share.states.TRANSITIONS`` holds them all).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from kshare.share.ranges import StateRange, index_of, isolate, merge_between
+from kshare.share.states import TERMINAL_STATES, RecordState
+
+if TYPE_CHECKING:
+    from kshare.share.partition import FetchedBatch
+
+_AVAILABLE = RecordState.AVAILABLE
+_ACQUIRED = RecordState.ACQUIRED
+
+# An Available record of a key-ordered group whose key has an earlier record not yet finished: it is
+# not acquired (nor fetched for) until that record is acknowledged or archived. Kept in the range's
+# deadline, as a redelivery backoff that ends when its key's turn comes, not at a time.
+WAITS_FOR_KEY = 1 << 62
+_NO_KEY = -1  # record_keys.NULL_KEY: a record without a key
+
+
+class RecordKeys(Protocol):
+    """The records of one fetched batch for key-ordered groups (``record_keys.KeyedBatch``):
+    ``offsets`` ascending, ``keys[i]`` the identity of the key of the record at ``offsets[i]``
+    (equal keys, equal identities; -1 for a record without a key)."""
+
+    offsets: Sequence[int]
+    keys: Sequence[int]
+
+
+def add_piece(pieces: list[list[int]], first: int, last: int, count: int) -> None:
+    """Add first..last (delivered ``count`` times) to the acquired pieces, merged with the last one."""
+    if pieces:
+        p = pieces[-1]
+        if p[1] + 1 == first and p[2] == count:
+            p[1] = last
+            return
+    pieces.append([first, last, count])
+
+
+class KeyOrder:
+    """The key bookkeeping of a share-partition engine. Uses the engine's window (``_ranges``,
+    ``_spso``, ``_speo``, ``_limit``, ``_now``, ``_available_from``, ``max_record_locks``) and
+    its primitives (``_acquire_span``, ``_append``, ``_touch``)."""
+
+    _ranges: list[StateRange]
+    _spso: int
+    _speo: int
+    _limit: int
+    _now: int
+    _available_from: int
+    max_record_locks: int
+
+    def _init_keys(self, start_offset: int) -> None:
+        # Key-ordered sharing (docs/design/ordering-and-backoff.md). Keys are learnt from fetched batches
+        # (``acquire``'s record_keys) for every offset below _keyed_to; at and past it they are not
+        # known yet and nothing is acquired there. _key_of: key of each unfinished offset learnt
+        # (keyless ones left out); _key_queue: per key its learnt offsets, ascending, where entries
+        # no longer in _key_of are finished and dropped when they reach the front. The front is
+        # the key's head: the only record of the key that may be acquired.
+        self._key_ordered = False
+        self._keyed_to = start_offset
+        self._key_of: dict[int, int] = {}
+        self._key_queue: dict[int, deque[int]] = {}
+        self._keys_left = 0  # keyed records the acquire under way may still take
+        # Affinity: the member that finished each key's last record (by acknowledging it), and per
+        # member those keys. An acquire of that member under a key budget takes them first.
+        self._finisher: dict[int, str] = {}
+        self._finished_by: dict[str, set[int]] = {}
+        self._preferred: set[int] = set()  # heads the acquire under way takes first (its member's keys)
+        self._preferred_to = -1  # the last of them
+
+    def _forget_keys(self, keyed_to: int) -> None:
+        """Forget every key learnt: they are learnt again from ``keyed_to`` on."""
+        self._key_of.clear()
+        self._key_queue.clear()
+        self._forget_finishers()
+        self._keyed_to = keyed_to
+
+    @property
+    def key_ordered(self) -> bool:
+        """``kshare.share.ordering=key``: records of one key are acquired one at a time, in offset order."""
+        return self._key_ordered
+
+    @key_ordered.setter
+    def key_ordered(self, value: bool) -> None:
+        if value == self._key_ordered:
+            return
+        self._key_ordered = value
+        # Turned on: keys are learnt again from the SPSO (records acquired before stay acquired).
+        # Turned off: records waiting for their key are plain Available.
+        self._forget_keys(self._spso)
+        if not value:
+            for r in self._ranges:
+                if r.state == _AVAILABLE and r.deadline == WAITS_FOR_KEY:
+                    r.deadline = 0
+            self._available_from = self._spso
+            merge_between(self._ranges, 0, len(self._ranges))
+
+    @property
+    def keys_known_to(self) -> int:
+        """Key-ordered groups: the keys of the records from here on are not known yet, so the
+        batches of a fetch ending before it need no keys read (``acquire``'s record_keys)."""
+        return max(self._keyed_to, self._spso)
+
+    def ordered_key_count(self) -> int:
+        """Keys with an unfinished record learnt (key-ordered groups; 0 otherwise)."""
+        return len(self._key_queue)
+
+
+    def _begin_keyed_acquire(self, member_id: str, fetched_batches: Sequence[FetchedBatch],
+                             record_keys: Sequence[RecordKeys | None] | None, fetch_offset: int | None,
+                             max_keys: int | None) -> None:
+        """Set up an acquire of a key-ordered engine: learn the batches' keys, the key budget and
+        the member's preferred heads (affinity)."""
+        if record_keys is not None:
+            self.learn_keys(fetched_batches, record_keys, fetch_offset)
+        self._keys_left = (1 << 62) if max_keys is None else max_keys
+        self._preferred = set()
+        self._preferred_to = -1
+        if max_keys is not None and max_keys < len(self._key_queue) and fetched_batches:
+            # (a budget for every key takes every free head: nothing to prefer)
+            self._choose_preferred(member_id, max_keys, fetched_batches[-1][1])
+            self._keys_left -= len(self._preferred)
+
+    def _forget_member_keys(self, member_id: str) -> None:
+        """The member left: the keys it finished last are nobody's any more."""
+        for k in self._finished_by.pop(member_id, ()):
+            self._finisher.pop(k, None)
+
+    def learn_keys(
+        self,
+        fetched_batches: Sequence[FetchedBatch],
+        record_keys: Sequence[RecordKeys | None],
+        fetch_offset: int | None,
+    ) -> None:
+        """Key-ordered groups: learn the keys of fetched records (``acquire`` does it with its
+        record_keys; call it first to size ``max_keys`` on the keys known).
+
+        Keys are learnt from ``keys_known_to`` on, while the batches run on from it without a
+        gap of unknown offsets (gaps after fetch_offset are offsets missing upstream)."""
+        cursor = max(self._keyed_to, self._spso)
+        known = fetch_offset is not None and fetch_offset <= cursor
+        key_of = self._key_of
+        queues = self._key_queue
+        ranges = self._ranges
+        speo = self._speo
+        i = index_of(ranges, cursor) if cursor < speo else len(ranges)
+        for batch, keys in zip(fetched_batches, record_keys, strict=True):
+            last = batch[1]
+            if last < cursor:
+                continue
+            if batch[0] > cursor and not known:
+                break
+            known = True
+            if keys is not None:
+                offsets = keys.offsets
+                ids = keys.keys
+                for j in range(bisect_left(offsets, cursor), len(offsets)):
+                    k = ids[j]
+                    if k != _NO_KEY:
+                        o = offsets[j]
+                        if o < speo:  # in the window (relearning after a restart): finished ones not
+                            while ranges[i].last < o:
+                                i += 1
+                            if ranges[i].state in TERMINAL_STATES:
+                                continue
+                        key_of[o] = k
+                        q = queues.get(k)
+                        if q is None:
+                            queues[k] = deque((o,))
+                        else:
+                            q.append(o)
+            cursor = last + 1
+        self._keyed_to = cursor
+
+    def _is_head(self, offset: int, key: int) -> bool:
+        """True when ``offset`` (unfinished, key ``key``) is the first unfinished record of its key."""
+        q = self._key_queue[key]
+        key_of = self._key_of
+        while q[0] != offset and q[0] not in key_of:
+            q.popleft()
+        return q[0] == offset
+
+    def _acquire_keyed(
+        self,
+        lo: int,
+        hi: int,
+        member_id: str,
+        deadline: int,
+        cap: int | None,
+        pieces: list[list[int]],
+    ) -> tuple[int, bool]:
+        """Key-ordered acquisition of the offsets lo..hi of one batch; returns (offsets
+        acquired, whether to stop: cap, key budget, window full or keys not known).
+
+        First every acquirable offset is decided in offset order (take / wait for its key),
+        then the decisions are applied run by run.
+        """
+        top = min(hi, max(self._keyed_to, self._spso) - 1)  # keys past it are not known yet
+        runs: list[list[int]] = []  # [first, last, take?]
+        key_of = self._key_of
+        limit = self._limit
+        taken = 0
+        preferred, preferred_to = self._preferred, self._preferred_to
+
+        def decide(o: int, at_limit: bool) -> bool | None:
+            nonlocal taken
+            k = key_of.get(o)
+            if k is None:
+                take = True
+            elif not self._is_head(o, k):
+                take = False
+            elif at_limit:  # archived rather than acquired: uses no budget
+                take = True
+            elif o in preferred:  # (budget set aside for it)
+                take = True
+                self._drop_finisher(k)
+            elif self._keys_left <= 0:
+                if o < preferred_to:
+                    return False  # left Available; the member's own keys come further on
+                return None
+            else:
+                self._keys_left -= 1
+                take = True
+                if k in self._finisher:
+                    self._drop_finisher(k)  # its next record goes out: nothing left to keep
+            if take and not at_limit:
+                if cap is not None and taken >= cap:
+                    return None
+                taken += 1
+            if runs and runs[-1][2] == take and runs[-1][1] == o - 1:
+                runs[-1][1] = o
+            else:
+                runs.append([o, o, take])
+            return take
+
+        speo = self._speo
+        ranges = self._ranges
+        now = self._now
+        halt = False
+        w = min(top, speo - 1)
+        if lo <= w:  # offsets already in the window: the Available ones
+            i = index_of(ranges, lo)
+            while i < len(ranges) and not halt:
+                r = ranges[i]
+                if r.first > w:
+                    break
+                if r.state == _AVAILABLE and r.deadline <= now:  # not waiting (backoff, key)
+                    at_limit = r.count >= limit
+                    for o in range(max(r.first, lo), min(r.last, w) + 1):
+                        if decide(o, at_limit) is None:
+                            halt = True
+                            break
+                i += 1
+        if not halt and max(lo, speo) <= top:  # new offsets, while the window has room
+            if self.max_record_locks - (speo - self._spso) <= 0:
+                halt = True
+            else:
+                for o in range(max(lo, speo), top + 1):
+                    if decide(o, False) is None:
+                        halt = True
+                        break
+        got = 0
+        for first, last, take in runs:
+            if first < speo:
+                end = min(last, speo - 1)
+                if take:
+                    got += self._acquire_span(first, end, member_id, deadline, None, pieces)[0]
+                else:
+                    self._set_waiting(first, end)
+                if last < speo:
+                    continue
+                first = speo
+            if first > self._speo:  # unknown offsets before (no fetch_offset given): fetch again later
+                self._append(StateRange(self._speo, first - 1, _AVAILABLE, 0))
+            if take:
+                self._append(StateRange(first, last, _ACQUIRED, 1, member_id, deadline))
+                add_piece(pieces, first, last, 1)
+                got += last - first + 1
+            else:
+                for a, b, waits in self._waiting_runs(first, last):
+                    self._append(StateRange(a, b, _AVAILABLE, 0, None, WAITS_FOR_KEY if waits else 0))
+        return got, halt or top < hi
+
+    def _waiting_runs(self, first: int, last: int) -> list[tuple[int, int, bool]]:
+        """first..last decided 'wait for the key' split by whether that still holds: a record
+        archived on the way (at the delivery limit) makes the next one of its key the head."""
+        key_of = self._key_of
+        out: list[tuple[int, int, bool]] = []
+        for o in range(first, last + 1):
+            k = key_of.get(o)
+            waits = k is not None and not self._is_head(o, k)
+            if out and out[-1][2] == waits:
+                out[-1] = (out[-1][0], o, waits)
+            else:
+                out.append((o, o, waits))
+        return out
+
+    def _set_waiting(self, first: int, last: int) -> None:
+        """Mark the Available offsets of first..last (in the window) as waiting for their key."""
+        ranges = self._ranges
+        for a, b, waits in self._waiting_runs(first, last):
+            if not waits:
+                continue
+            i = index_of(ranges, a)
+            while i < len(ranges):
+                r = ranges[i]
+                if r.first > b:
+                    break
+                if r.state == _AVAILABLE and r.deadline != WAITS_FOR_KEY:
+                    i = isolate(ranges, i, max(r.first, a), min(r.last, b))
+                    r = ranges[i]
+                    r.deadline = WAITS_FOR_KEY
+                    self._touch(r.first, r.last)
+                i += 1
+
+    def _finish_keys(self, first: int, last: int, member: str | None = None) -> None:
+        """Records first..last are finished: the next record of each of their keys may go.
+        ``member``: who finished them (acknowledged them while holding them), or None."""
+        top = min(last, self._keyed_to - 1)
+        if top < first or not self._key_of:
+            return
+        key_of = self._key_of
+        keys = set()
+        for o in range(first, top + 1):
+            k = key_of.pop(o, None)
+            if k is not None:
+                keys.add(k)
+        for k in keys:
+            if member is not None:
+                self._set_finisher(k, member)
+            self._next_of_key(k)
+
+    def _set_finisher(self, key: int, member: str) -> None:
+        old = self._finisher.get(key)
+        if old == member:
+            return
+        if old is not None:
+            self._drop_finished(old, key)
+        self._finisher[key] = member
+        mine = self._finished_by.get(member)
+        if mine is None:
+            self._finished_by[member] = {key}
+        else:
+            mine.add(key)
+
+    def _drop_finisher(self, key: int) -> None:
+        member = self._finisher.pop(key, None)
+        if member is not None:
+            self._drop_finished(member, key)
+
+    def _drop_finished(self, member: str, key: int) -> None:
+        mine = self._finished_by.get(member)
+        if mine is not None:
+            mine.discard(key)
+            if not mine:
+                del self._finished_by[member]
+
+    def _forget_finishers(self) -> None:
+        self._finisher.clear()
+        self._finished_by.clear()
+
+    def _head(self, key: int) -> int | None:
+        """The first unfinished learnt record of ``key`` (finished ones dropped from the front)."""
+        q = self._key_queue.get(key)
+        if not q:
+            return None
+        key_of = self._key_of
+        while q and q[0] not in key_of:
+            q.popleft()
+        return q[0] if q else None
+
+    def _choose_preferred(self, member_id: str, budget: int, up_to: int) -> None:
+        """The heads, up to ``budget`` of them (first in offset order) and up to offset ``up_to``,
+        of the keys ``member_id`` finished last that may be acquired now: ``_acquire_keyed`` takes
+        these first, so a consumer asking again with its acknowledgements gets the next record
+        of each key it just finished (within its budget) instead of another member, and the keys
+        stay spread as they were."""
+        self._preferred = set()
+        self._preferred_to = -1
+        mine = self._finished_by.get(member_id)
+        if not mine or budget <= 0:
+            return
+        ranges = self._ranges
+        spso, speo, now = self._spso, self._speo, self._now
+        heads = []
+        for k in mine:
+            h = self._head(k)
+            if h is None or not spso <= h < speo or h > up_to:
+                continue
+            r = ranges[index_of(ranges, h)]
+            if r.state == _AVAILABLE and r.deadline <= now and r.count < self._limit:
+                heads.append(h)
+        if len(heads) > budget:
+            heads.sort()
+            del heads[budget:]
+        self._preferred = set(heads)
+        self._preferred_to = max(heads, default=-1)
+
+    def _next_of_key(self, key: int) -> None:
+        """Drop the key's finished records from its front; its new head stops waiting."""
+        q = self._key_queue.get(key)
+        if q is None:
+            return
+        key_of = self._key_of
+        while q and q[0] not in key_of:
+            q.popleft()
+        if not q:
+            del self._key_queue[key]
+            self._drop_finisher(key)
+            return
+        h = q[0]
+        if self._spso <= h < self._speo:
+            ranges = self._ranges
+            i = index_of(ranges, h)
+            r = ranges[i]
+            if r.state == _AVAILABLE and r.deadline == WAITS_FOR_KEY:
+                i = isolate(ranges, i, h, h)
+                ranges[i].deadline = 0
+                self._touch(h, h)
+                if h < self._available_from:
+                    self._available_from = h
