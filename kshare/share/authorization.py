@@ -37,15 +37,13 @@ from enum import Enum
 from typing import Any
 
 from ..protocol import messages
+from ..protocol.codes import ApiKey, ErrorCode
 from .tasks import shared_task
 
-TOPIC_AUTHORIZATION_FAILED = 29
-GROUP_AUTHORIZATION_FAILED = 30
 PROBE_TIMEOUT_S = 10.0
 DEFAULT_TTL_S = 30.0
 
-_FETCH, _METADATA, _HEARTBEAT, _DESCRIBE_GROUPS, _DELETE_GROUPS = 1, 3, 12, 15, 42
-_DESCRIBE_CONFIGS, _ALTER_CONFIGS, _GROUP_RESOURCE = 32, 44, 32
+_GROUP_RESOURCE = 32  # ConfigResource.Type.GROUP
 _LAST_OFFSET = (1 << 63) - 1
 
 
@@ -114,7 +112,7 @@ class ShareAuthorizer:
         except Exception as exc:  # noqa: BLE001 - closed, timed out, undecodable: not known
             raise AuthorizationUnknown(f"asking the cluster whether {op.value} on {kind} {name!r} is allowed: "
                                        f"{exc or type(exc).__name__}") from exc
-        allowed = _error_code(api_key, resp) not in (TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED)
+        allowed = _error_code(api_key, resp) not in (ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.GROUP_AUTHORIZATION_FAILED)
         if not allowed:
             self.denials += 1
         if not getattr(conn, "closed", False):
@@ -125,7 +123,7 @@ class ShareAuthorizer:
 def _version(conn: Any, api_key: int) -> int:
     """The newest version both kshare's codec and the cluster speak (Fetch: one with topic names)."""
     a = messages.api(api_key)
-    hi = a.max_version if api_key != _FETCH else 12
+    hi = a.max_version if api_key != ApiKey.FETCH else 12
     theirs = (conn.proxy.upstream_versions or {}).get(api_key)
     if theirs is not None:
         hi = min(hi, theirs[1])
@@ -135,42 +133,42 @@ def _version(conn: Any, api_key: int) -> int:
 def _question(op: Operation, kind: str, name: str) -> tuple[int, Any]:
     if kind == "group":
         if op is Operation.READ:
-            return _HEARTBEAT, messages.message_class("HeartbeatRequest")(group_id=name, generation_id=-1, member_id="")
+            return ApiKey.HEARTBEAT, messages.message_class("HeartbeatRequest")(group_id=name, generation_id=-1, member_id="")
         if op is Operation.DESCRIBE:
-            return _DESCRIBE_GROUPS, messages.message_class("DescribeGroupsRequest")(groups=[name])
+            return ApiKey.DESCRIBE_GROUPS, messages.message_class("DescribeGroupsRequest")(groups=[name])
         if op is Operation.DESCRIBE_CONFIGS:
             describe = messages.message_class("DescribeConfigsRequest")
-            return _DESCRIBE_CONFIGS, describe(resources=[describe.DescribeConfigsResource(
+            return ApiKey.DESCRIBE_CONFIGS, describe(resources=[describe.DescribeConfigsResource(
                 resource_type=_GROUP_RESOURCE, resource_name=name, configuration_keys=[])])
         if op is Operation.ALTER_CONFIGS:
             alter = messages.message_class("IncrementalAlterConfigsRequest")
-            return _ALTER_CONFIGS, alter(validate_only=True, resources=[alter.AlterConfigsResource(
+            return ApiKey.INCREMENTAL_ALTER_CONFIGS, alter(validate_only=True, resources=[alter.AlterConfigsResource(
                 resource_type=_GROUP_RESOURCE, resource_name=name, configs=[])])
-        return _DELETE_GROUPS, messages.message_class("DeleteGroupsRequest")(groups_names=[name])
+        return ApiKey.DELETE_GROUPS, messages.message_class("DeleteGroupsRequest")(groups_names=[name])
     if op is Operation.READ:
         fetch = messages.message_class("FetchRequest")
-        return _FETCH, fetch(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1, isolation_level=0,
+        return ApiKey.FETCH, fetch(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1, isolation_level=0,
                              session_id=0, session_epoch=-1, topics=[fetch.FetchTopic(topic=name, partitions=[
                                  fetch.FetchPartition(partition=0, fetch_offset=_LAST_OFFSET, partition_max_bytes=1,
                                                       log_start_offset=-1, current_leader_epoch=-1)])],
                              forgotten_topics_data=[], rack_id="")
     metadata = messages.message_class("MetadataRequest")
-    return _METADATA, metadata(topics=[metadata.MetadataRequestTopic(name=name)], allow_auto_topic_creation=False)
+    return ApiKey.METADATA, metadata(topics=[metadata.MetadataRequestTopic(name=name)], allow_auto_topic_creation=False)
 
 
 def _error_code(api_key: int, resp: Any) -> int:
-    if api_key == _HEARTBEAT:
+    if api_key == ApiKey.HEARTBEAT:
         return resp.error_code
-    if api_key == _DESCRIBE_GROUPS:
+    if api_key == ApiKey.DESCRIBE_GROUPS:
         return resp.groups[0].error_code if resp.groups else 0
-    if api_key == _DELETE_GROUPS:
+    if api_key == ApiKey.DELETE_GROUPS:
         return resp.results[0].error_code if resp.results else 0
-    if api_key == _DESCRIBE_CONFIGS:
+    if api_key == ApiKey.DESCRIBE_CONFIGS:
         return resp.results[0].error_code if resp.results else 0
-    if api_key == _ALTER_CONFIGS:
+    if api_key == ApiKey.INCREMENTAL_ALTER_CONFIGS:
         return resp.responses[0].error_code if resp.responses else 0
-    if api_key == _FETCH:
-        if getattr(resp, "error_code", 0) in (TOPIC_AUTHORIZATION_FAILED,):
+    if api_key == ApiKey.FETCH:
+        if getattr(resp, "error_code", 0) in (ErrorCode.TOPIC_AUTHORIZATION_FAILED,):
             return resp.error_code
         return next((p.error_code for t in resp.responses for p in t.partitions), 0)
     return resp.topics[0].error_code if resp.topics else 0
