@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol.codes import ApiKey, ErrorCode
 from .procs import HEARTBEAT_MS
 
 _log = logging.getLogger("kshare.bench.clients")
@@ -291,13 +292,14 @@ def _poll_loop(c: Any, poll: Any, records: int, timeout: float, what: str, got: 
 # --------------------------------------------------------------------------------------------
 # a share-group member speaking the RPCs itself
 
-HEARTBEAT, SHARE_FETCH, SHARE_ACK, METADATA = 76, 78, 79, 3
+HEARTBEAT, SHARE_FETCH, SHARE_ACK = ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE
+METADATA = ApiKey.METADATA
 ACCEPT = 1
-RETRIABLE = {14, 15, 16}  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
+RETRIABLE = {ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR}
 
 
 async def connect(bootstrap: str, client_id: str):
-    from kshare.client import KafkaConnection
+    from kshare.clients.connection import KafkaConnection
 
     host, _, port = bootstrap.rpartition(":")
     return await KafkaConnection.open(host, int(port), client_id=client_id)
@@ -332,8 +334,8 @@ async def find_coordinator(bootstrap: str, group: str, timeout: float = 60.0) ->
     try:
         deadline = time.monotonic() + timeout
         while True:
-            version = conn.best_version(10, hi=4)
-            resp = await conn.request(10, version, Req(key_type=0, coordinator_keys=[group]))
+            version = conn.best_version(ApiKey.FIND_COORDINATOR, hi=4)
+            resp = await conn.request(ApiKey.FIND_COORDINATOR, version, Req(key_type=0, coordinator_keys=[group]))
             codes = [c.error_code for c in resp.coordinators] if version >= 4 else [resp.error_code]
             if not any(codes):
                 return
