@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import messages
 from ..protocol.codegen import DecodeError
+from ..protocol.codes import ErrorCode
 from . import filters
 from .answers import AnswerOrder, Slot, _rest_after
 from .frames import COLLECT, FORWARD, HEAD, SIZE, WAIT, RequestFramer, produce_header
@@ -45,7 +46,7 @@ _ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id ne
 _UNANSWERED_LIMIT = 4096
 _HOLDS_RECHECK_S = 0.1  # see ClientConnection._check_holds
 _REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the answers it is owed
-BROKER_NOT_AVAILABLE = 8
+BROKER_NOT_AVAILABLE = ErrorCode.BROKER_NOT_AVAILABLE.value
 _UNANSWERED_QUIET_S = 1.0  # see ClientConnection.can_reattach
 # The slot a locally served request's handler answers: set in the handler's own task (its context
 # is a copy), so ``send_ahead`` knows which response it begins.

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..clients.connection import KafkaConnection
 from ..protocol import messages
+from ..protocol.codes import ErrorCode
 from . import filters
 from .config import ProxyConfig
 from .connection import ClientConnection
@@ -21,7 +22,7 @@ from .virtual import ClusterView
 log = logging.getLogger("kshare.proxy")
 
 # ApiVersions v0 is the lingua franca for the UNSUPPORTED_VERSION answer.
-UNSUPPORTED_VERSION = 35
+UNSUPPORTED_VERSION = ErrorCode.UNSUPPORTED_VERSION.value
 
 # While client connections find the cluster unreachable, the proxy itself asks the bootstrap
 # servers (connection, ApiVersions, Metadata) after this many seconds, then backs off to the cap.
