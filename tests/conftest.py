@@ -27,18 +27,14 @@ run (``python -m tests.harness.brokers fetch``) so no Maven download happens ins
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.harness.brokers import KAFKA_3, KAFKA_4, KafkaBroker, SecureKafkaBroker, TansuBroker
+from tests.harness.brokers import KAFKA3_VERSION, KAFKA4_VERSION, KafkaBroker, SecureKafkaBroker, TansuBroker
 from tests.harness.tls import TlsMaterial, make_tls
-
-KAFKA3_VERSION = os.environ.get("KSHARE_KAFKA3_VERSION", KAFKA_3)
-KAFKA4_VERSION = os.environ.get("KSHARE_KAFKA4_VERSION", KAFKA_4)
 
 Broker = KafkaBroker | TansuBroker
 

@@ -112,8 +112,10 @@ class Child:
         env: dict[str, str] | None = None,
         cwd: Path | str | None = None,
         log_path: Path | None = None,
+        keep_lines: int | None = 5000,
     ) -> None:
         self.name = name
+        self.keep_lines = keep_lines  # of the output, the last ones (None: all, for tests that index into it)
         self.cmd = cmd
         self.log_path = log_path  # the output is also written here
         self.ready = re.compile(ready)
@@ -164,8 +166,8 @@ class Child:
             self.output.append(line)
             if self._log is not None:
                 self._log.write(line)
-            if len(self.output) > 5000:
-                del self.output[:1000]
+            if self.keep_lines is not None and len(self.output) > self.keep_lines:
+                del self.output[: len(self.output) // 5]
         if self._log is not None:
             self._log.close()
 
@@ -177,6 +179,20 @@ class Child:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def send_signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def __enter__(self) -> Child:
+        return self if self.proc is not None else self.start()  # started already: start(timeout=...)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def notes(self, last: int = 20) -> list[str]:
         """Log lines worth a look (warnings, errors, tracebacks)."""

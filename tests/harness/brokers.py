@@ -42,6 +42,10 @@ from kshare.bench.three_nodes import ThreeNodeCluster  # noqa: F401 - re-exporte
 
 log = logging.getLogger("kshare.tests.brokers")
 
+# the releases the tests run (``KSHARE_KAFKA3_VERSION`` / ``KSHARE_KAFKA4_VERSION`` select others)
+KAFKA3_VERSION = os.environ.get("KSHARE_KAFKA3_VERSION", KAFKA_3)
+KAFKA4_VERSION = os.environ.get("KSHARE_KAFKA4_VERSION", KAFKA_4)
+
 SECURE_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL", "SSL")
 """Client listeners a :class:`KafkaBroker` can add next to its PLAINTEXT one (each named as its protocol)."""
 SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")

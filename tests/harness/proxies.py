@@ -1,4 +1,6 @@
-"""Run the real kshare proxy for tests: in a thread of the test process, or as a subprocess.
+"""Run the real kshare proxy for tests: in a thread of the test process, or as a subprocess
+(:class:`ProxyProcess`, built on the bench's launcher; :class:`KShareProcess`: killed and started
+again on the same ports).
 
 Both are the product's own code paths (``Proxy`` on uvloop, or the ``kshare proxy`` command);
 nothing here stands in for the proxy or the broker.
@@ -7,8 +9,7 @@ nothing here stands in for the proxy or the broker.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Self
 
+from kshare.bench.brokers import KafkaBroker
+from kshare.bench.procs import Child, free_port, kshare_env
 from kshare.proxy.config import ProxyConfig, parse_hostports
 from kshare.proxy.server import Proxy
 
@@ -133,63 +136,95 @@ class ProxyThread(LoopThread):
         return self.proxy
 
 
-class ProxyProcess:
-    """``python -m kshare proxy`` as a child process (for signals, crashes and the CLI itself)."""
+class ProxyProcess(Child):
+    """``python -m kshare proxy ARGS`` as a child process (for signals, crashes and the CLI itself),
+    on a free (or the given) bootstrap port: the bench's launcher (:class:`kshare.bench.procs.Child`)
+    with every line of output kept. Ready once it knows the upstream cluster."""
 
     def __init__(self, *args: str, port: int = 0, env: dict | None = None) -> None:
-        from tests.harness.brokers import free_port
-
         self.port = port or free_port()
         self.args = ["proxy", "--port", str(self.port), "--broker-port-base", "0", *args]
-        self.env = {**os.environ, **(env or {})}
-        self.process: subprocess.Popen | None = None
-        self.output: list[str] = []
+        super().__init__("kshare", [sys.executable, "-m", "kshare", *self.args], r"upstream cluster has \d+ broker",
+                         env={**kshare_env(), **(env or {})}, keep_lines=None)
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> ProxyProcess:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "kshare", *self.args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
-        )
+    @property
+    def process(self) -> subprocess.Popen[str] | None:
+        return self.proc
+
+
+# broker-level bounds low enough for heartbeat intervals and session timeouts of a few seconds
+LIMITS = ("--group-limit", "group.share.min.heartbeat.interval.ms=100",
+          "--group-limit", "group.share.min.session.timeout.ms=1000",
+          "--group-limit", "group.share.min.record.lock.duration.ms=1000")
+
+
+class KShareProcess:
+    """``python -m kshare proxy`` on fixed ports (bootstrap and broker listeners): every
+    incarnation (a ProxyProcess) is kept for its output."""
+
+    def __init__(self, broker: KafkaBroker, state_topic: str, *extra: str) -> None:
+        self.port = free_port()
+        broker_port = free_port()
+        self.args = ("--upstream", broker.bootstrap, "--broker-port-base", str(broker_port - broker.node_id),
+                     "--state-topic", state_topic, "--state-topic-partitions", "3", *LIMITS, *extra)
+        self.incarnations: list[ProxyProcess] = []
+        self.load_seconds: list[float] = []  # process start -> "share state loaded", per incarnation
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def current(self) -> ProxyProcess:
+        return self.incarnations[-1]
+
+    def start(self, timeout: float = 90.0, *, wait_loaded: bool = True) -> float:
+        """Start an incarnation; returns once its share state is loaded (seconds it took), or
+        with ``wait_loaded=False`` once it listens."""
+        t0 = time.monotonic()
+        proc = ProxyProcess(*self.args, port=self.port)
+        self.incarnations.append(proc)
+        proc.start(timeout)
+        if not wait_loaded:
+            return time.monotonic() - t0
         deadline = time.monotonic() + timeout
-        assert self.process.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                raise RuntimeError("proxy exited at start:\n" + "".join(self.output))
-            self.output.append(line)
-            if re.search(r"upstream cluster has \d+ broker", line):
-                threading.Thread(target=self._drain, daemon=True).start()
-                return self
-        raise RuntimeError("proxy not ready in time:\n" + "".join(self.output))
+        while not any("share state loaded" in line for line in proc.output) and proc.running:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the share state not loaded in {timeout:.0f} s:\n" + "".join(proc.output[-40:]))
+            time.sleep(0.1)
+        if not proc.running:
+            raise RuntimeError("kshare exited:\n" + "".join(proc.output))
+        self.load_seconds.append(time.monotonic() - t0)
+        return self.load_seconds[-1]
 
-    def _drain(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            self.output.append(line)
-
-    def signal(self, sig: int) -> None:
-        assert self.process is not None
-        self.process.send_signal(sig)
-
-    def wait(self, timeout: float = 15.0) -> int:
-        assert self.process is not None
-        return self.process.wait(timeout)
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, nothing flushed."""
+        self.current.send_signal(signal.SIGKILL)
+        self.current.wait(10)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        for proc in self.incarnations:
+            proc.stop()
 
-    def __enter__(self) -> ProxyProcess:
-        return self if self.process is not None else self.start()  # started already: start(timeout=...)
+    def output(self, i: int | None = None) -> str:
+        procs = self.incarnations if i is None else [self.incarnations[i]]
+        return "".join(f"--- incarnation {self.incarnations.index(p)} ---\n" + "".join(p.output) for p in procs)
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def digest(self, head: int = 60, tail: int = 20) -> str:
+        """The first and last warnings/errors of every incarnation (for failure messages)."""
+        out = []
+        for i, p in enumerate(self.incarnations):
+            lines = [line for line in p.output if " WARNING " in line or " ERROR " in line or "Traceback" in line
+                     or line.startswith((" ", "\t")) or "Error" in line]
+            if len(lines) > head + tail:
+                lines = lines[:head] + [f"... {len(lines) - head - tail} more ...\n"] + lines[-tail:]
+            out.append(f"--- incarnation {i}, exit code {p.process.poll() if p.process else None} ---\n" + "".join(lines))
+        return "".join(out)
+
+    def tracebacks(self) -> list[str]:
+        return [line for p in self.incarnations for line in p.output if "Traceback" in line]
+

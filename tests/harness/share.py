@@ -48,6 +48,14 @@ log = logging.getLogger("kshare.tests.share")
 # Broker-level bounds low enough for tests (Kafka's are 45 s session timeout, 5 s heartbeat).
 TEST_LIMITS = BrokerLimits(min_session_timeout_ms=1000, min_heartbeat_interval_ms=100,
                            min_record_lock_duration_ms=1000)
+# Kafka 4.4's broker-level bounds lowered as kshare's are here (TEST_LIMITS): its defaults allow
+# lock durations of 15-60 s only, session timeouts from 45 s, heartbeats from 5 s.
+KAFKA4_TEST_LIMITS = {
+    "group.share.min.record.lock.duration.ms": TEST_LIMITS.min_record_lock_duration_ms,
+    "group.share.min.session.timeout.ms": TEST_LIMITS.min_session_timeout_ms,
+    "group.share.min.heartbeat.interval.ms": TEST_LIMITS.min_heartbeat_interval_ms,
+}
+HEARTBEAT_MS = 500  # share.heartbeat.interval.ms of the differential tests' groups: Kafka 4.4 assigns on a heartbeat
 
 # API keys, error codes and acknowledge types of the share-group RPCs the tests send themselves
 METADATA, HEARTBEAT, SHARE_FETCH, SHARE_ACK = 3, 76, 78, 79

@@ -37,8 +37,17 @@ from confluent_kafka import Producer
 
 from kshare import AIOShareConsumer
 from kshare.clients.errors import KafkaError
-from tests.harness.brokers import KafkaBroker
+from tests.harness.brokers import KAFKA4_VERSION, KafkaBroker
+from tests.harness.security import (
+    KSHARE_STATE_TOPIC_OPS,
+    KSHARE_TOPIC_OPS,
+    kshare_args,
+    set_earliest,
+    start_kshare,
+)
 from tests.harness.share import (
+    HEARTBEAT_MS,
+    KAFKA4_TEST_LIMITS,
     TEST_LIMITS,
     ShareProxyThread,
     produce,
@@ -47,14 +56,6 @@ from tests.harness.share import (
     values,
 )
 from tests.harness.tls import TlsMaterial
-from tests.integration.test_security import (
-    KSHARE_STATE_TOPIC_OPS,
-    KSHARE_TOPIC_OPS,
-    _kshare_args,
-    _set_earliest,
-    _start_kshare,
-)
-from tests.integration.test_share_differential import HEARTBEAT_MS, KAFKA4_TEST_LIMITS, KAFKA4_VERSION
 
 KSHARE, KAFKA4 = "kshare", "kafka4"
 MAX_GROUP_SIZE = 2
@@ -476,7 +477,7 @@ def secure_targets(kafka39_secure: KafkaBroker, kafka44_secure: KafkaBroker, tls
     state_topic = f"__kshare_state_{SECURE_PREFIX}"
     granted = kafka39_secure.grant("kshare", "topic", state_topic, *KSHARE_STATE_TOPIC_OPS)
     granted += kafka39_secure.grant("kshare", "topic", SECURE_PREFIX, *KSHARE_TOPIC_OPS, pattern="PREFIXED")
-    proxy = _start_kshare(_kshare_args(kafka39_secure, tls_material, cert=tls_material.server_chain,
+    proxy = start_kshare(kshare_args(kafka39_secure, tls_material, cert=tls_material.server_chain,
                                        key=tls_material.server_key, password_file=password_file,
                                        state_topic=state_topic))
     try:
@@ -503,7 +504,7 @@ async def secure_scenario(t: SecureTarget, topic: str, group: str) -> dict[str, 
     out: dict[str, Any] = {}
     try:
         for g in groups.values():
-            await asyncio.to_thread(_set_earliest, t.admin_conf(), g)
+            await asyncio.to_thread(set_earliest, t.admin_conf(), g)
         async with t.consumer(topic, groups["alice"], "alice") as alice:
             got: list[Any] = []
             await until_records(alice, got, len(vals), 60)

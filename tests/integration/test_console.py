@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from kshare.bench.procs import _die_with_parent, free_port
-from tests.integration.test_first_hour import KSHARE, REPO, KshareProxy, _env, one_line, run_kshare
+from tests.harness.cli import KSHARE, REPO, KshareProxy, one_line, run_kshare, user_env
 
 log = logging.getLogger("kshare.tests.console")
 
@@ -55,7 +55,7 @@ class Command:
         self.out_path, self.err_path = workdir / f"{name}.out", workdir / f"{name}.err"
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.process = subprocess.Popen(_die_with_parent([*KSHARE, *args]), stdin=subprocess.PIPE, stdout=out,
-                                            stderr=err, cwd=REPO, env=_env(), text=True)
+                                            stderr=err, cwd=REPO, env=user_env(), text=True)
         self.started = time.monotonic()
         if stdin is not None:  # written, and kept open: the command waits for more input
             assert self.process.stdin is not None

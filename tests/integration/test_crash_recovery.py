@@ -39,24 +39,32 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections import Counter
 from typing import Any
 
 import pytest
-from confluent_kafka import AcknowledgeType, KafkaException, Producer, TopicPartition
+from confluent_kafka import AcknowledgeType, Producer
 
 from kshare.client import KafkaConnection
 from kshare.protocol import messages
 from kshare.share import state_codec as sc
 from kshare.share.states import ShareSnapshot, ShareUpdate
 from kshare.share.store import SharePartitionKey
-from kshare.tools.admin_client import ShareGroupAdmin
-from tests.harness.brokers import KafkaBroker, free_port
-from tests.harness.proxies import ProxyProcess
+from tests.harness.ledgers import (
+    GROUP_CONFIGS,
+    INFLIGHT_LIMIT,
+    AckingConsumer,
+    Ledger,
+    describe_offsets,
+    end_offsets,
+    judge,
+    produce_fast,
+    spso_reached,
+    topic_id_direct,
+)
+from tests.harness.proxies import KShareProcess
 from tests.harness.share import (
     ACCEPT,
     HEARTBEAT,
@@ -79,87 +87,9 @@ CRASH_SEED = int(os.environ.get("KSHARE_CRASH_SEED", str(random.randrange(1 << 3
 CONSUMERS = 4
 PARTITIONS = 4
 CRASHES = 3
-MAX_POLL = 100  # max.poll.records, which librdkafka also sends as ShareFetch MaxRecords
-BATCH_RECORDS = 50  # records per producer batch (batch.num.messages)
-# per crash and consumer: the batch the application holds plus one fetched in the background
-INFLIGHT_LIMIT = 2 * (MAX_POLL + BATCH_RECORDS - 1)
-
-# broker-level bounds low enough for heartbeat intervals and session timeouts of a few seconds
-LIMITS = ("--group-limit", "group.share.min.heartbeat.interval.ms=100",
-          "--group-limit", "group.share.min.session.timeout.ms=1000",
-          "--group-limit", "group.share.min.record.lock.duration.ms=1000")
-GROUP_CONFIGS = {"share.heartbeat.interval.ms": 500, "share.session.timeout.ms": 10000}
 
 AVAILABLE, ACKNOWLEDGED, ARCHIVED = 0, 2, 4
 RETRIABLE = {14, 15, 16}  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
-
-
-# ------------------------------------------------------------------------------------------------
-# kshare as a process that can be killed and started again on the same ports
-
-
-class KShareProcess:
-    """``python -m kshare proxy`` on fixed ports (bootstrap and broker listeners): every
-    incarnation (a ProxyProcess) is kept for its output."""
-
-    def __init__(self, broker: KafkaBroker, state_topic: str, *extra: str) -> None:
-        self.port = free_port()
-        broker_port = free_port()
-        self.args = ("--upstream", broker.bootstrap, "--broker-port-base", str(broker_port - broker.node_id),
-                     "--state-topic", state_topic, "--state-topic-partitions", "3", *LIMITS, *extra)
-        self.incarnations: list[ProxyProcess] = []
-        self.load_seconds: list[float] = []  # process start -> "share state loaded", per incarnation
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def current(self) -> ProxyProcess:
-        return self.incarnations[-1]
-
-    def start(self, timeout: float = 90.0, *, wait_loaded: bool = True) -> float:
-        """Start an incarnation; returns once its share state is loaded (seconds it took), or
-        with ``wait_loaded=False`` once it listens."""
-        t0 = time.monotonic()
-        proc = ProxyProcess(*self.args, port=self.port)
-        self.incarnations.append(proc)
-        proc.start(timeout)
-        if not wait_loaded:
-            return time.monotonic() - t0
-        wait_until(lambda: any("share state loaded" in line for line in proc.output) or proc.process.poll() is not None,
-                   timeout, "the share state to load")
-        if proc.process.poll() is not None:
-            raise RuntimeError("kshare exited:\n" + "".join(proc.output))
-        self.load_seconds.append(time.monotonic() - t0)
-        return self.load_seconds[-1]
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, nothing flushed."""
-        self.current.signal(signal.SIGKILL)
-        self.current.wait(10)
-
-    def stop(self) -> None:
-        for proc in self.incarnations:
-            proc.stop()
-
-    def output(self, i: int | None = None) -> str:
-        procs = self.incarnations if i is None else [self.incarnations[i]]
-        return "".join(f"--- incarnation {self.incarnations.index(p)} ---\n" + "".join(p.output) for p in procs)
-
-    def digest(self, head: int = 60, tail: int = 20) -> str:
-        """The first and last warnings/errors of every incarnation (for failure messages)."""
-        out = []
-        for i, p in enumerate(self.incarnations):
-            lines = [line for line in p.output if " WARNING " in line or " ERROR " in line or "Traceback" in line
-                     or line.startswith((" ", "\t")) or "Error" in line]
-            if len(lines) > head + tail:
-                lines = lines[:head] + [f"... {len(lines) - head - tail} more ...\n"] + lines[-tail:]
-            out.append(f"--- incarnation {i}, exit code {p.process.poll() if p.process else None} ---\n" + "".join(lines))
-        return "".join(out)
-
-    def tracebacks(self) -> list[str]:
-        return [line for p in self.incarnations for line in p.output if "Traceback" in line]
 
 
 @pytest.fixture
@@ -170,237 +100,6 @@ def group() -> str:
 @pytest.fixture
 def state_topic() -> str:
     return f"__kshare_state_crash_{uuid.uuid4().hex[:8]}"
-
-
-def produce_fast(bootstrap: str, topic: str, n: int, partitions: int, *, start: int = 0) -> None:
-    """``n`` records ``b"<i>"`` round-robin over the partitions, in producer batches of at most
-    BATCH_RECORDS records."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.num.messages": BATCH_RECORDS,
-                  "acks": "all", "enable.idempotence": True, "logger": quiet_logger()})
-    errors: list[Any] = []
-
-    def report(err: Any, _msg: Any) -> None:
-        if err is not None:
-            errors.append(err)
-
-    for i in range(start, start + n):
-        while True:
-            try:
-                p.produce(topic, str(i).encode(), partition=i % partitions, on_delivery=report)
-                break
-            except BufferError:
-                p.poll(0.05)
-    assert p.flush(60) == 0
-    assert not errors, errors[:5]
-
-
-def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    from confluent_kafka import Consumer
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks", "logger": quiet_logger()})
-    try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
-    finally:
-        c.close()
-
-
-def describe_offsets(bootstrap: str, group: str, timeout_ms: int = 20000) -> dict[int, int | None]:
-    """partition -> SPSO (None: none yet) of the group's only topic, by DescribeShareGroupOffsets."""
-
-    async def run() -> dict[int, int | None]:
-        host, _, port = bootstrap.rpartition(":")
-        async with ShareGroupAdmin([(host, int(port))], timeout_ms=timeout_ms) as admin:
-            return {o.partition: o.start_offset for o in await admin.describe_offsets(group)}
-
-    return asyncio.run(run())
-
-
-def spso_reached(bootstrap: str, group: str, ends: dict[int, int]) -> bool:
-    try:
-        spso = describe_offsets(bootstrap, group, timeout_ms=5000)
-    except Exception as exc:  # noqa: BLE001 - the proxy may be restarting
-        log.info("describe offsets: %r", exc)
-        return False
-    return all(spso.get(p) == end for p, end in ends.items())
-
-
-# ------------------------------------------------------------------------------------------------
-# confluent share consumers that record what they got and what was confirmed
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    consumer: int
-    partition: int
-    offset: int
-    delivery_count: int
-    at: float
-
-
-@dataclass
-class Ledger:
-    """Shared by the consumers: every delivery, and when each record was first confirmed."""
-
-    deliveries: list[Delivery] = field(default_factory=list)
-    confirmed: dict[tuple[int, int], float] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    failed_acks: int = 0  # offsets whose acknowledgement librdkafka reported as failed
-    commit_errors: Counter = field(default_factory=Counter)
-    poll_errors: Counter = field(default_factory=Counter)
-    refused: int = 0  # acknowledge() refused (record no longer in flight on the client)
-    sync_only: int = 0  # confirmed by commit_sync() but not (yet) by the callback
-
-    def confirm(self, partition: int, offsets: Any, at: float) -> None:
-        with self.lock:
-            for o in offsets:
-                self.confirmed.setdefault((partition, o), at)
-
-    def confirmed_count(self) -> int:
-        return len(self.confirmed)
-
-
-class AckingConsumer:
-    """A ShareConsumer in explicit mode in its own thread: poll, record, ACCEPT all, commit_sync."""
-
-    def __init__(self, index: int, bootstrap: str, group: str, topic: str, ledger: Ledger) -> None:
-        self.index = index
-        self.ledger = ledger
-        self.consumer = share_consumer(bootstrap, group, explicit=True, **{
-            "max.poll.records": MAX_POLL, "socket.timeout.ms": 10000})
-        self.consumer.set_acknowledgement_commit_callback(self._on_commit)
-        self.consumer.subscribe([topic])
-        self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"acking-{index}", daemon=True)
-        self.callback_confirmed: set[tuple[int, int]] = set()
-
-    def start(self) -> AckingConsumer:
-        self._thread.start()
-        return self
-
-    def _on_commit(self, offsets: dict, exc: Any) -> None:
-        now = time.monotonic()
-        if exc is None:
-            for tp, offs in offsets.items():
-                self.ledger.confirm(tp.partition, offs, now)
-                self.callback_confirmed.update((tp.partition, o) for o in offs)
-        else:
-            with self.ledger.lock:
-                self.ledger.failed_acks += sum(len(o) for o in offsets.values())
-                self.ledger.commit_errors[_error_name(exc)] += 1
-
-    def _run(self) -> None:
-        c, ledger = self.consumer, self.ledger
-        try:
-            while not self._stop.is_set():
-                try:
-                    msgs = c.poll(0.5)
-                except KafkaException as exc:
-                    with ledger.lock:
-                        ledger.poll_errors[_error_name(exc)] += 1
-                    time.sleep(0.1)
-                    continue
-                now = time.monotonic()
-                got: dict[int, list[int]] = defaultdict(list)
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        with ledger.lock:
-                            ledger.poll_errors[err.name()] += 1
-                        continue
-                    with ledger.lock:
-                        ledger.deliveries.append(Delivery(self.index, m.partition(), m.offset(),
-                                                          m.delivery_count() or 0, now))
-                    try:
-                        c.acknowledge(m, AcknowledgeType.ACCEPT)
-                    except Exception:  # noqa: BLE001 - e.g. no longer in flight after a session reset
-                        with ledger.lock:
-                            ledger.refused += 1
-                        continue
-                    got[m.partition()].append(m.offset())
-                if not got:
-                    continue
-                try:
-                    results = c.commit_sync(15)
-                except KafkaException as exc:
-                    with ledger.lock:
-                        ledger.commit_errors[_error_name(exc)] += 1
-                    continue
-                done = time.monotonic()
-                for tp, err in results.items():
-                    if err is None and tp.partition in got:
-                        offs = got[tp.partition]
-                        with ledger.lock:
-                            ledger.sync_only += sum(1 for o in offs if (tp.partition, o) not in self.callback_confirmed)
-                        ledger.confirm(tp.partition, offs, done)
-                    elif err is not None:
-                        with ledger.lock:
-                            ledger.commit_errors[_error_name(err)] += 1
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            log.exception("consumer %d failed", self.index)
-            self.errors.append(exc)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-        try:
-            self.consumer.close()
-        except Exception as exc:  # noqa: BLE001
-            log.info("closing consumer %d: %r", self.index, exc)
-
-
-def _error_name(exc: Any) -> str:
-    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
-    name = getattr(err, "name", None)
-    return name() if callable(name) else type(exc).__name__
-
-
-@dataclass
-class Verdict:
-    """What the ledger shows against the final durable state."""
-
-    records: int
-    deliveries: int
-    distinct: int
-    redelivered_records: int
-    redeliveries: int
-    after_confirmation: list[tuple[Delivery, float]]
-    never_confirmed: int
-    max_deliveries: int
-    per_crash: list[int]
-
-    def summary(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "after_confirmation"} | {
-            "after_confirmation": len(self.after_confirmation)}
-
-
-def judge(ledger: Ledger, ends: dict[int, int], crash_times: list[float]) -> Verdict:
-    by_record: dict[tuple[int, int], list[Delivery]] = defaultdict(list)
-    for d in sorted(ledger.deliveries, key=lambda d: d.at):
-        by_record[(d.partition, d.offset)].append(d)
-    after: list[tuple[Delivery, float]] = []
-    per_crash = [0] * (len(crash_times) + 1)
-    redeliveries = 0
-    for rec, ds in by_record.items():
-        confirmed_at = ledger.confirmed.get(rec)
-        if confirmed_at is not None:
-            after += [(d, confirmed_at) for d in ds if d.at > confirmed_at]
-        for d in ds[1:]:
-            redeliveries += 1
-            # the latest crash before this redelivery (index 0: none, which must not happen)
-            per_crash[sum(1 for t in crash_times if t < d.at)] += 1
-    total = sum(ends.values())
-    return Verdict(
-        records=total,
-        deliveries=len(ledger.deliveries),
-        distinct=len(by_record),
-        redelivered_records=sum(1 for ds in by_record.values() if len(ds) > 1),
-        redeliveries=redeliveries,
-        after_confirmation=after,
-        never_confirmed=sum(1 for rec in by_record if rec not in ledger.confirmed),
-        max_deliveries=max((len(ds) for ds in by_record.values()), default=0),
-        per_crash=per_crash,
-    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -631,7 +330,7 @@ def test_state_survives_restarts_without_consumers(kafka39, topic_name, group, s
         kshare.start()
         assert describe_offsets(kshare.bootstrap, group) == {0: 10}
         time.sleep(3.0)  # up, idle: lock timers, topic refreshes, pruning run
-        kshare.current.signal(signal.SIGTERM)
+        kshare.current.send_signal(signal.SIGTERM)
         assert kshare.current.wait(30) == 0
         kshare.start()
         cli = subprocess.run([sys.executable, "-m", "kshare", "groups", "--bootstrap-server", kshare.bootstrap,
@@ -771,7 +470,7 @@ def test_damaged_state_records_are_skipped(kafka39, topic_name, group, state_top
         assert describe_offsets(kshare.bootstrap, group) == {0: 20}
         kshare.kill()
 
-        tid = asyncio.run(_topic_id_direct(kafka39.bootstrap, topic_name))
+        tid = asyncio.run(topic_id_direct(kafka39.bootstrap, topic_name))
         key = SharePartitionKey(group, tid, 0)
         part = sc.partition_for(key, 3)
         good_key = sc.encode_share_key(sc.RECORD_SNAPSHOT, key)
@@ -828,15 +527,6 @@ def test_damaged_state_records_are_skipped(kafka39, topic_name, group, state_top
     finally:
         kshare.stop()
     assert not kshare.tracebacks(), kshare.output()
-
-
-async def _topic_id_direct(bootstrap: str, topic: str) -> bytes:
-    host, _, port = bootstrap.rpartition(":")
-    conn = await KafkaConnection.open(host, int(port))
-    try:
-        return await topic_id(conn, topic)
-    finally:
-        await conn.close()
 
 
 # ------------------------------------------------------------------------------------------------

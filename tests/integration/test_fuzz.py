@@ -45,14 +45,14 @@ import pytest
 
 from kshare.client import KafkaConnection
 from kshare.protocol import messages
-from tests.harness.proxies import ProxyThread
-from tests.integration.test_bad_input import (
+from tests.harness.bad_input import (
     PROXY_LOGGER,
     GoodTraffic,
     MetadataLoop,
     hostport,
     unexpected_errors,
 )
+from tests.harness.proxies import ProxyThread
 
 SEED = int(os.environ.get("KSHARE_FUZZ_SEED", "932"))
 FRAMES = int(os.environ.get("KSHARE_FUZZ_FRAMES", "10000"))

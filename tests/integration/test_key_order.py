@@ -22,6 +22,8 @@ import pytest
 from confluent_kafka import AcknowledgeType
 
 from tests.harness import share
+from tests.harness.ledgers import GROUP_CONFIGS
+from tests.harness.scale_out import SESSION_MS, Service, busiest, topic_id_of
 from tests.harness.share import (
     ConsumerLoop,
     HolderProcess,
@@ -302,7 +304,6 @@ def test_order_holds_when_a_proxy_of_an_instance_group_is_killed(kafka39):
     SIGKILLed mid-way; the others take its state partitions over (relearning the keys from the
     log). May be processed again: records acquired through the killed proxy and not confirmed.
     Asserted: every record processed; per key never two at once and never out of offset order."""
-    from tests.integration.test_scale_out import GROUP_CONFIGS, SESSION_MS, Service, busiest, topic_id_of
 
     topic = f"keyorder-scale-{uuid.uuid4().hex[:10]}"
     kafka39.create_topic(topic, partitions=6)

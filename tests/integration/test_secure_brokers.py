@@ -3,7 +3,7 @@ enforced by Apache Kafka's StandardAuthorizer, on 3.9 and on 4.4 with native sha
 
 Besides proving the fixtures, this file records the reference answers kshare must reproduce: the
 error codes native Kafka 4.4 gives on the wire for share-group requests that its ACLs refuse
-(:data:`NATIVE_SHARE_AUTH_ERRORS`, checked by ``test_native_share_authorization_error_codes``).
+(:data:`tests.harness.security.NATIVE_SHARE_AUTH_ERRORS`, checked by ``test_native_share_authorization_error_codes``).
 """
 
 from __future__ import annotations
@@ -15,44 +15,17 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, ShareConsumer
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka import Consumer, KafkaError, Producer
 
 from kshare.protocol import messages
 from tests.harness.brokers import KafkaBroker
+from tests.harness.security import (
+    NATIVE_SHARE_AUTH_ERRORS,
+    set_earliest,
+    share_poll,
+)
+from tests.harness.share import COORDINATOR_NOT_READY, NONE
 from tests.harness.tls import TlsMaterial
-
-NONE = 0
-TOPIC_AUTHORIZATION_FAILED = 29
-GROUP_AUTHORIZATION_FAILED = 30
-SASL_AUTHENTICATION_FAILED = 58
-COORDINATOR_NOT_READY = (14, 15, 16)  # load in progress, not available, not coordinator
-
-# What Apache Kafka 4.4.0 answers (observed on the wire, ShareGroupHeartbeat v1, ShareFetch v1,
-# ShareAcknowledge v1, SaslAuthenticate v2), by scenario -> (top-level error, partition error or None).
-NATIVE_SHARE_AUTH_ERRORS: dict[str, tuple[int, int | None]] = {
-    # ShareGroupHeartbeat of a new member; READ+DESCRIBE on the topic, nothing on the group
-    "heartbeat_without_group_read": (GROUP_AUTHORIZATION_FAILED, None),
-    # ShareGroupHeartbeat of a new member; READ on the group, nothing on the subscribed topic
-    "heartbeat_without_topic_acl": (TOPIC_AUTHORIZATION_FAILED, None),
-    # ShareGroupHeartbeat; READ on the group, only DESCRIBE on the topic (joins, gets the partition)
-    "heartbeat_with_topic_describe_only": (NONE, None),
-    # ShareFetch of an assigned partition by that member (group READ, topic DESCRIBE but no READ)
-    "fetch_without_topic_read": (NONE, TOPIC_AUTHORIZATION_FAILED),
-    # ShareFetch by a principal without READ on the group (READ+DESCRIBE on the topic)
-    "fetch_without_group_read": (GROUP_AUTHORIZATION_FAILED, None),
-    # ShareAcknowledge of that partition by the member without topic READ
-    "ack_without_topic_read": (NONE, TOPIC_AUTHORIZATION_FAILED),
-    # ShareGroupDescribe v1 of an existing share group, by a principal without DESCRIBE on it
-    # (group-level error) / with READ on it (READ implies DESCRIBE)
-    "describe_without_group_describe": (NONE, GROUP_AUTHORIZATION_FAILED),
-    "describe_with_group_read": (NONE, NONE),
-    # DeleteGroups v2 of that (non-empty) share group without DELETE on it (per-group error)
-    "delete_without_group_delete": (NONE, GROUP_AUTHORIZATION_FAILED),
-    # SaslAuthenticate (PLAIN) with a wrong password
-    "sasl_wrong_password": (SASL_AUTHENTICATION_FAILED, None),
-}
-
 
 # ------------------------------------------------------------------------------------------------
 # helpers
@@ -345,54 +318,18 @@ def test_tls_refusals(kafka39_secure: KafkaBroker, tls_material: TlsMaterial):
 # native share groups (Kafka 4.4) with ACLs
 
 
-def _share_from_earliest(broker: KafkaBroker, group: str) -> None:
-    """share.auto.offset.reset=earliest for ``group`` (a share group starts at the end by default)."""
-    earliest = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
-    admin = broker.admin()  # the PLAINTEXT set-up listener
-    for fut in admin.incremental_alter_configs(
-        [ConfigResource(ResourceType.GROUP, group, incremental_configs=[earliest])]
-    ).values():
-        fut.result(30)
-
-
-def _share_consume(conf: dict[str, Any], topic: str, group: str, n: int, timeout: float = 30.0):
-    """(values, error codes) of a confluent ShareConsumer of ``group`` on ``topic``."""
-    errors: list[int] = []
-    consumer = ShareConsumer({**conf, "group.id": group, "error_cb": lambda e: errors.append(e.code())})
-    consumer.subscribe([topic])
-    values: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            try:
-                msgs = consumer.poll(0.5)
-            except KafkaException as e:  # e.g. FindCoordinator refused: raised by poll
-                errors.append(e.args[0].code())
-                msgs = []
-            for msg in msgs:
-                if msg.error() is not None:
-                    errors.append(msg.error().code())
-                else:
-                    values.append(msg.value())
-            if (n and len(values) >= n) or (not n and errors):
-                break
-    finally:
-        consumer.close()
-    return values, errors
-
-
 @pytest.mark.parametrize("protocol", ["SASL_PLAINTEXT", "SASL_SSL"])
 def test_native_share_consumer_with_acls(kafka44_secure: KafkaBroker, protocol):
     broker = kafka44_secure
     topic, group = _unique("share-t"), _unique("share-g")
     broker.create_topic(topic)
-    _share_from_earliest(broker, group)
+    set_earliest(broker.admin(), group)
     values = [f"s{i}".encode() for i in range(5)]
     assert _produce({"bootstrap.servers": broker.bootstrap}, topic, values) == [None] * 5
     granted = broker.grant("alice", "topic", topic, "READ", "DESCRIBE")
     granted += broker.grant("alice", "group", group, "READ")
     try:
-        got, errors = _share_consume(broker.client_config("alice", protocol), topic, group, len(values))
+        got, errors = share_poll(broker.client_config("alice", protocol), topic, group, want=len(values), timeout=30)
         assert sorted(got) == values
         assert errors == []
     finally:
@@ -400,19 +337,19 @@ def test_native_share_consumer_with_acls(kafka44_secure: KafkaBroker, protocol):
     bob = broker.client_config("bob", protocol)
     try:
         # bob, with no ACLs at all, reads nothing and is told why (FindCoordinator is refused first)
-        got, errors = _share_consume(bob, topic, _unique("bob-share"), 0, timeout=15)
+        got, errors = share_poll(bob, topic, _unique("bob-share"), want=0, timeout=15)
         assert got == []
         assert errors[:1] == [KafkaError.GROUP_AUTHORIZATION_FAILED], errors
         # READ on his group, nothing on the topic: the heartbeat is refused the topic
         bob_group = _unique("bob-share")
-        _share_from_earliest(broker, bob_group)
+        set_earliest(broker.admin(), bob_group)
         broker.grant("bob", "group", bob_group, "READ")
-        got, errors = _share_consume(bob, topic, bob_group, 0, timeout=15)
+        got, errors = share_poll(bob, topic, bob_group, want=0, timeout=15)
         assert got == []
         assert errors[:1] == [KafkaError.TOPIC_AUTHORIZATION_FAILED], errors
         # and DESCRIBE on the topic (he is assigned the partition) but no READ: ShareFetch refuses it
         broker.grant("bob", "topic", topic, "DESCRIBE")
-        got, errors = _share_consume(bob, topic, bob_group, 0, timeout=15)
+        got, errors = share_poll(bob, topic, bob_group, want=0, timeout=15)
         assert got == []
         assert errors[:1] == [KafkaError.TOPIC_AUTHORIZATION_FAILED], errors
     finally:
@@ -492,7 +429,7 @@ def test_native_java_share_consumer_with_acls(kafka44_secure: KafkaBroker, proto
     broker = kafka44_secure
     topic, group = _unique("java-t"), _unique("java-g")
     broker.create_topic(topic)
-    _share_from_earliest(broker, group)
+    set_earliest(broker.admin(), group)
     values = [f"j{i}".encode() for i in range(5)]
     assert _produce({"bootstrap.servers": broker.bootstrap}, topic, values) == [None] * 5
     granted = broker.grant("alice", "topic", topic, "READ", "DESCRIBE")

@@ -16,8 +16,8 @@ themselves with SCRAM through kshare; the ACLs of the cluster decide what they m
   cleanly while good clients go on; certificates reload on SIGHUP and on file change.
 
 What the test user ``kshare`` is granted is what the proxy needs: ALL on its state topic and READ
-(which implies DESCRIBE) on the topics it serves (:data:`KSHARE_STATE_TOPIC_OPS`,
-:data:`KSHARE_TOPIC_OPS`); nothing on the cluster.
+(which implies DESCRIBE) on the topics it serves (:data:`tests.harness.security.KSHARE_STATE_TOPIC_OPS`,
+:data:`~tests.harness.security.KSHARE_TOPIC_OPS`); nothing on the cluster.
 
 No set-up request goes through the broker's anonymous PLAINTEXT listener except topic creation and
 producing test records; kshare and every client under test use the authenticated listeners.
@@ -42,14 +42,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer, ShareConsumer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from kshare.client import KafkaConnection
 from kshare.protocol import messages
 from kshare.security import AuthenticationFailed, ClientSecurity
 from tests.harness.brokers import KafkaBroker
 from tests.harness.proxies import ProxyProcess
+from tests.harness.security import (
+    GROUP_AUTHORIZATION_FAILED,
+    KSHARE_STATE_TOPIC_OPS,
+    KSHARE_TOPIC_OPS,
+    NATIVE_SHARE_AUTH_ERRORS,
+    TOPIC_AUTHORIZATION_FAILED,
+    kshare_args,
+    set_earliest,
+    share_poll,
+    start_kshare,
+)
 from tests.harness.share import (
     COORDINATOR_NOT_READY,
     NONE,
@@ -64,16 +74,9 @@ from tests.harness.share import (
     wait_until,
 )
 from tests.harness.tls import TlsMaterial, _san, _sign
-from tests.integration.test_secure_brokers import (
-    GROUP_AUTHORIZATION_FAILED,
-    NATIVE_SHARE_AUTH_ERRORS,
-    TOPIC_AUTHORIZATION_FAILED,
-)
 
 RUN = uuid.uuid4().hex[:6]
 PREFIX = f"sec-{RUN}"  # every topic and group of this module starts with it
-KSHARE_STATE_TOPIC_OPS = ("ALL",)
-KSHARE_TOPIC_OPS = ("READ",)  # READ implies DESCRIBE
 CACHE_TTL_S = 30.0  # kshare.share.authorization.DEFAULT_TTL_S: a revocation takes effect within it
 REVOCATION_SLACK_S = 8.0
 HANGUPS = 300  # TLS clients of the hang-up test
@@ -86,35 +89,6 @@ def _name(kind: str) -> str:
 
 # ------------------------------------------------------------------------------------------------
 # kshare as a child process
-
-
-def _kshare_args(broker: KafkaBroker, tls: TlsMaterial, *, cert: Path, key: Path, password_file: Path,
-                 state_topic: str, client_ca: Path | None = None) -> list[str]:
-    args = [
-        "--upstream", broker.secure_bootstrap["SASL_SSL"],
-        "--upstream-security-protocol", "SASL_SSL",
-        "--upstream-sasl-mechanism", "SCRAM-SHA-512",
-        "--upstream-sasl-username", "kshare",
-        "--upstream-sasl-password-file", str(password_file),
-        "--upstream-tls-ca", str(tls.ca_cert),
-        "--tls-cert", str(cert), "--tls-key", str(key),
-        "--state-topic", state_topic, "--state-topic-partitions", "1",
-    ]
-    if client_ca is not None:
-        args += ["--tls-client-ca", str(client_ca)]
-    return args
-
-
-def _start_kshare(args: list[str]) -> ProxyProcess:
-    """Start ``kshare proxy`` and wait until its share state is loaded (kshare's ACLs suffice)."""
-    proxy = ProxyProcess(*args).start()
-    try:
-        wait_until(lambda: any("share state loaded" in line for line in proxy.output), 30,
-                   "kshare to load its share state as user kshare")
-    except AssertionError:
-        proxy.stop()
-        raise AssertionError("kshare did not load its state:\n" + "".join(proxy.output[-40:])) from None
-    return proxy
 
 
 def _tracebacks(lines: list[str]) -> list[str]:
@@ -158,7 +132,7 @@ def secure(kafka39_secure: KafkaBroker, tls_material: TlsMaterial,
     state_topic = f"__kshare_state_{PREFIX}"
     granted = broker.grant("kshare", "topic", state_topic, *KSHARE_STATE_TOPIC_OPS)
     granted += broker.grant("kshare", "topic", PREFIX, *KSHARE_TOPIC_OPS, pattern="PREFIXED")
-    proxy = _start_kshare(_kshare_args(broker, tls_material, cert=cert, key=key, password_file=password_file,
+    proxy = start_kshare(kshare_args(broker, tls_material, cert=cert, key=key, password_file=password_file,
                                        state_topic=state_topic))
     s = Secure(broker, tls_material, proxy, cert, key, d, password_file, [proxy])
     try:
@@ -241,15 +215,6 @@ def _first_partition_error(resp: Any) -> int | None:
     return next((p.error_code for p in partitions(resp).values()), None)
 
 
-def _set_earliest(conf: dict[str, Any], group: str) -> None:
-    """share.auto.offset.reset=earliest for ``group``, as the client of ``conf`` (IncrementalAlterConfigs)."""
-    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
-    admin = AdminClient(conf)
-    for fut in admin.incremental_alter_configs(
-            [ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])]).values():
-        fut.result(30)
-
-
 def _new_topic(broker: KafkaBroker, n: int) -> tuple[str, list[bytes]]:
     """A topic of this module with ``n`` records (created and produced on the set-up listener)."""
     topic = _name("t")
@@ -257,34 +222,6 @@ def _new_topic(broker: KafkaBroker, n: int) -> tuple[str, list[bytes]]:
     vals = values(topic, n)
     produce(broker.bootstrap, topic, vals)
     return topic, vals
-
-
-def _share_poll(conf: dict[str, Any], topic: str, group: str, *, want: int, timeout: float):
-    """(values, error codes) of a librdkafka ShareConsumer: until ``want`` records, or (want=0) the
-    first error, or the timeout."""
-    errors: list[int] = []
-    consumer = ShareConsumer({**conf, "group.id": group, "error_cb": lambda e: errors.append(e.code())})
-    consumer.subscribe([topic])
-    got: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            try:
-                msgs = consumer.poll(0.5)
-            except KafkaException as exc:
-                errors.append(exc.args[0].code())
-                msgs = []
-            for m in msgs:
-                if m.error() is not None:
-                    if m.error().code() != KafkaError._PARTITION_EOF:
-                        errors.append(m.error().code())
-                else:
-                    got.append(m.value())
-            if (want and len(got) >= want) or (not want and errors):
-                break
-    finally:
-        consumer.close()
-    return got, errors
 
 
 # ------------------------------------------------------------------------------------------------
@@ -297,8 +234,8 @@ def test_alice_consumes_with_share_consumer(secure: Secure):
     group = _name("g")
     granted = broker.grant("alice", "topic", topic, "READ") + broker.grant("alice", "group", group, "READ")
     try:
-        _set_earliest(secure.conf("admin"), group)
-        got, errors = _share_poll(secure.conf("alice"), topic, group, want=len(vals), timeout=30)
+        set_earliest(secure.conf("admin"), group)
+        got, errors = share_poll(secure.conf("alice"), topic, group, want=len(vals), timeout=30)
         assert errors == []
         assert sorted(got) == sorted(vals)
     finally:
@@ -315,7 +252,7 @@ def test_alice_consumes_with_java_share_consumer(secure: Secure):
     group = _name("g")
     granted = broker.grant("alice", "topic", topic, "READ") + broker.grant("alice", "group", group, "READ")
     try:
-        _set_earliest(secure.conf("admin"), group)
+        set_earliest(secure.conf("admin"), group)
         conf = broker.java_client_config("alice", "SASL_SSL", "SCRAM-SHA-512")
         conf.pop("bootstrap.servers")
         java = JavaShareConsumer(command, secure.bootstrap, group, topic, max_records=len(vals),
@@ -360,7 +297,7 @@ async def _authorization_answers(system: System) -> dict[str, Any]:
     admin_conf = broker.client_config("admin", "SASL_SSL", "SCRAM-SHA-512", **{"bootstrap.servers": address})
     warm, g1, g2, g3 = (_name(k) for k in ("warm", "g1", "ref-g2", "ref-g3"))
     for g in (warm, g1, g2, g3):  # records to hand out, if anything were handed out
-        await asyncio.to_thread(_set_earliest, admin_conf, g)
+        await asyncio.to_thread(set_earliest, admin_conf, g)
     observed: dict[str, Any] = {"records_handed_out": 0}
     granted: list[Any] = []
     admin = await _open(address, tls, "admin", users["admin"])
@@ -477,20 +414,20 @@ def test_bob_share_consumer_is_refused_through_kshare(secure: Secure):
     try:
         # no ACL at all
         g = _name("bob")
-        _set_earliest(secure.conf("admin"), g)
-        got, errors = _share_poll(bob, topic, g, want=0, timeout=20)
+        set_earliest(secure.conf("admin"), g)
+        got, errors = share_poll(bob, topic, g, want=0, timeout=20)
         assert got == []
         assert errors[:1] == [GROUP_AUTHORIZATION_FAILED], errors
         # READ on the group, nothing on the topic
         g = _name("bob")
-        _set_earliest(secure.conf("admin"), g)
+        set_earliest(secure.conf("admin"), g)
         granted += broker.grant("bob", "group", g, "READ")
-        got, errors = _share_poll(bob, topic, g, want=0, timeout=20)
+        got, errors = share_poll(bob, topic, g, want=0, timeout=20)
         assert got == []
         assert errors[:1] == [TOPIC_AUTHORIZATION_FAILED], errors
         # and DESCRIBE on the topic: assigned the partition, refused its records
         granted += broker.grant("bob", "topic", topic, "DESCRIBE")
-        got, errors = _share_poll(bob, topic, g, want=0, timeout=20)
+        got, errors = share_poll(bob, topic, g, want=0, timeout=20)
         assert got == []
         assert errors[:1] == [TOPIC_AUTHORIZATION_FAILED], errors
     finally:
@@ -512,7 +449,7 @@ def test_revoked_topic_read_takes_effect_within_the_cache_lifetime(secure: Secur
     rest = broker.grant("alice", "topic", topic, "DESCRIBE")  # she stays a member: the heartbeat is fine
     rest += broker.grant("alice", "group", PREFIX, "READ", pattern="PREFIXED")
     for g in (group, group2):
-        _set_earliest(secure.conf("admin"), g)
+        set_earliest(secure.conf("admin"), g)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})  # set-up listener
     loop = ConsumerLoop("alice-librdkafka", secure.bootstrap, group2, topic,
                         **{k: v for k, v in secure.conf("alice").items() if k != "bootstrap.servers"})
@@ -603,7 +540,7 @@ def _alice_consuming(secure: Secure, bootstrap: str | None = None,
         wait_until(lambda: set(expected) <= set(loop.values()), 30, f"alice's records ({label})")
 
     try:
-        _set_earliest(secure.conf("admin", **{"bootstrap.servers": bootstrap or secure.bootstrap, **conf}), group)
+        set_earliest(secure.conf("admin", **{"bootstrap.servers": bootstrap or secure.bootstrap, **conf}), group)
         loop.start()
         yield check
     finally:
@@ -714,7 +651,7 @@ def test_expired_client_certificate_is_refused(secure: Secure, tls_material: Tls
     broker, t = secure.broker, tls_material
     state_topic = f"__kshare_state_{PREFIX}_mtls"
     granted = broker.grant("kshare", "topic", state_topic, *KSHARE_STATE_TOPIC_OPS)
-    mtls = _start_kshare(_kshare_args(broker, t, cert=t.server_chain, key=t.server_key,
+    mtls = start_kshare(kshare_args(broker, t, cert=t.server_chain, key=t.server_key,
                                       password_file=secure.password_file, state_topic=state_topic,
                                       client_ca=t.ca_cert))
     secure.procs.append(mtls)
@@ -804,7 +741,7 @@ def test_certificates_reload_on_sighup_and_on_file_change(secure: Secure):
             assert await old.topic_id(topic)
             # SIGHUP
             await asyncio.to_thread(_install, *first, secure.cert, secure.key)
-            secure.proxy.signal(signal.SIGHUP)
+            secure.proxy.send_signal(signal.SIGHUP)
             deadline = time.monotonic() + 10
             while (now := await asyncio.to_thread(_served, secure.bootstrap, tls))["der"] != _der(first[0]):
                 assert time.monotonic() < deadline, ("SIGHUP did not reload", now.get("subject"))
@@ -847,7 +784,7 @@ def test_tls_hang_up_after_the_handshake_leaves_no_traceback(secure: Secure):
     broker, tls = secure.broker, secure.tls
     state_topic = f"__kshare_state_{PREFIX}_hangup"
     granted = broker.grant("kshare", "topic", state_topic, *KSHARE_STATE_TOPIC_OPS)
-    proxy = _start_kshare(_kshare_args(broker, tls, cert=secure.cert, key=secure.key,
+    proxy = start_kshare(kshare_args(broker, tls, cert=secure.cert, key=secure.key,
                                        password_file=secure.password_file, state_topic=state_topic))
     try:
         host, _, port = proxy.bootstrap.rpartition(":")

@@ -25,7 +25,6 @@ Both brokers are session fixtures; kshare runs for the module with the broker-le
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections import Counter
@@ -38,15 +37,17 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from kshare.protocol import messages
-from tests.harness.brokers import KAFKA_4, KafkaBroker
+from tests.harness.brokers import KAFKA4_VERSION, KafkaBroker
 from tests.harness.drain import DrainResult, drain
 from tests.harness.drain import names as drain_names
 from tests.harness.share import (
     ACCEPT,
     FENCED_MEMBER_EPOCH,
+    HEARTBEAT_MS,
     INVALID_RECORD_STATE,
     INVALID_REQUEST,
     INVALID_SHARE_SESSION_EPOCH,
+    KAFKA4_TEST_LIMITS,
     NONE,
     REJECT,
     RELEASE,
@@ -83,7 +84,6 @@ from tests.harness.share import (
 )
 
 KSHARE, KAFKA4 = "kshare", "kafka4"
-KAFKA4_VERSION = os.environ.get("KSHARE_KAFKA4_VERSION", KAFKA_4)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kafka4]
 
@@ -108,15 +108,6 @@ class Target:
         HEARTBEAT_MS unless said otherwise, plus ``configs`` (underscores in names stand for dots)."""
         share_group(self.bootstrap, group, **{"share.heartbeat.interval.ms": HEARTBEAT_MS, **configs})
 
-
-# Kafka 4.4's broker-level bounds lowered as kshare's are here (share.TEST_LIMITS): its
-# defaults allow lock durations of 15-60 s only, session timeouts from 45 s, heartbeats from 5 s.
-KAFKA4_TEST_LIMITS = {
-    "group.share.min.record.lock.duration.ms": TEST_LIMITS.min_record_lock_duration_ms,
-    "group.share.min.session.timeout.ms": TEST_LIMITS.min_session_timeout_ms,
-    "group.share.min.heartbeat.interval.ms": TEST_LIMITS.min_heartbeat_interval_ms,
-}
-HEARTBEAT_MS = 500  # share.heartbeat.interval.ms of every group here: Kafka 4.4 assigns on a heartbeat
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ from kshare.protocol.messages import (
     response_codec,
 )
 from kshare.protocol.spec import all_spec_names, load_spec
-from tests.unit.test_codec_roundtrip import message
+from tests.harness.codec_messages import message
 
 
 def h(*parts: str | bytes) -> bytes:
