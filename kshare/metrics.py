@@ -34,6 +34,8 @@ from prometheus_client import (
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .protocol import messages
+from .share.admin import settled_above_start
 from .share.upstream_checks import CHECKS
 
 if TYPE_CHECKING:
@@ -75,8 +77,6 @@ class ShareCollector(Collector):
         self.service = service
 
     def collect(self) -> Iterable[Metric]:
-        from .share.admin import settled_above_start
-
         service, stats = self.service, self.service.stats
         for name, help_text, counts in (
             ("kshare_share_deliveries", "Records handed to share consumers", stats.deliveries),
@@ -311,8 +311,6 @@ _KAFKA_API_NAMES = (
 
 
 def api_name(key: int) -> str:
-    from .protocol import messages
-
     a = messages.apis().get(key)
     if a is not None:
         return a.name
