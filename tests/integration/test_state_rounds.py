@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 
 import pytest
 
-from kshare.share.state_topic import StateWriteError, TopicStateStore
+from kshare.share.state.errors import StateWriteError
+from kshare.share.state.rounds import Round
+from kshare.share.state.topic_store import TopicStateStore
 from kshare.share.states import ShareSnapshot, ShareUpdate, StateBatch, apply_update, normalize
 from kshare.share.store import SharePartitionKey
 
@@ -56,9 +59,9 @@ def test_rounds_of_different_share_partitions_overlap(kafka39, topic_name) -> No
             async def watch() -> None:
                 nonlocal most_in_flight
                 while not done:
-                    most_in_flight = max(most_in_flight, len(store._rounds))
+                    most_in_flight = max(most_in_flight, len(store.rounds.in_flight))
                     # a share-partition is in at most one round in flight
-                    assert all(sum(k in r.refs for r in store._rounds) <= 1 for k in keys)
+                    assert all(sum(k in r.refs for r in store.rounds.in_flight) <= 1 for k in keys)
                     await asyncio.sleep(0)
 
             async def writer(n: int, k: SharePartitionKey) -> None:
@@ -102,7 +105,10 @@ def test_failed_round_while_later_rounds_are_in_flight(kafka39, topic_name) -> N
     and write B of A's share-partition is queued. A raises; C may fail with it (the idempotent
     producer's sequence broke) and is then rolled back too; B is encoded only once A is rolled back,
     on the last acknowledged state, as a snapshot. Afterwards: every write that returned is on the
-    topic, none that raised is in the store's state, and the store's state equals a replay."""
+    topic, none that raised is in the store's state, and the store's state equals a replay.
+
+    A's outcome is held (the store's settle gate) until C is in flight and B queued, whatever the
+    broker's speed: A stays in flight however fast the broker refuses it."""
     bs = kafka39.bootstrap
     kafka39.create_topic(
         topic_name,
@@ -129,12 +135,27 @@ def test_failed_round_while_later_rounds_are_in_flight(kafka39, topic_name) -> N
             # ~4 KB: over max.message.bytes (3000), under the producer's own 1 MiB limit, so the
             # broker refuses it after it was sent
             huge = update(-1, *((o, o, ACKED if o % 2 else ARCHIVED, 1) for o in range(100, 400)))
+            release_a = asyncio.Event()
+            held: list[Round] = []
+
+            def hold_a(r: Round) -> Awaitable[None] | None:
+                if k1 in r.refs and not held:  # A: B, the next round of k1, waits for A to be settled
+                    held.append(r)
+                    return release_a.wait()
+                return None
+
+            store.settle_gate = hold_a
             a = asyncio.create_task(store.write([(k1, huge)]))
-            await until(lambda: len(store._rounds) == 1)
+            await until(lambda: len(store.rounds.in_flight) == 1)
+            (round_a,) = store.rounds.in_flight
             c = asyncio.create_task(store.write([(k2, update(-1, (5, 5, ARCHIVED, 1)))]))
             b = asyncio.create_task(store.write([(k1, update(-1, (10, 10, AVAILABLE, 2)))]))
-            await until(lambda: len(store._rounds) == 2)  # C overlaps A ...
-            assert len(store._queue) == 1 and store._queue[0].refs == frozenset({k1})  # ... B waits
+            await until(lambda: len(store.rounds.in_flight) == 2)  # C overlaps A ...
+            assert round_a in store.rounds.in_flight  # ... which is still in flight (held, or not answered yet) ...
+            queue = store.rounds.queue
+            assert len(queue) == 1 and queue[0].refs == frozenset({k1})  # ... and B waits
+            assert not a.done()
+            release_a.set()
             with pytest.raises(StateWriteError):
                 await a
             c_ok = True
@@ -186,7 +207,7 @@ def test_writes_submitted_together_go_in_one_round(kafka39, topic_name) -> None:
                 if gathered:
                     with store.gathering():
                         futs = [store.submit([(k, ShareUpdate(-1, (b,)))]) for k in keys]
-                        assert not store._rounds  # nothing sent before the block ends
+                        assert store.rounds.idle  # nothing sent before the block ends
                 else:
                     futs = [store.submit([(k, ShareUpdate(-1, (b,)))]) for k in keys]
                 await asyncio.gather(*futs)

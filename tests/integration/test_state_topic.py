@@ -15,9 +15,11 @@ import pytest
 import uvloop
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from kshare.share import state_codec as sc
 from kshare.share.partition import FetchedBatch, SharePartition
-from kshare.share.state_topic import ALTERNATIVE_TOPIC, StateStoreError, StateWriteError, TopicStateStore
+from kshare.share.state import codec as sc
+from kshare.share.state.errors import StateStoreError, StateWriteError
+from kshare.share.state.topic_admin import ALTERNATIVE_TOPIC
+from kshare.share.state.topic_store import TopicStateStore
 from kshare.share.states import ShareSnapshot, ShareUpdate, StateBatch
 from kshare.share.store import GroupRecord, SharePartitionKey
 
@@ -260,7 +262,7 @@ def test_compaction_and_pruning(kafka39, topic_name) -> None:
             # they are rewritten, then everything below the oldest needed record goes
             moved = await store.prune()
             assert store.stats.refreshes == 2
-            latest_busy_snapshot = store._entries[busy].snapshot_offset
+            latest_busy_snapshot = store.memory.entries[busy].snapshot_offset
             assert latest_busy_snapshot is not None and latest_busy_snapshot > 60
             assert moved == {0: latest_busy_snapshot}
             assert (await log_start_offsets(bs, topic_name, 1)) == {0: latest_busy_snapshot}
@@ -370,12 +372,12 @@ def test_damaged_and_foreign_records_are_skipped(kafka39, topic_name, caplog) ->
         assert expected[KEY] == ShareSnapshot(105, (StateBatch(105, 105, 0, 2), StateBatch(106, 106, 4, 3)))
 
         caplog.clear()
-        with caplog.at_level(logging.ERROR, logger="kshare.share.state_topic"):
+        with caplog.at_level(logging.ERROR, logger="kshare.share.state"):
             fresh = await replayed(bs, topic_name, partitions=2)
         assert fresh.share_partitions() == expected
         assert fresh.load_stats.skipped == len(garbage)
         errors = [
-            r for r in caplog.records if r.name == "kshare.share.state_topic" and r.levelno >= logging.ERROR
+            r for r in caplog.records if r.name.startswith("kshare.share.state") and r.levelno >= logging.ERROR
         ]
         assert len(errors) == len(garbage)  # exactly one logged error per skipped record
         messages = [r.getMessage() for r in errors]

@@ -252,7 +252,7 @@ def test_keys_spread_over_partitions() -> None:
 
 # -- the store's in-place replay step equals states.apply_update -------------------------------------
 
-from kshare.share.state_topic import apply_update_in_place  # noqa: E402
+from kshare.share.state.memory import apply_update_in_place  # noqa: E402
 from kshare.share.states import apply_update, normalize, replay  # noqa: E402
 
 spans = st.lists(

@@ -1,0 +1,216 @@
+"""Replay at start: the state topic read from its log start to the end offsets found at start.
+
+The share coordinator's replay (``docs/reference/state-format.md``): per share-partition the latest
+ShareSnapshot plus the later ShareUpdates with the same snapshot epoch; the latest group record
+per group; tombstones remove. Records that cannot be decoded, or updates without their snapshot,
+are skipped, one ERROR line each. :class:`RecordReplay` applies one record (pure); :func:`load`
+reads the topic with a consumer and feeds it.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..states import normalize
+from .codec import (
+    GroupTombstone,
+    GroupValueRecord,
+    ShareTombstone,
+    SnapshotRecord,
+    StateRecordError,
+    UpdateRecord,
+    decode_record,
+    is_normalized,
+)
+from .memory import GroupEntry, InMemoryState, ShareEntry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LoadStats:
+    """What the state store found on the topic when it loaded it."""
+
+    seconds: float = 0.0
+    records: int = 0
+    bytes: int = 0
+    skipped: int = 0
+    snapshots: int = 0
+    updates: int = 0
+    tombstones: int = 0
+    group_records: int = 0
+    share_partitions: int = 0
+    groups: int = 0
+
+
+class RecordReplay:
+    """Applies state-topic records, in log order per partition, to an in-memory state."""
+
+    def __init__(self, memory: InMemoryState, stats: LoadStats, topic: str) -> None:
+        self.memory = memory
+        self.stats = stats
+        self.topic = topic  # for the log lines
+
+    def skip(self, partition: int, offset: int, reason: object) -> None:
+        self.stats.skipped += 1
+        log.error("state topic %s partition %d offset %d: record skipped: %s", self.topic, partition, offset, reason)
+
+    def apply(self, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
+        """Apply one record (the share coordinator's replay)."""
+        stats = self.stats
+        memory = self.memory
+        try:
+            rec = decode_record(key, value)
+        except StateRecordError as exc:
+            self.skip(partition, offset, exc)
+            return
+        if isinstance(rec, SnapshotRecord):
+            stats.snapshots += 1
+            snap = rec.snapshot if is_normalized(rec.snapshot) else normalize(rec.snapshot)
+            e = ShareEntry(snap, partition, rec.snapshot_epoch, rec.state_epoch, rec.leader_epoch)
+            e.snapshot_offset = offset
+            memory.entries[rec.key] = e
+        elif isinstance(rec, UpdateRecord):
+            stats.updates += 1
+            e = memory.entries.get(rec.key)
+            if e is None:
+                self.skip(partition, offset, f"ShareUpdate for {rec.key} without a ShareSnapshot before it")
+                return
+            if rec.snapshot_epoch != e.snapshot_epoch % 65536:
+                self.skip(
+                    partition,
+                    offset,
+                    f"ShareUpdate for {rec.key} with snapshot epoch {rec.snapshot_epoch}, "
+                    f"latest snapshot has {e.snapshot_epoch}",
+                )
+                return
+            try:
+                e.apply(rec.update)
+            except ValueError as exc:
+                self.skip(partition, offset, exc)
+                return
+            e.updates += 1
+            e.update_bytes += len(value or b"")
+        elif isinstance(rec, GroupValueRecord):
+            stats.group_records += 1
+            g = GroupEntry(rec.record, partition)
+            g.offset = offset
+            memory.groups[rec.record.group_id] = g
+        elif isinstance(rec, ShareTombstone):
+            stats.tombstones += 1
+            memory.entries.pop(rec.key, None)
+        elif isinstance(rec, GroupTombstone):
+            stats.tombstones += 1
+            memory.groups.pop(rec.group_id, None)
+
+
+async def load(
+    memory: InMemoryState,
+    *,
+    bootstrap_servers: list[str],
+    topic: str,
+    client_id: str,
+    request_timeout_s: float,
+    consumer_config: dict[str, Any],
+    short_end_offsets: bool = False,
+    empty: bool = False,
+    partitions: Sequence[int] | None = None,
+) -> LoadStats:
+    """Replay the topic into ``memory`` (replacing what it held), or, for an instance group, the
+    claimed ``partitions``: their committed records only, added to what it holds.
+
+    ``empty``: the topic was just created, there is nothing to read. ``short_end_offsets``: the
+    cluster's end offsets may fall inside a partition's last batch (upstream_checks), whose rest
+    is read too.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    t0 = time.monotonic()
+    stats = LoadStats()
+    if partitions is None:
+        memory.clear()
+    if empty:  # just created: nothing to replay
+        for p in range(memory.partitions):
+            memory.log_start[p] = memory.log_end[p] = 0
+        log.info("state topic %s is new: nothing to load", topic)
+        return stats
+    conf: dict[str, Any] = {
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_partition_fetch_bytes": 8 * 1024 * 1024,
+        "fetch_max_bytes": 64 * 1024 * 1024,
+        "request_timeout_ms": max(40_000, int(request_timeout_s * 1000)),
+    }
+    if partitions is not None:
+        # transactional writes: what an aborted (fenced) transaction left is not state
+        conf["isolation_level"] = "read_committed"
+    conf.update(consumer_config)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, client_id=f"{client_id}-load",
+                                **conf)
+    await consumer.start()
+    replay = RecordReplay(memory, stats, topic)
+    # Replay allocates millions of small tuples that all stay alive: the cyclic collector
+    # would walk them again and again (about a third of the load's CPU time). Off meanwhile.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        tps = [TopicPartition(topic, p) for p in (range(memory.partitions) if partitions is None else partitions)]
+        consumer.assign(tps)
+        begin = await consumer.beginning_offsets(tps)
+        end = await consumer.end_offsets(tps)
+        for tp in tps:
+            memory.log_start[tp.partition] = begin[tp]
+            memory.log_end[tp.partition] = end[tp]
+        remaining = {tp for tp in tps if end[tp] > begin[tp]}
+        for tp in tps:
+            if tp in remaining:
+                consumer.seek(tp, begin[tp])
+            else:
+                consumer.pause(tp)
+        while remaining:
+            batch = await consumer.getmany(*remaining, timeout_ms=500, max_records=100_000)
+            for tp, records in batch.items():
+                p = tp.partition
+                for r in records:
+                    if r.offset >= end[tp]:
+                        if not short_end_offsets:
+                            break
+                        # the cluster's end offset falls inside its last batch (upstream_checks):
+                        # the rest of that batch was there all along
+                        end[tp] = memory.log_end[p] = r.offset + 1
+                    stats.records += 1
+                    stats.bytes += (r.serialized_key_size if r.serialized_key_size > 0 else 0) + (
+                        r.serialized_value_size if r.serialized_value_size > 0 else 0
+                    )
+                    replay.apply(p, r.offset, r.key, r.value)
+            for tp in list(remaining):
+                if await consumer.position(tp) >= end[tp]:
+                    remaining.discard(tp)
+                    consumer.pause(tp)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        await consumer.stop()
+    stats.share_partitions = len(memory.entries)
+    stats.groups = len(memory.groups)
+    stats.seconds = time.monotonic() - t0
+    log.info(
+        "state topic %s%s loaded in %.2f s: %d share-partitions, %d groups from %d records (%d bytes), %d skipped",
+        topic,
+        "" if partitions is None else f" partitions {list(partitions)}",
+        stats.seconds,
+        stats.share_partitions,
+        stats.groups,
+        stats.records,
+        stats.bytes,
+        stats.skipped,
+    )
+    return stats
+
+
+__all__ = ["LoadStats", "RecordReplay", "load"]
