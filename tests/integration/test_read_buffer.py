@@ -1,4 +1,4 @@
-"""Every connection of a proxy reads into one shared buffer (``kshare.proxy.connection.ReadBuffer``):
+"""Every connection of a proxy reads into one shared buffer (``kshare.proxy.read_buffer.ReadBuffer``):
 what a transport could not send at once must come out intact after the reads that follow it.
 
 Every socket of the proxy here has a 4 KiB send buffer (as a congested path leaves it), so its
@@ -14,6 +14,10 @@ each batch's CRC: a batch changed on the way is refused with CORRUPT_MESSAGE, an
 reports it), and read back through the proxy and directly (consumers check CRCs too) equal to what
 was sent, at the offset the producer was given. The proxy must have left buffers to transports
 (else the test proves nothing).
+
+How frames cut between reads are split, through a buffer overwritten after each read, is tested
+without sockets in tests/unit/test_frames_props.py and tests/unit/test_client_connection.py; this
+test is about what real transports keep.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Producer
 
-from kshare.proxy import connection
+from kshare.proxy.connection import ClientConnection
+from kshare.proxy.upstream import UpstreamConnection
 from tests.harness.brokers import KafkaBroker
 from tests.harness.clients import confluent_consume, confluent_produce
 from tests.harness.proxies import ProxyThread
@@ -88,7 +93,7 @@ def _consume(bootstrap: str, topic: str, records: list, placed: dict) -> None:
 def test_responses_cut_short_come_out_intact(kafka39: KafkaBroker, monkeypatch) -> None:
     # records to read while the others are written, put there directly
     ready = _produce(kafka39.bootstrap, kafka39, 100)
-    for cls in (connection.ClientConnection, connection.UpstreamConnection):
+    for cls in (ClientConnection, UpstreamConnection):
         monkeypatch.setattr(cls, "connection_made", _small_send_buffer(cls))
     with ProxyThread(kafka39.bootstrap) as proxy, ThreadPoolExecutor(2 * WORKERS) as pool:
         # Produce requests and Fetch responses cross the proxy at the same time
@@ -104,7 +109,7 @@ def test_responses_cut_short_come_out_intact(kafka39: KafkaBroker, monkeypatch) 
 
 
 def test_requests_cut_short_come_out_intact(kafka39: KafkaBroker, monkeypatch) -> None:
-    for cls in (connection.ClientConnection, connection.UpstreamConnection):
+    for cls in (ClientConnection, UpstreamConnection):
         monkeypatch.setattr(cls, "connection_made", _small_send_buffer(cls))
     with ProxyThread(kafka39.bootstrap) as proxy:
         sent, producers, placed, errors = {}, [], {}, []

@@ -223,3 +223,15 @@ def test_the_sink_may_rewrite_the_head_in_place() -> None:
     framer.feed(memoryview(bytearray(whole[7:])))
     sink.end_of_read()
     assert sink.events == [("forward", frame(FORWARDED, 15, 1, b"abc"))]
+
+
+@settings(max_examples=300)
+@given(garbage=st.lists(st.one_of(good_frames, bad_frames().map(lambda b: b[0]), st.binary(max_size=30)), max_size=8),
+       points=st.lists(st.integers(0, 10_000), max_size=12))
+def test_any_bytes_cut_anywhere_are_split_as_they_are_whole(garbage: list[bytes], points: list[int]) -> None:
+    """Whatever a client sends (frames, bad sizes, garbage), where the reads cut it changes nothing."""
+    data = b"".join(garbage)
+    whole, pieces = Sink(), Sink()
+    feed_all(RequestFramer(whole, LIMIT), whole, [data])
+    feed_all(RequestFramer(pieces, LIMIT), pieces, cut(data, points))
+    assert pieces.events == whole.events and pieces.heads == whole.heads
