@@ -161,6 +161,17 @@ class Env:
             self.started["kafka3"] = f"Apache Kafka {KAFKA_3} at {broker.bootstrap} (log {broker.log_path})"
         return self._k3.bootstrap
 
+    def upstream_broker(self) -> KafkaBroker | None:
+        """The fronted broker when the bench started it (None for ``--upstream``)."""
+        self.upstream()
+        return self._k3
+
+    def upstream_data_dir(self) -> Path | None:
+        """The fronted broker's data directory when the bench started it (None for ``--upstream``): what a
+        topic takes on disk."""
+        self.upstream()
+        return self._k3.data_dir if self._k3 is not None else None
+
     def kafka4(self) -> str:
         """Bootstrap of native Apache Kafka 4.4 with share groups (the reference)."""
         if self._k4 is None:

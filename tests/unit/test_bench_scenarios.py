@@ -16,8 +16,9 @@ from kshare.bench import report, runner, scenarios
 from kshare.bench.scenarios.common import Scenario
 from kshare.cli import main
 
-# modules of the package that are not scenarios: what the scenarios share, the failover scenario's pure analysis
-HELPERS = {"common", "failover_analysis"}
+# modules of the package that are not scenarios: what the scenarios share, the failover scenario's pure
+# analysis, the scale-out scenarios' proxies
+HELPERS = {"common", "failover_analysis", "instance_group"}
 MICRO = {"codec", "engine", "record_keys"}
 
 # smaller than --quick: a smoke run of each, well under a second
@@ -91,3 +92,108 @@ def test_micro_scenario_runs_and_reports(name: str) -> None:
         assert [r["codec"] for r in res["rows"]] == ["none", "gzip", "snappy", "lz4", "zstd"]
         assert [r["decompress_share"] is None for r in res["rows"]] == [True] + [False] * 4
         assert len(res["hashes"]) == 5
+
+
+# sections read from results of this shape (what each run() returns); the scenarios of a full run, embedded,
+# spark, failover and aioconsumer: tests/unit/test_bench.py
+SECTIONS_TESTED_THERE = {"passthrough", "share", "scaling", "latency", "ack", "cpu", "memory", "embedded", "spark",
+                         "failover", "aioconsumer"}
+
+
+def _series(n: int) -> dict:
+    return {"t": [0.5 * i - 2 for i in range(n)], "total": [100.0] * n, "killed": [30.0] * n}
+
+
+SYNTHETIC = {
+    "durability": {
+        "config": {"samples": 100, "members": [1, 4], "records": 10_000, "release_rate": 0.01, "volume_partitions": 10,
+                   "recovery_groups": 1, "recovery_partitions": 10, "recovery_inflight": 200, "recovery_runs": 2,
+                   "on_disk": False},
+        "rows": [{"name": "Produce acks=all to the cluster, 1 at a time", "members": 1, "samples": 100,
+                  "p50_ms": 1.5, "p99_ms": 4.0, "mean_ms": 1.8},
+                 {"name": "ShareAcknowledge of 1 record, 1 member", "members": 1, "samples": 100, "p50_ms": 3.0,
+                  "p99_ms": 9.0, "mean_ms": 3.5, "state_write_ms": 2.0, "proxy_cpu": 0.4, "client_cpu": 0.2,
+                  "vs_produce": 2.0}],
+        "volume": [{"workload": "whole acquisitions accepted", "accepted": 10_000, "acks_per_m": 2000.0,
+                    "released_per_m": 0.0, "state_records_per_m": 2100.0, "on_disk_kb_per_m": None,
+                    "on_disk_per_record": None, "ack_p50_ms": 2.5, "ack_p99_ms": 7.0, "seconds": 3.2}],
+        "recovery": {"share_partitions": 10, "inflight": 200, "state_mb": None, "to_loaded_s": [2.0, 3.0],
+                     "logged_s": [0.5, 0.7], "to_first_fetch_s": [2.5, 3.5]},
+        "targets": [],
+    },
+    "state_store": {
+        "config": {"records": 10_000, "share_partitions": [1], "release_rate": 0.01, "recovery_keys": 10,
+                   "recovery_inflight": 200, "recovery_updates": 5, "on_disk": True},
+        "rows": [{"workload": "whole batches accepted", "share_partitions": 1, "accepted": 10_000,
+                  "writes_per_m": 2000.0, "records_per_m": 2000.0, "snapshots_per_m": 100.0, "updates_per_m": 1900.0,
+                  "serialized_kb_per_m": 150.5, "on_disk_kb_per_m": 300.25, "on_disk_per_record": 150.0,
+                  "rounds_per_m": 2000.0, "seconds": 1.5}],
+        "recovery": [{"content": "worst-case snapshots only", "share_partitions": 10, "records": 10, "mb_read": 0.4,
+                      "on_disk_mb": 0.5, "ranges": 2000, "seconds": 0.25, "cpu_seconds": 0.2}],
+        "targets": [],
+    },
+    "key_order": {
+        "config": {"records": 1000, "keys": 20, "work_ms": 2.0, "busy_records": 500, "max_work_ms": 4.0,
+                   "consumers": 8, "repeats": 1},
+        "rows": [{"ordering": "none", "records_per_s": 3000.0, "busy": 6.5, "busy_records_per_s": 3000.0},
+                 {"ordering": "key", "records_per_s": 2400.0, "busy": 5.0, "busy_records_per_s": 2500.0}],
+        "key_vs_none": 0.8,
+        "targets": [],
+    },
+    "security": {
+        "config": {"records": 1000, "value_size": 1024, "partitions": 4, "checks": 10, "repeats": 1},
+        "rows": [{"workload": "pass-through produce", "plain_rps": 200_000.0, "tls_rps": 150_000.0,
+                  "tls_vs_plain": 0.75, "plain_mbps": 204.8, "tls_mbps": 153.6}],
+        "authorization": {"cold_p50_ms": 0.8, "cold_p90_ms": 1.2, "warm_p50_ms": 0.25, "warm_p90_ms": 0.3,
+                          "cost_ms": 0.55},
+        "targets": [],
+    },
+    "scale_out": {
+        "config": {"records": 1000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [1, 2],
+                   "state_partitions": 10, "repeats": 1, "broker_cpu": True},
+        "rows": [{"proxies": 1, "records_per_s": 1000.0}, {"proxies": 2, "records_per_s": 900.0}],
+        "runs": [{"proxies": n, "round": 0, "seconds": 1.0 + n / 10, "data_seconds": 0.9, "records": 1000,
+                  "distinct": 1000, "delivered": 1000, "proxy_cpu": [0.5] * n, "broker_cpu": 0.3,
+                  "consumer_cpu": 0.4, "leaders": {f"proxy{i}": 12 // n for i in range(n)}, "idle_cpu": 0.01,
+                  "load_before": "1.0 1.0 1.0", "load_after": "1.1 1.0 1.0"} for n in (1, 2)],
+        "medians": {"1": {"rate": 1000.0, "cpu_per_m": 500.0, "share0": 1.0},
+                    "2": {"rate": 900.0, "cpu_per_m": 1000.0, "share0": 0.5, "share1": 0.5}},
+        "targets": [],
+    },
+    "scale_out_failover": {
+        "config": {"state_partitions": 10, "fo_consumers": 3, "fo_rate": 5000.0, "fo_pre": 6.0, "fo_post": 10.0,
+                   "fo_max_poll": 200, "fo_batch": 50},
+        "rows": [{"variant": "small", "session_ms": 6000, "partitions": 12, "acked_before": 20_000,
+                  "killed": "proxy1", "killed_was_coordinator": True, "killed_partitions": [0, 3],
+                  "killed_state_partitions": [1], "pre_rate": 5000.0, "pre_killed_rate": 1600.0, "takeover_s": 6.5,
+                  "takeover_lines": [], "replay": {"records": 40.0, "bytes": 4000.0, "share_partitions": 4.0,
+                                                   "groups": 1.0, "replay_seconds_max": 0.05},
+                  "first_any_s": 6.6, "first_acked_s": 6.8, "steady_s": 8.0, "min_rate": 3000.0, "redelivered": 10,
+                  "after_confirmation": 0, "commit_errors": {}, "poll_errors": {}, "load_before": "1",
+                  "load_after": "1", "series": _series(20), "proxy_notes": []}],
+        "targets": [],
+    },
+}
+
+
+def test_every_broker_scenario_has_its_section_tested() -> None:
+    assert set(scenarios.REGISTRY) == MICRO | SECTIONS_TESTED_THERE | set(SYNTHETIC)
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_section_of_a_figures_scenario(name: str, tmp_path: Path) -> None:
+    results = {"meta": {}, "scenarios": {name: SYNTHETIC[name]}}
+    text = report.markdown(results)
+    assert f"## {scenarios.REGISTRY[name].title} (`{name}`)" in text
+    expected = {
+        "durability": "| ShareAcknowledge of 1 record, 1 member | 100 | 3.00 | 9.00 | 3.50 | 2.00 | 2.0x | 40% / 20% |",
+        "state_store": "| whole batches accepted | 1 | 2,000 | 2,000 (100 / 1,900) | 150.5 | 300.2 | 150 | 2,000 | 1.5 |",
+        "key_order": "| key-ordered | 2,400 | 5.00 | 2,500 |",
+        "security": "| pass-through produce | 200,000 (204.8) | 150,000 (153.6) | 0.75 |",
+        "scale_out": "| 2 proxy(ies) | 1 |",
+        "scale_out_failover": "| small | 6000 ms | 12 | 20,000 | 2 partitions / yes |",
+    }[name]
+    assert expected in text, text
+    if scenarios.REGISTRY[name].plot is not None:
+        pytest.importorskip("matplotlib")
+        assert report.plots(results, tmp_path) == [f"{name}.png"]

@@ -13,7 +13,9 @@ reports medians. The micro-benchmarks (``codec``, ``engine``, ``state_store``, `
 no broker: they time kshare's pure units in this process, each against a baseline in the same run.
 
 A new scenario: a module here with its ``SCENARIO``, and its name in ``_MODULES`` (the order of a
-full run and of ``kshare bench --list``).
+full run and of ``kshare bench --list``). Modules that are not scenarios: :mod:`.common` (what they all
+share), :mod:`.failover_analysis` (the failover scenario's pure analysis), :mod:`.instance_group` (the
+scale-out scenarios' proxies).
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ _MODULES = (
     "spark",
     "failover",
     "aioconsumer",
+    # figures for the docs, only when named
+    "durability",
+    "state_store",
+    "key_order",
+    "security",
+    "scale_out",
+    "scale_out_failover",
     # micro-benchmarks: no broker, only when named
     "codec",
     "engine",

@@ -409,7 +409,7 @@ def section(res: dict[str, Any]) -> list[str]:
 
 SCENARIO = Scenario(
     name="codec",
-    title="kshare's protocol codec vs kafka-python 3's: messages decoded and encoded per second (no broker)",
+    title="kshare's protocol codec vs kafka-python 3's: messages decoded and encoded per second",
     run=run,
     sizes=SIZES,
     section=section,

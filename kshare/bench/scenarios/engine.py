@@ -333,7 +333,7 @@ def section(res: dict[str, Any]) -> list[str]:
 
 SCENARIO = Scenario(
     name="engine",
-    title="The share-partition engine alone: acquire + accept, key order, memory (no broker)",
+    title="The share-partition engine alone: acquire + accept, key order, memory",
     run=run,
     sizes=SIZES,
     section=section,

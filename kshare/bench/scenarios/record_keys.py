@@ -216,7 +216,7 @@ def section(res: dict[str, Any]) -> list[str]:
 
 SCENARIO = Scenario(
     name="record_keys",
-    title="Record keys read out of fetched batches, per codec (no broker)",
+    title="Record keys read out of fetched batches, per codec",
     run=run,
     sizes=SIZES,
     section=section,
