@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..security import ClientSecurity
 from .admin import AdminError
+from .cluster import host_port
 
 SUPPORTED_PROPERTIES = ("client.id", "security.protocol", "request.timeout.ms", "default.api.timeout.ms",
                         "sasl.mechanism", "sasl.username", "sasl.password", "sasl.jaas.config",
@@ -119,15 +120,16 @@ def _security(where: str, props: Mapping[str, str]) -> ClientSecurity | None:
 
 
 def parse_bootstrap(value: str) -> list[tuple[str, int]]:
+    """``--bootstrap-server`` (or ``kafka.bootstrap.servers``): ``"h1:9092,h2:9092"`` as (host, port) pairs."""
     out = []
     for item in value.split(","):
         item = item.strip()
         if not item:
             continue
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit():
+        server = host_port(item)
+        if server is None:
             raise AdminError(f"--bootstrap-server: '{item}' is not HOST:PORT")
-        out.append((host.strip("[]"), int(port)))
+        out.append(server)
     if not out:
         raise AdminError("--bootstrap-server is empty")
     return out
