@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from kshare.share.acknowledgements import Acknowledging
 from kshare.share.errors import ErrorCode
@@ -574,27 +574,20 @@ class SharePartition(Acknowledging, KeyOrder):
 
     def _expire(self, now: int) -> None:
         self._now = now
+        for at, r in self._due_ranges(self._delays, now):  # backoffs that ended: plain Available again
+            if r.state == _AVAILABLE and r.deadline == at:
+                r.deadline = 0
+                self._touch(r.first, r.last)
+        for _, r in self._due_ranges(self._locks, now):
+            if r.state == _ACQUIRED and r.deadline <= now:
+                self._apply(r, _T_LOCK_TIMEOUT, None, 0)
+
+    def _due_ranges(self, heap: list[tuple[int, int, int]], now: int) -> Iterator[tuple[int, StateRange]]:
+        """Pop the (deadline, first, last) entries of ``heap`` due by ``now``; the ranges of the
+        window each may name, with its deadline (the caller checks the entry still stands)."""
         ranges = self._ranges
-        delays = self._delays
-        while delays and delays[0][0] <= now:  # backoffs that ended: plain Available again
-            at, first, last = heapq.heappop(delays)
-            if last < self._spso:
-                continue
-            i = index_of(ranges, max(first, self._spso))
-            while i < len(ranges):
-                r = ranges[i]
-                if r.first > last:
-                    break
-                if r.state == _AVAILABLE and r.deadline == at:
-                    r.deadline = 0
-                    if r.first < self._touch_lo:
-                        self._touch_lo = r.first
-                    if r.last > self._touch_hi:
-                        self._touch_hi = r.last
-                i += 1
-        heap = self._locks
         while heap and heap[0][0] <= now:
-            _, first, last = heapq.heappop(heap)
+            at, first, last = heapq.heappop(heap)
             if last < self._spso:
                 continue
             i = index_of(ranges, max(first, self._spso))
@@ -602,8 +595,7 @@ class SharePartition(Acknowledging, KeyOrder):
                 r = ranges[i]
                 if r.first > last:
                     break
-                if r.state == _ACQUIRED and r.deadline <= now:
-                    self._apply(r, _T_LOCK_TIMEOUT, None, 0)
+                yield at, r
                 i += 1
 
     def _holds_lock(self, deadline: int, first: int, last: int) -> bool:

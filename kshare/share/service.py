@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..protocol import messages
 from ..protocol.codes import ApiKey
 from .authorization import ShareAuthorizer
-from .config import BrokerLimits, parse_duration_ms
+from .config import BrokerLimits, GroupConfig, parse_duration_ms
 from .coordinator import GroupCoordinator, ShareGroup
 from .dead_letter_writer import DeadLetterWriter
 from .errors import ErrorCode
@@ -343,11 +343,7 @@ class ShareGroupService(InstanceGroupMember):
                     "share-partition %s %s-%d initialised at offset %d (%s)%s", key.group_id, sp.topic.name,
                     key.partition, start, cfg.auto_offset_reset,
                     "; the topic's other new share-partitions of the group are logged at DEBUG" if first else "")
-        sp.engine = SharePartition.from_snapshot(
-            durable, clock=self.clock, delivery_count_limit=cfg.delivery_count_limit,
-            max_record_locks=cfg.max_record_locks, record_lock_duration_ms=cfg.record_lock_duration_ms,
-            renew_enabled=cfg.renew_enabled, redelivery_backoff_ms=cfg.redelivery_backoff_ms,
-            redelivery_backoff_max_ms=cfg.redelivery_backoff_max_ms, key_ordered=cfg.key_ordered)
+        sp.engine = SharePartition.from_snapshot(durable, clock=self.clock, **_engine_settings(cfg))
         sp.broken = False
         sp.watch_locks()  # records waiting out a redelivery backoff come back when it ends
         return ErrorCode.NONE, sp.engine
@@ -374,16 +370,11 @@ class ShareGroupService(InstanceGroupMember):
 
     def apply_config(self, group: ShareGroup) -> None:
         """Group configs changed at run time: push them into the live engines (KIP-1240 for the limit)."""
-        cfg = group.config
+        settings = _engine_settings(group.config)
         for key, sp in self.partitions.items():
             if key.group_id == group.group_id and sp.engine is not None:
-                sp.engine.delivery_count_limit = cfg.delivery_count_limit
-                sp.engine.max_record_locks = cfg.max_record_locks
-                sp.engine.record_lock_duration_ms = cfg.record_lock_duration_ms
-                sp.engine.renew_enabled = cfg.renew_enabled
-                sp.engine.redelivery_backoff_ms = cfg.redelivery_backoff_ms
-                sp.engine.redelivery_backoff_max_ms = cfg.redelivery_backoff_max_ms
-                sp.engine.key_ordered = cfg.key_ordered
+                for name, value in settings.items():
+                    setattr(sp.engine, name, value)
 
     def partition_log(self, topic: TopicInfo, partition: int, read_committed: bool) -> PartitionLog:
         return self.partition_logs.get(topic, partition, read_committed)
@@ -481,3 +472,11 @@ class ShareGroupService(InstanceGroupMember):
         if gone:
             log.info("topics deleted through the proxy: %s", ", ".join(sorted(t.name for t in gone)))
             self._reassign()
+
+
+def _engine_settings(cfg: GroupConfig) -> dict[str, object]:
+    """The group configs a share-partition engine follows, as its keyword arguments (and attributes)."""
+    return {"delivery_count_limit": cfg.delivery_count_limit, "max_record_locks": cfg.max_record_locks,
+            "record_lock_duration_ms": cfg.record_lock_duration_ms, "renew_enabled": cfg.renew_enabled,
+            "redelivery_backoff_ms": cfg.redelivery_backoff_ms,
+            "redelivery_backoff_max_ms": cfg.redelivery_backoff_max_ms, "key_ordered": cfg.key_ordered}

@@ -9,7 +9,7 @@ from ...protocol.codes import ApiKey
 from .. import admin
 from ..authorization import Operation
 from ..errors import ErrorCode
-from .common import NOT_COORDINATOR_MESSAGE, admin_loaded, coordinated_elsewhere, group_refusal, topic_refusal
+from .common import group_admin_refusal, topic_refusal
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -23,13 +23,9 @@ Response = messages.message_class("AlterShareGroupOffsetsResponse")
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
     version = header.api_version
-    if not await admin_loaded(service):
-        return version, Response(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-    if coordinated_elsewhere(service, req.group_id):
-        return version, Response(error_code=ErrorCode.NOT_COORDINATOR, error_message=NOT_COORDINATOR_MESSAGE)
-    refusal = await group_refusal(service, conn, Operation.READ, req.group_id)
+    refusal, message = await group_admin_refusal(service, conn, Operation.READ, req.group_id)
     if refusal:
-        return version, Response(error_code=refusal)
+        return version, Response(error_code=refusal, error_message=message)
     group = service.share_group(req.group_id)
     if group is not None and group.members:
         return version, Response(error_code=ErrorCode.NON_EMPTY_GROUP, error_message="The group is not empty.")

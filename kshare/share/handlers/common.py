@@ -73,6 +73,18 @@ async def admin_loaded(service: ShareGroupService) -> bool:
     return await service.until_loaded(ADMIN_LOAD_WAIT_S)
 
 
+async def group_admin_refusal(service: ShareGroupService, conn: ClientConnection, op: Operation,
+                              group_id: str) -> tuple[int, str | None]:
+    """Why an admin request on one share group is not answered here (NONE: it is), with its
+    message: the state is still loading, another proxy coordinates the group, or the client may
+    not ``op`` on it."""
+    if not await admin_loaded(service):
+        return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, None
+    if coordinated_elsewhere(service, group_id):
+        return ErrorCode.NOT_COORDINATOR, NOT_COORDINATOR_MESSAGE
+    return await group_refusal(service, conn, op, group_id), None
+
+
 def session_key(group_id: str, member_id: str, conn: ClientConnection) -> tuple[str, str, int]:
     """Sessions are per broker; through the proxy a broker is the listener the client used."""
     return (group_id, member_id, -1 if conn.node_id is None else conn.node_id)

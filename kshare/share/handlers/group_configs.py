@@ -7,6 +7,7 @@ naming no GROUP resource is forwarded untouched (``applies`` is false for it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
@@ -74,6 +75,28 @@ async def _ask_coordinators(service: ShareGroupService, api_key: int, resources:
             results[id(r)] = res
 
 
+COORDINATOR_SILENT = "The group's coordinator did not answer."
+
+
+async def _sort_resources(service: ShareGroupService, resources: list[Any], share_group: Callable[[Any], bool],
+                          failed: Callable[[Any, int, str], Any],
+                          results: dict[int, Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """The resources of a config request as (those of groups another proxy coordinates, those of
+    share groups this proxy answers for, the rest: the cluster's). While the state loads, which
+    groups are share groups is not known yet: every group resource is answered
+    COORDINATOR_LOAD_IN_PROGRESS (put in ``results``)."""
+    loading = not await admin_loaded(service)
+    remote = [] if loading else [r for r in resources
+                                 if r.resource_type == GROUP and coordinated_elsewhere(service, r.resource_name)]
+    ours = [r for r in resources if r.resource_type == GROUP and r not in remote and (loading or share_group(r))]
+    others = [r for r in resources if r not in ours and r not in remote]
+    if loading:
+        for r in ours:
+            results[id(r)] = failed(r, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, LOADING)
+        ours = []
+    return remote, ours, others
+
+
 class DescribeConfigs:
     API_KEY = ApiKey.DESCRIBE_CONFIGS
     VERSIONS = (0, 4)
@@ -85,25 +108,18 @@ class DescribeConfigs:
     @staticmethod
     async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         version = header.api_version
-        loading = not await admin_loaded(service)  # which groups are share groups is not known yet
-        remote = [] if loading else [r for r in req.resources
-                                     if r.resource_type == GROUP and coordinated_elsewhere(service, r.resource_name)]
-        ours = [r for r in req.resources
-                if r.resource_type == GROUP and r not in remote and (loading or service.share_group(r.resource_name))]
-        others = [r for r in req.resources if r not in ours and r not in remote]
+
+        def failed(r: Any, code: int, message: str) -> Any:
+            return DescribeResponse.DescribeConfigsResult(error_code=code, error_message=message, resource_type=GROUP,
+                                                          resource_name=r.resource_name, configs=[])
+
         results: dict[int, Any] = {}
+        remote, ours, others = await _sort_resources(
+            service, req.resources, lambda r: service.share_group(r.resource_name) is not None, failed, results)
         if remote:
             await _ask_coordinators(service, 32, remote, results, lambda rs: type(req)(
                 resources=rs, include_synonyms=req.include_synonyms, include_documentation=req.include_documentation),
-                lambda resp: resp.results, lambda r, code: DescribeResponse.DescribeConfigsResult(
-                    error_code=code, error_message="The group's coordinator did not answer.", resource_type=GROUP,
-                    resource_name=r.resource_name, configs=[]))
-        if loading:
-            for r in ours:
-                results[id(r)] = DescribeResponse.DescribeConfigsResult(
-                    error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, error_message=LOADING, resource_type=GROUP,
-                    resource_name=r.resource_name, configs=[])
-            ours = []
+                lambda resp: resp.results, lambda r, code: failed(r, code, COORDINATOR_SILENT))
         if others:
             cls = type(req)
             upstream = await _forward(conn, 32, version, cls(resources=others, include_synonyms=req.include_synonyms,
@@ -157,26 +173,19 @@ class IncrementalAlterConfigs:
     @staticmethod
     async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         version = header.api_version
-        loading = not await admin_loaded(service)  # which groups are share groups is not known yet
-        remote = [] if loading else [r for r in req.resources
-                                     if r.resource_type == GROUP and coordinated_elsewhere(service, r.resource_name)]
-        ours = [r for r in req.resources if r.resource_type == GROUP and r not in remote and (
-            loading or service.share_group(r.resource_name) is not None
-            or any(_is_share_config(c.name) for c in r.configs))]
-        others = [r for r in req.resources if r not in ours and r not in remote]
+
+        def failed(r: Any, code: int, message: str) -> Any:
+            return AlterResponse.AlterConfigsResourceResponse(error_code=code, error_message=message,
+                                                              resource_type=GROUP, resource_name=r.resource_name)
+
         results: dict[int, Any] = {}
+        remote, ours, others = await _sort_resources(
+            service, req.resources, lambda r: service.share_group(r.resource_name) is not None
+            or any(_is_share_config(c.name) for c in r.configs), failed, results)
         if remote:
             await _ask_coordinators(service, ApiKey.INCREMENTAL_ALTER_CONFIGS, remote, results, lambda rs: type(req)(
                 resources=rs, validate_only=req.validate_only), lambda resp: resp.responses,
-                lambda r, code: AlterResponse.AlterConfigsResourceResponse(
-                    error_code=code, error_message="The group's coordinator did not answer.", resource_type=GROUP,
-                    resource_name=r.resource_name))
-        if loading:
-            for r in ours:
-                results[id(r)] = AlterResponse.AlterConfigsResourceResponse(
-                    error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, error_message=LOADING, resource_type=GROUP,
-                    resource_name=r.resource_name)
-            ours = []
+                lambda r, code: failed(r, code, COORDINATOR_SILENT))
         if others:
             upstream = await _forward(conn, ApiKey.INCREMENTAL_ALTER_CONFIGS, version, type(req)(resources=others, validate_only=req.validate_only))
             for r, res in zip(others, upstream.responses, strict=False):

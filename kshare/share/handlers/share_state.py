@@ -13,7 +13,7 @@ DELETE on the group and READ on the topic (as DeleteShareGroupOffsets).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ...protocol import messages
@@ -59,6 +59,20 @@ async def _refusals(service: ShareGroupService, conn: ClientConnection, req: Any
     return refusal
 
 
+async def _each_partition(req: Any, refusal: Refusal,
+                          answer: Callable[[bytes, Any, int, str | None], Awaitable[Any]],
+                          topic_result: Callable[..., Any]) -> list[Any]:
+    """Each topic's result, of each partition's ``answer`` (given why it is refused, if it is)."""
+    results = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            code, message = refusal(t.topic_id, p.partition)
+            parts.append(await answer(t.topic_id, p, code, message))
+        results.append(topic_result(topic_id=t.topic_id, partitions=parts))
+    return results
+
+
 class ReadShareGroupState:
     API_KEY = ApiKey.READ_SHARE_GROUP_STATE
     VERSIONS = (0, 0)
@@ -68,25 +82,21 @@ class ReadShareGroupState:
     async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         R = cls.Response
         refusal = await _refusals(service, conn, req, Operation.DESCRIBE, Operation.DESCRIBE)
-        results = []
-        for t in req.topics:
-            parts = []
-            for p in t.partitions:
-                code, message = refusal(t.topic_id, p.partition)
-                if code:
-                    parts.append(R.PartitionResult(partition=p.partition, error_code=code, error_message=message,
-                                                   start_offset=-1))
-                    continue
-                key = SharePartitionKey(req.group_id, t.topic_id, p.partition)
-                snapshot = admin.durable_state(service, key) or ShareSnapshot(-1, ())
-                parts.append(R.PartitionResult(
-                    partition=p.partition, state_epoch=service.store.state_epoch(key) or 0,
-                    start_offset=snapshot.start_offset, state_batches=[
-                        R.StateBatch(first_offset=b.first_offset, last_offset=b.last_offset,
-                                     delivery_state=b.delivery_state, delivery_count=b.delivery_count)
-                        for b in snapshot.state_batches]))
-            results.append(R.ReadStateResult(topic_id=t.topic_id, partitions=parts))
-        return header.api_version, R(results=results)
+
+        async def answer(topic_id: bytes, p: Any, code: int, message: str | None) -> Any:
+            if code:
+                return R.PartitionResult(partition=p.partition, error_code=code, error_message=message,
+                                         start_offset=-1)
+            key = SharePartitionKey(req.group_id, topic_id, p.partition)
+            snapshot = admin.durable_state(service, key) or ShareSnapshot(-1, ())
+            return R.PartitionResult(
+                partition=p.partition, state_epoch=service.store.state_epoch(key) or 0,
+                start_offset=snapshot.start_offset, state_batches=[
+                    R.StateBatch(first_offset=b.first_offset, last_offset=b.last_offset,
+                                 delivery_state=b.delivery_state, delivery_count=b.delivery_count)
+                    for b in snapshot.state_batches])
+
+        return header.api_version, R(results=await _each_partition(req, refusal, answer, R.ReadStateResult))
 
 
 class WriteShareGroupState:
@@ -100,22 +110,19 @@ class WriteShareGroupState:
     async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
         R = cls.Response
         refusal = await _refusals(service, conn, req, Operation.READ, Operation.READ)
-        results = []
-        for t in req.topics:
-            parts = []
-            for p in t.partitions:
-                code, message = refusal(t.topic_id, p.partition)
-                if not code and (p.state_batches or p.start_offset < 0):
-                    code, message = ErrorCode.INVALID_REQUEST, "Only a start offset without state batches is written."
-                if not code:
-                    topic = service.upstream.by_id[t.topic_id]
-                    try:
-                        code = await admin.reset_partition(service, req.group_id, topic, p.partition, p.start_offset)
-                    except Exception:  # noqa: BLE001 - the write failed: the coordinator reports it
-                        code, message = ErrorCode.COORDINATOR_NOT_AVAILABLE, "The state write failed."
-                parts.append(R.PartitionResult(partition=p.partition, error_code=code, error_message=message))
-            results.append(R.WriteStateResult(topic_id=t.topic_id, partitions=parts))
-        return header.api_version, R(results=results)
+
+        async def answer(topic_id: bytes, p: Any, code: int, message: str | None) -> Any:
+            if not code and (p.state_batches or p.start_offset < 0):
+                code, message = ErrorCode.INVALID_REQUEST, "Only a start offset without state batches is written."
+            if not code:
+                topic = service.upstream.by_id[topic_id]
+                try:
+                    code = await admin.reset_partition(service, req.group_id, topic, p.partition, p.start_offset)
+                except Exception:  # noqa: BLE001 - the write failed: the coordinator reports it
+                    code, message = ErrorCode.COORDINATOR_NOT_AVAILABLE, "The state write failed."
+            return R.PartitionResult(partition=p.partition, error_code=code, error_message=message)
+
+        return header.api_version, R(results=await _each_partition(req, refusal, answer, R.WriteStateResult))
 
 
 class DeleteShareGroupState:
