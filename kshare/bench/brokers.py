@@ -565,11 +565,6 @@ class KafkaBroker(_Process):
             elif self.share_version is not None:
                 cmd += ["--feature", f"share.version={self.share_version}"]
             # else: the release default (share.version=2 at metadata version 4.4-IV2)
-        if any(p.startswith("SASL_") for p in self.security_protocols):
-            for mech in self.sasl_mechanisms:
-                if mech.startswith("SCRAM-"):
-                    for user, password in self.users.items():
-                        cmd += ["--add-scram", f"{mech}=[name={user},password={password}]"]
         return cmd
 
     def _format(self) -> None:
