@@ -8,8 +8,8 @@ the unsent part) is a fresh buffer allocated for the next read. A peer that cann
 pauses reading on the other side (the usual asyncio flow control).
 
 Nothing here knows about Kafka: for a client to stay on the relay, the broker must advertise
-the relay's address (``kshare bench`` and ``benchmarks/bench_proxy.py`` give the broker a second
-listener advertised at the relay port).
+the relay's address (``kshare bench`` gives the broker a second listener advertised at the relay
+port: :class:`kshare.bench.runner.Env`).
 
     python -m kshare.bench.relay --listen 127.0.0.1:19092 --upstream 127.0.0.1:9092
 

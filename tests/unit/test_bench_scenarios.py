@@ -140,6 +140,13 @@ SYNTHETIC = {
         "key_vs_none": 0.8,
         "targets": [],
     },
+    "balance": {
+        "config": {"per_member": 100, "work_ms": 5.0, "max_poll": 10, "repeats": 1},
+        "rows": [{"members": 3, "partitions": 2, "churn": True, "kshare": 0.9, "native": 0.8, "kshare_vs_native": 1.125}],
+        "fairness": [{"members": 24, "partitions": 1, "records": 2400, "work_ms": 5.0, "max_poll": 500, "kshare": 0.7,
+                      "native": 0.5, "kshare_busy": 24, "native_busy": 12}],
+        "targets": [],
+    },
     "security": {
         "config": {"records": 1000, "value_size": 1024, "partitions": 4, "checks": 10, "repeats": 1},
         "rows": [{"workload": "pass-through produce", "plain_rps": 200_000.0, "tls_rps": 150_000.0,
@@ -189,6 +196,7 @@ def test_section_of_a_figures_scenario(name: str, tmp_path: Path) -> None:
         "durability": "| ShareAcknowledge of 1 record, 1 member | 100 | 3.00 | 9.00 | 3.50 | 2.00 | 2.0x | 40% / 20% |",
         "state_store": "| whole batches accepted | 1 | 2,000 | 2,000 (100 / 1,900) | 150.5 | 300.2 | 150 | 2,000 | 1.5 |",
         "key_order": "| key-ordered | 2,400 | 5.00 | 2,500 |",
+        "balance": "| 24 on 1, 2,400, 5 ms | 500 | 0.50 (12/24 busy) | 0.70 (24/24 busy) |",
         "security": "| pass-through produce | 200,000 (204.8) | 150,000 (153.6) | 0.75 |",
         "scale_out": "| 2 proxy(ies) | 1 |",
         "scale_out_failover": "| small | 6000 ms | 12 | 20,000 | 2 partitions / yes |",

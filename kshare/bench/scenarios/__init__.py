@@ -41,6 +41,7 @@ _MODULES = (
     "durability",
     "state_store",
     "key_order",
+    "balance",
     "security",
     "scale_out",
     "scale_out_failover",
