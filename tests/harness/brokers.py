@@ -62,6 +62,21 @@ DEFAULT_USERS = {
 _ACL_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
+def _every_acl_of(user: str | None) -> Any:
+    """An ``AclBindingFilter`` matching every ACL binding of ``User:user`` (None: of anyone)."""
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    principal = None if user is None else (user if user.startswith("User:") else f"User:{user}")
+    return AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, principal, None, AclOperation.ANY,
+                            AclPermissionType.ANY)
+
+
 def _jaas_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -249,15 +264,9 @@ class SecureKafkaBroker(KafkaBroker):
         conf.update(extra)
         return conf
 
-    def java_client_config(
-        self,
-        user: str | None = "alice",
-        protocol: str | None = None,
-        mechanism: str | None = None,
-        *,
-        password: str | None = None,
-        **extra: Any,
-    ) -> dict[str, str]:
+    def java_client_config(self, user: str | None = "alice", protocol: str | None = None,
+                           mechanism: str | None = None, *, password: str | None = None,
+                           **extra: Any) -> dict[str, str]:
         """The same as :meth:`client_config` as Java client properties (``sasl.jaas.config``, PEM
         truststore, PKCS12 keystore of the client certificate on the SSL listener)."""
         conf = self.client_config(user, protocol, mechanism, password=password)
@@ -378,24 +387,7 @@ class SecureKafkaBroker(KafkaBroker):
 
     def describe_acls(self, user: str | None = None, *, timeout: float = 30.0) -> list[Any]:
         """Every ACL binding (of ``User:user`` only, if given)."""
-        from confluent_kafka.admin import (
-            AclBindingFilter,
-            AclOperation,
-            AclPermissionType,
-            ResourcePatternType,
-            ResourceType,
-        )
-
-        principal = None if user is None else (user if user.startswith("User:") else f"User:{user}")
-        flt = AclBindingFilter(
-            ResourceType.ANY,
-            None,
-            ResourcePatternType.ANY,
-            principal,
-            None,
-            AclOperation.ANY,
-            AclPermissionType.ANY,
-        )
+        flt = _every_acl_of(user)
         admin = self.secure_admin()  # referenced until the result is in: a destroyed client fails it
         return list(admin.describe_acls(flt, request_timeout=timeout).result(timeout))
 
@@ -420,28 +412,7 @@ class SecureKafkaBroker(KafkaBroker):
         """Delete the given bindings, or every ACL of ``user``, or (neither) every ACL."""
         if bindings is not None:
             return self.delete_acls(bindings)
-        from confluent_kafka.admin import (
-            AclBindingFilter,
-            AclOperation,
-            AclPermissionType,
-            ResourcePatternType,
-            ResourceType,
-        )
-
-        principal = None if user is None else (user if user.startswith("User:") else f"User:{user}")
-        return self.delete_acls(
-            [
-                AclBindingFilter(
-                    ResourceType.ANY,
-                    None,
-                    ResourcePatternType.ANY,
-                    principal,
-                    None,
-                    AclOperation.ANY,
-                    AclPermissionType.ANY,
-                )
-            ]
-        )
+        return self.delete_acls([_every_acl_of(user)])
 
     def _await_acls(self, admin: Any, bindings: list[Any], *, present: bool, timeout: float) -> None:
         from confluent_kafka.admin import AclBindingFilter

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from kshare.bench.procs import _die_with_parent, free_port, port_open
@@ -116,6 +117,15 @@ class KshareProxy:
                                             stdout=out, stderr=err, cwd=REPO, env=self.env)
         self.started_at = time.monotonic()
         return self
+
+    @contextlib.contextmanager
+    def accepting(self, timeout: float = 30.0) -> Iterator[KshareProxy]:
+        """Started, once its port accepts connections; stopped at the end of the ``with`` block."""
+        try:
+            self.start().wait_accepting(timeout)
+            yield self
+        finally:
+            self.stop()
 
     def log(self) -> str:
         try:

@@ -76,6 +76,17 @@ def describe_offsets(bootstrap: str, group: str, timeout_ms: int = 20000) -> dic
     return asyncio.run(run())
 
 
+def offsets_after_one_more_crash(kshare: Any, group: str) -> dict[int, int | None]:
+    """SIGKILL ``kshare`` (a :class:`~tests.harness.proxies.KShareProcess`) once more, start it again
+    and read the group's SPSOs (what survives a crash); kshare is stopped afterwards."""
+    try:
+        kshare.kill()
+        kshare.start()
+        return describe_offsets(kshare.bootstrap, group)
+    finally:
+        kshare.stop()
+
+
 def spso_reached(bootstrap: str, group: str, ends: dict[int, int]) -> bool:
     try:
         spso = describe_offsets(bootstrap, group, timeout_ms=5000)

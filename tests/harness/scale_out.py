@@ -30,6 +30,7 @@ from tests.harness.ledgers import (
     AckingConsumer,
     Ledger,
     judge,
+    produce_fast,
     topic_id_direct,
 )
 from tests.harness.proxies import KShareProcess
@@ -311,6 +312,14 @@ class SteadyProducer:
 
 def topic_id_of(broker: KafkaBroker, topic: str) -> bytes:
     return asyncio.run(topic_id_direct(broker.bootstrap, topic))
+
+
+def data_topic(broker: KafkaBroker, topic: str, records: int) -> bytes:
+    """Create ``topic`` with PARTITIONS partitions and ``records`` records ``b"<i>"`` round-robin
+    over them; its topic id."""
+    broker.create_topic(topic, partitions=PARTITIONS)
+    produce_fast(broker.bootstrap, topic, records, PARTITIONS)
+    return topic_id_of(broker, topic)
 
 
 def start_consumers(svc: Service, group: str, topic: str, ledger: Ledger) -> list[AckingConsumer]:

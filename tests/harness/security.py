@@ -116,3 +116,20 @@ def share_poll(conf: dict[str, Any], topic: str, group: str, *, want: int, timeo
     finally:
         consumer.close()
     return got, errors
+
+
+def start_secure_kshare(broker: KafkaBroker, tls: TlsMaterial, workdir: Path, prefix: str, *, cert: Path,
+                        key: Path) -> tuple[ProxyProcess, list[Any], Path]:
+    """kshare as the user ``kshare`` (its password in a file of ``workdir``) in front of ``broker``'s
+    SASL_SSL listener, serving TLS with ``cert``: granted what it needs on its state topic
+    (``__kshare_state_<prefix>``) and on the topics starting with ``prefix``, started and loaded.
+    (proxy, the grants to revoke, the password file)."""
+    password_file = workdir / "kshare-password"
+    password_file.write_text(broker.users["kshare"])
+    password_file.chmod(0o600)
+    state_topic = f"__kshare_state_{prefix}"
+    granted = broker.grant("kshare", "topic", state_topic, *KSHARE_STATE_TOPIC_OPS)
+    granted += broker.grant("kshare", "topic", prefix, *KSHARE_TOPIC_OPS, pattern="PREFIXED")
+    proxy = start_kshare(kshare_args(broker, tls, cert=cert, key=key, password_file=password_file,
+                                     state_topic=state_topic))
+    return proxy, granted, password_file

@@ -39,11 +39,8 @@ from kshare import AIOShareConsumer
 from kshare.clients.errors import KafkaError
 from tests.harness.brokers import KAFKA4_VERSION, KafkaBroker
 from tests.harness.security import (
-    KSHARE_STATE_TOPIC_OPS,
-    KSHARE_TOPIC_OPS,
-    kshare_args,
     set_earliest,
-    start_kshare,
+    start_secure_kshare,
 )
 from tests.harness.share import (
     HEARTBEAT_MS,
@@ -284,29 +281,26 @@ def test_late_acknowledgement_is_invalid_record_state(targets, names):
 # errors
 
 
-async def errors(t: Target, topic: str, group: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    c = t.consumer(f"{topic}-missing", group=group)
+async def _start_error(c: AIOShareConsumer) -> tuple[str, int | None, str | None] | None:
+    """None if ``c`` starts, else what it raised (type, errno, message); ``c`` is stopped either way."""
     try:
         await c.start()
-        out["unknown_topic"] = None
+        return None
     except KafkaError as exc:
-        out["unknown_topic"] = (type(exc).__name__, getattr(exc, "errno", None), getattr(exc, "message", None))
+        return (type(exc).__name__, getattr(exc, "errno", None), getattr(exc, "message", None))
     finally:
         await c.stop()
+
+
+async def errors(t: Target, topic: str, group: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    out["unknown_topic"] = await _start_error(t.consumer(f"{topic}-missing", group=group))
     t.create_topic(topic, 2)
     t.configure(group)
     members = [t.consumer(topic, group=group) for _ in range(MAX_GROUP_SIZE)]
     for m in members:
         await m.start()
-    extra = t.consumer(topic, group=group)
-    try:
-        await extra.start()
-        out["group_full"] = None
-    except KafkaError as exc:
-        out["group_full"] = (type(exc).__name__, getattr(exc, "errno", None), getattr(exc, "message", None))
-    finally:
-        await extra.stop()
+    out["group_full"] = await _start_error(t.consumer(topic, group=group))
     await members[0].stop()  # room again: a new member joins
     again = t.consumer(topic, group=group)
     await again.start()
@@ -471,15 +465,8 @@ SECURE_PREFIX = f"aio-sec-{uuid.uuid4().hex[:6]}"
 def secure_targets(kafka39_secure: KafkaBroker, kafka44_secure: KafkaBroker, tls_material: TlsMaterial,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SecureTarget]]:
     d = tmp_path_factory.mktemp("aio-secure")
-    password_file = d / "kshare-password"
-    password_file.write_text(kafka39_secure.users["kshare"])
-    password_file.chmod(0o600)
-    state_topic = f"__kshare_state_{SECURE_PREFIX}"
-    granted = kafka39_secure.grant("kshare", "topic", state_topic, *KSHARE_STATE_TOPIC_OPS)
-    granted += kafka39_secure.grant("kshare", "topic", SECURE_PREFIX, *KSHARE_TOPIC_OPS, pattern="PREFIXED")
-    proxy = start_kshare(kshare_args(kafka39_secure, tls_material, cert=tls_material.server_chain,
-                                       key=tls_material.server_key, password_file=password_file,
-                                       state_topic=state_topic))
+    proxy, granted, _ = start_secure_kshare(kafka39_secure, tls_material, d, SECURE_PREFIX,
+                                            cert=tls_material.server_chain, key=tls_material.server_key)
     try:
         yield {KSHARE: SecureTarget(KSHARE, proxy.bootstrap, kafka39_secure, tls_material),
                KAFKA4: SecureTarget(KAFKA4, kafka44_secure.secure_bootstrap["SASL_SSL"], kafka44_secure, tls_material)}

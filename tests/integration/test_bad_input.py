@@ -178,6 +178,12 @@ CASES = [
 ]
 
 
+def _send(case: Case, address: str) -> Exchange:
+    """Send the case's bytes to ``address``; an answer is awaited where the case expects one."""
+    return exchange(address, case.data, half_close=case.half_close,
+                    expect_frames=1 if case.outcome == "answered" else 0)
+
+
 def _check_proxy_outcome(case: Case, got: Exchange, caplog: pytest.LogCaptureFixture) -> None:
     if case.outcome == "answered":
         assert not got.closed, f"{case.name}: the proxy closed the connection"
@@ -208,20 +214,10 @@ def kafka_proxy(kafka39) -> Iterator[ProxyThread]:
 def test_bad_frame_handled_like_kafka(case: Case, kafka39, kafka_proxy: ProxyThread, logs) -> None:
     """The same bytes to Kafka 3.9 and through the proxy: both close, or both answer the same way;
     the proxy writes one line about it; a client on another connection does not notice."""
-    direct = exchange(
-        kafka39.bootstrap,
-        case.data,
-        half_close=case.half_close,
-        expect_frames=1 if case.outcome == "answered" else 0,
-    )
+    direct = _send(case, kafka39.bootstrap)
     with MetadataLoop(kafka_proxy.bootstrap) as other:
         before = kafka_proxy.proxy.stats.rejected
-        proxied = exchange(
-            kafka_proxy.bootstrap,
-            case.data,
-            half_close=case.half_close,
-            expect_frames=1 if case.outcome == "answered" else 0,
-        )
+        proxied = _send(case, kafka_proxy.bootstrap)
         _check_proxy_outcome(case, proxied, logs)
         assert kafka_proxy.proxy.stats.rejected == before + (case.outcome == "rejected")
         other.check(at_least=other.count + 5)  # still answered after the bad frame
@@ -243,12 +239,7 @@ def test_bad_frame_handled_in_front_of_tansu(case: Case, tansu, logs) -> None:
     if case.outcome == "broker-closes":
         assert exchange(tansu.bootstrap, case.data).closed, "Tansu accepts it: not a bad frame there"
     with ProxyThread(tansu.bootstrap) as proxy, MetadataLoop(proxy.bootstrap) as other:
-        got = exchange(
-            proxy.bootstrap,
-            case.data,
-            half_close=case.half_close,
-            expect_frames=1 if case.outcome == "answered" else 0,
-        )
+        got = _send(case, proxy.bootstrap)
         _check_proxy_outcome(case, got, logs)
         other.check(at_least=other.count + 5)  # still answered after the bad frame
 

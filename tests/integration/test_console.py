@@ -195,23 +195,17 @@ def _state_topic() -> str:
 @pytest.fixture(scope="module")
 def proxy(tansu, workdir: Path) -> Iterator[KshareProxy]:
     p = KshareProxy(workdir / "proxy", "--upstream", tansu.bootstrap, "--state-topic", _state_topic())
-    try:
-        p.start().wait_accepting(30)
+    with p.accepting(30):
         p.wait_loaded(30)
         yield p
-    finally:
-        p.stop()
 
 
 @pytest.fixture(scope="module")
 def tls_proxy(tansu, tls_material, workdir: Path) -> Iterator[KshareProxy]:
     p = KshareProxy(workdir / "tls-proxy", "--upstream", tansu.bootstrap, "--no-share-groups",
                     "--tls-cert", str(tls_material.server_cert), "--tls-key", str(tls_material.server_key))
-    try:
-        p.start().wait_accepting(30)
+    with p.accepting(30):
         yield p
-    finally:
-        p.stop()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -279,8 +273,7 @@ def test_ctrl_c_ends_produce_input(proxy: KshareProxy, workdir: Path) -> None:
 
 def test_proxy_stopped_under_a_running_consume(tansu, workdir: Path) -> None:
     victim = KshareProxy(workdir / "victim", "--upstream", tansu.bootstrap, "--state-topic", _state_topic())
-    try:
-        victim.start().wait_accepting(30)
+    with victim.accepting(30):
         victim.wait_loaded(30)
         topic = f"victim-{uuid.uuid4().hex[:8]}"
         proc = run_kshare("produce", "--bootstrap-server", victim.bootstrap, "--topic", topic, input="one\ntwo\n")
@@ -292,8 +285,6 @@ def test_proxy_stopped_under_a_running_consume(tansu, workdir: Path) -> None:
         stopped = time.monotonic()
         rc, _ = cmd.finish(30)
         log.info("consume exited %.1f s after the proxy stopped", time.monotonic() - stopped)
-    finally:
-        victim.stop()
     assert_no_traceback(cmd.stderr())
     assert rc == 1, (rc, cmd.stderr())
     assert sorted(cmd.stdout().split()) == ["one", "two"]

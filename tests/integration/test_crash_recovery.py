@@ -60,6 +60,7 @@ from tests.harness.ledgers import (
     describe_offsets,
     end_offsets,
     judge,
+    offsets_after_one_more_crash,
     produce_fast,
     spso_reached,
     topic_id_direct,
@@ -150,13 +151,7 @@ def test_proxy_sigkill_under_load(kafka39, topic_name, group, state_topic):
     finally:
         for c in consumers:
             c.stop()
-    try:
-        # durable: one more crash, and the SPSOs are still at the end
-        kshare.kill()
-        kshare.start()
-        final = describe_offsets(kshare.bootstrap, group)
-    finally:
-        kshare.stop()
+    final = offsets_after_one_more_crash(kshare, group)  # durable: the SPSOs are still at the end
 
     v = judge(ledger, ends, crash_times)
     report = v.summary() | {
@@ -423,12 +418,7 @@ def test_upstream_broker_restart_under_load(broker_factory, topic_name, group, s
     finally:
         for c in consumers:
             c.stop()
-    try:
-        kshare.kill()
-        kshare.start()
-        final = describe_offsets(kshare.bootstrap, group)
-    finally:
-        kshare.stop()
+    final = offsets_after_one_more_crash(kshare, group)
     v = judge(ledger, ends, [outage])
     out = kshare.output()
     report = v.summary() | {"outage_s": round(back - outage, 1), "confirmed_during_outage": during,

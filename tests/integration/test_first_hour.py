@@ -140,11 +140,8 @@ def embedded(workdir: Path) -> Iterator[KshareProxy]:
     (Java is here), with its data in the default data directory (``$XDG_DATA_HOME/kshare``, pointed
     into the test's folder), once its port accepts."""
     proxy = KshareProxy(workdir / "embedded", env=user_env(XDG_DATA_HOME=str(workdir / "xdg")))
-    try:
-        proxy.start().wait_accepting(120)
+    with proxy.accepting(120):
         yield proxy
-    finally:
-        proxy.stop()
 
 
 def test_the_embedded_broker_is_apache_kafka(embedded: KshareProxy, workdir: Path) -> None:
@@ -257,12 +254,8 @@ def test_restart_keeps_topics_records_and_share_state(workdir: Path) -> None:
 def unreachable(workdir: Path) -> Iterator[KshareProxy]:
     """``kshare proxy --upstream 127.0.0.1:<nothing listens>``."""
     dead = free_port()
-    proxy = KshareProxy(workdir / "unreachable", "--upstream", f"127.0.0.1:{dead}")
-    try:
-        proxy.start().wait_accepting(30)
+    with KshareProxy(workdir / "unreachable", "--upstream", f"127.0.0.1:{dead}").accepting(30) as proxy:
         yield proxy
-    finally:
-        proxy.stop()
 
 
 def test_not_ready_while_the_upstream_is_unreachable(unreachable: KshareProxy) -> None:
@@ -298,12 +291,8 @@ def fresh39(kafka39, workdir: Path) -> Iterator[KshareProxy]:
 
     The first test using it (the IncrementalAlterConfigs one, defined first) meets a fresh proxy.
     """
-    proxy = KshareProxy(workdir / "kafka39", "--upstream", kafka39.bootstrap)
-    try:
-        proxy.start().wait_accepting(30)
+    with KshareProxy(workdir / "kafka39", "--upstream", kafka39.bootstrap).accepting(30) as proxy:
         yield proxy
-    finally:
-        proxy.stop()
 
 
 def test_group_config_while_the_state_loads(fresh39: KshareProxy) -> None:

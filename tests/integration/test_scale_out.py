@@ -51,7 +51,6 @@ from tests.harness.ledgers import (
     Ledger,
     describe_offsets,
     end_offsets,
-    produce_fast,
 )
 from tests.harness.scale_out import (
     CONSUMERS,
@@ -65,13 +64,13 @@ from tests.harness.scale_out import (
     SteadyProducer,
     busiest,
     check_ledger,
+    data_topic,
     finish,
     largest_gaps,
     ledger_state,
     start_consumers,
     state_partition,
     stop_consumers,
-    topic_id_of,
 )
 from tests.harness.share import admin, share_group
 
@@ -95,10 +94,8 @@ def test_split_and_consume_like_one_proxy(kafka39, topic_name, group):
     each of 3,000 records exactly once (no fault: no redelivery), each proxy delivered exactly
     the records of the share-partitions it owns, and every SPSO reaches its end offset."""
     n = 3000
-    kafka39.create_topic(topic_name, partitions=PARTITIONS)
-    produce_fast(kafka39.bootstrap, topic_name, n, PARTITIONS)
+    tid = data_topic(kafka39, topic_name, n)
     ends = end_offsets(kafka39.bootstrap, topic_name, PARTITIONS)
-    tid = topic_id_of(kafka39, topic_name)
     svc = Service(kafka39, "split")
     ledger = Ledger()
     consumers: list[AckingConsumer] = []
@@ -300,9 +297,7 @@ FAULTS = {"sigkill": kill_the_busiest, "sigstop-past-session": pause_the_busiest
 def test_one_fault_under_load(kafka39, topic_name, group, fault):
     """See the functions of :data:`FAULTS` for what each fault does and checks besides the above."""
     backlog = 1200
-    kafka39.create_topic(topic_name, partitions=PARTITIONS)
-    produce_fast(kafka39.bootstrap, topic_name, backlog, PARTITIONS)
-    tid = topic_id_of(kafka39, topic_name)
+    tid = data_topic(kafka39, topic_name, backlog)
     svc = Service(kafka39, fault.split("-")[0])
     ledger = Ledger()
     consumers: list[AckingConsumer] = []
@@ -350,10 +345,8 @@ def consumed(kafka39: KafkaBroker) -> Iterator[tuple[Service, str, str, dict[int
     6-partition topic: (service, group, topic, end offsets, topic id)."""
     topic = f"scale-admin-{uuid.uuid4().hex[:8]}"
     group = f"share-{uuid.uuid4().hex[:12]}"
-    kafka39.create_topic(topic, partitions=PARTITIONS)
-    produce_fast(kafka39.bootstrap, topic, 600, PARTITIONS)
+    tid = data_topic(kafka39, topic, 600)
     ends = end_offsets(kafka39.bootstrap, topic, PARTITIONS)
-    tid = topic_id_of(kafka39, topic)
     svc = Service(kafka39, "admin")
     ledger = Ledger()
     consumers: list[AckingConsumer] = []

@@ -318,16 +318,23 @@ def test_tls_refusals(kafka39_secure: KafkaBroker, tls_material: TlsMaterial):
 # native share groups (Kafka 4.4) with ACLs
 
 
-@pytest.mark.parametrize("protocol", ["SASL_PLAINTEXT", "SASL_SSL"])
-def test_native_share_consumer_with_acls(kafka44_secure: KafkaBroker, protocol):
-    broker = kafka44_secure
-    topic, group = _unique("share-t"), _unique("share-g")
+def _alice_may_read(broker: KafkaBroker, prefix: str) -> tuple[str, str, list[bytes], list[Any]]:
+    """A new topic with 5 records (``<prefix>0``...) and a share group starting at the earliest
+    record, alice granted READ on both (and DESCRIBE on the topic): (topic, group, values, grants)."""
+    topic, group = _unique(f"{prefix}-share-t"), _unique(f"{prefix}-share-g")
     broker.create_topic(topic)
     set_earliest(broker.admin(), group)
-    values = [f"s{i}".encode() for i in range(5)]
+    values = [f"{prefix}{i}".encode() for i in range(5)]
     assert _produce({"bootstrap.servers": broker.bootstrap}, topic, values) == [None] * 5
     granted = broker.grant("alice", "topic", topic, "READ", "DESCRIBE")
     granted += broker.grant("alice", "group", group, "READ")
+    return topic, group, values, granted
+
+
+@pytest.mark.parametrize("protocol", ["SASL_PLAINTEXT", "SASL_SSL"])
+def test_native_share_consumer_with_acls(kafka44_secure: KafkaBroker, protocol):
+    broker = kafka44_secure
+    topic, group, values, granted = _alice_may_read(broker, "s")
     try:
         got, errors = share_poll(broker.client_config("alice", protocol), topic, group, want=len(values), timeout=30)
         assert sorted(got) == values
@@ -427,13 +434,7 @@ def test_native_java_share_consumer_with_acls(kafka44_secure: KafkaBroker, proto
     from tests.harness.share import JavaShareConsumer, java_share_driver
 
     broker = kafka44_secure
-    topic, group = _unique("java-t"), _unique("java-g")
-    broker.create_topic(topic)
-    set_earliest(broker.admin(), group)
-    values = [f"j{i}".encode() for i in range(5)]
-    assert _produce({"bootstrap.servers": broker.bootstrap}, topic, values) == [None] * 5
-    granted = broker.grant("alice", "topic", topic, "READ", "DESCRIBE")
-    granted += broker.grant("alice", "group", group, "READ")
+    topic, group, values, granted = _alice_may_read(broker, "j")
     conf = broker.java_client_config("alice", protocol, "SCRAM-SHA-512")
     java = JavaShareConsumer(java_share_driver(), conf.pop("bootstrap.servers"), group, topic,
                              max_records=len(values), timeout_ms=30_000, configs=conf).start()

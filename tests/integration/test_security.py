@@ -52,13 +52,13 @@ from tests.harness.proxies import ProxyProcess
 from tests.harness.security import (
     GROUP_AUTHORIZATION_FAILED,
     KSHARE_STATE_TOPIC_OPS,
-    KSHARE_TOPIC_OPS,
     NATIVE_SHARE_AUTH_ERRORS,
     TOPIC_AUTHORIZATION_FAILED,
     kshare_args,
     set_earliest,
     share_poll,
     start_kshare,
+    start_secure_kshare,
 )
 from tests.harness.share import (
     COORDINATOR_NOT_READY,
@@ -126,14 +126,7 @@ def secure(kafka39_secure: KafkaBroker, tls_material: TlsMaterial,
     cert, key = d / "tls.crt", d / "tls.key"
     shutil.copyfile(tls_material.server_chain, cert)
     shutil.copyfile(tls_material.server_key, key)
-    password_file = d / "kshare-password"
-    password_file.write_text(broker.users["kshare"])
-    password_file.chmod(0o600)
-    state_topic = f"__kshare_state_{PREFIX}"
-    granted = broker.grant("kshare", "topic", state_topic, *KSHARE_STATE_TOPIC_OPS)
-    granted += broker.grant("kshare", "topic", PREFIX, *KSHARE_TOPIC_OPS, pattern="PREFIXED")
-    proxy = start_kshare(kshare_args(broker, tls_material, cert=cert, key=key, password_file=password_file,
-                                       state_topic=state_topic))
+    proxy, granted, password_file = start_secure_kshare(broker, tls_material, d, PREFIX, cert=cert, key=key)
     s = Secure(broker, tls_material, proxy, cert, key, d, password_file, [proxy])
     try:
         yield s

@@ -28,7 +28,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -566,12 +566,10 @@ class Session:
                 return r, got
 
 
-def lock_timeouts(t: Target, topic: str, group: str) -> dict[str, Any]:
-    """Records acquired and never acknowledged: their lock (1000 ms) runs out, they come back
-    with delivery count 2; after the second time (share.delivery.count.limit 2) they are archived."""
-    t.create_topic(topic, 1)
-    t.configure(group, **{"share.record.lock.duration.ms": 1000, "share.delivery.count.limit": 2})
-    produce(t.bootstrap, topic, values("r", 3), per_batch=3)
+def in_session(t: Target, topic: str, group: str,
+               steps: Callable[[Session, bytes, dict[str, Any]], Awaitable[Any]]) -> dict[str, Any]:
+    """``await steps(session, topic id, out)`` on a raw connection to ``t``, as a new member of
+    ``group`` subscribed to ``topic``; what the steps put in ``out``."""
 
     async def run() -> dict[str, Any]:
         raw = await Raw.open(t.bootstrap, "differential")
@@ -579,31 +577,43 @@ def lock_timeouts(t: Target, topic: str, group: str) -> dict[str, Any]:
         try:
             tid = await raw.topic_id(topic)
             member, _ = await raw.join(group, topic)
-            s = Session(raw, group, member)
-            r, out["first"] = await s.acquire({tid: [0]})
-            t0 = time.monotonic()
-            out["lock_timeout_ms"] = r.acquisition_lock_timeout_ms
-            r = await s.fetch(max_wait_ms=100)
-            out["while_locked"] = (r.error_code, acquired(r))
-            await asyncio.sleep(1.6)
-            # the lock ran out: acknowledging now is too late, for the member that held them
-            r = await s.ack({(tid, 0): [(0, 2, [ACCEPT])]})
-            out["ack_after_expiry"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
-            r, out["second"] = await s.acquire({})
-            out["second_after_s"] = time.monotonic() - t0
-            await asyncio.sleep(1.6)  # expires again: at the limit, archived
-            deadline = time.monotonic() + 3
-            third: list = []
-            while time.monotonic() < deadline:
-                third += acquired(await s.fetch(max_wait_ms=500))
-            out["third"] = third
-            out["close"] = (await s.raw.fetch(group, member, -1, {})).error_code
-            out["leave"] = (await raw.hb(group, member, -1, None)).error_code
+            await steps(Session(raw, group, member), tid, out)
         finally:
             await raw.close()
         return out
 
     return asyncio.run(run())
+
+
+def lock_timeouts(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """Records acquired and never acknowledged: their lock (1000 ms) runs out, they come back
+    with delivery count 2; after the second time (share.delivery.count.limit 2) they are archived."""
+    t.create_topic(topic, 1)
+    t.configure(group, **{"share.record.lock.duration.ms": 1000, "share.delivery.count.limit": 2})
+    produce(t.bootstrap, topic, values("r", 3), per_batch=3)
+
+    async def steps(s: Session, tid: bytes, out: dict[str, Any]) -> None:
+        r, out["first"] = await s.acquire({tid: [0]})
+        t0 = time.monotonic()
+        out["lock_timeout_ms"] = r.acquisition_lock_timeout_ms
+        r = await s.fetch(max_wait_ms=100)
+        out["while_locked"] = (r.error_code, acquired(r))
+        await asyncio.sleep(1.6)
+        # the lock ran out: acknowledging now is too late, for the member that held them
+        r = await s.ack({(tid, 0): [(0, 2, [ACCEPT])]})
+        out["ack_after_expiry"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
+        r, out["second"] = await s.acquire({})
+        out["second_after_s"] = time.monotonic() - t0
+        await asyncio.sleep(1.6)  # expires again: at the limit, archived
+        deadline = time.monotonic() + 3
+        third: list = []
+        while time.monotonic() < deadline:
+            third += acquired(await s.fetch(max_wait_ms=500))
+        out["third"] = third
+        out["close"] = (await s.raw.fetch(group, s.member, -1, {})).error_code
+        out["leave"] = (await s.raw.hb(group, s.member, -1, None)).error_code
+
+    return in_session(t, topic, group, steps)
 
 
 def test_lock_timeout_redelivery_and_archive(targets, names):
@@ -835,26 +845,17 @@ def deleted_topic_acks(t: Target, topic: str, group: str) -> dict[str, Any]:
     t.configure(group)
     produce(t.bootstrap, topic, values("d", 4), per_batch=4)
 
-    async def run() -> dict[str, Any]:
-        raw = await Raw.open(t.bootstrap, "differential")
-        out: dict[str, Any] = {}
-        try:
-            tid = await raw.topic_id(topic)
-            member, _ = await raw.join(group, topic)
-            s = Session(raw, group, member)
-            _, out["acquired"] = await s.acquire({tid: [0]})
-            await asyncio.to_thread(_delete_topic, t.bootstrap, topic)
-            await asyncio.sleep(1.0)
-            r = await s.ack({(tid, 0): [(0, 0, [ACCEPT])]})
-            out["share_acknowledge"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
-            r = await s.fetch(acks={(tid, 0): [(1, 1, [ACCEPT])]})
-            p = partitions(r)[(tid, 0)]
-            out["share_fetch_ack"] = (r.error_code, p.acknowledge_error_code)
-        finally:
-            await raw.close()
-        return out
+    async def steps(s: Session, tid: bytes, out: dict[str, Any]) -> None:
+        _, out["acquired"] = await s.acquire({tid: [0]})
+        await asyncio.to_thread(_delete_topic, t.bootstrap, topic)
+        await asyncio.sleep(1.0)
+        r = await s.ack({(tid, 0): [(0, 0, [ACCEPT])]})
+        out["share_acknowledge"] = (r.error_code, partitions(r)[(tid, 0)].error_code)
+        r = await s.fetch(acks={(tid, 0): [(1, 1, [ACCEPT])]})
+        p = partitions(r)[(tid, 0)]
+        out["share_fetch_ack"] = (r.error_code, p.acknowledge_error_code)
 
-    return asyncio.run(run())
+    return in_session(t, topic, group, steps)
 
 
 def test_acknowledging_records_of_a_deleted_topic(targets, names):

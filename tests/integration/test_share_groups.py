@@ -102,44 +102,34 @@ def wait_members(proxy: ShareProxyThread, group_id: str, n: int, timeout: float 
 # implicit acknowledgement
 
 
-def test_implicit_three_consumers_two_partitions(kafka39, kshare39, topic_name, group):
-    """Every record delivered once, every consumer gets some."""
-    kafka39.create_topic(topic_name, partitions=2)
+@pytest.mark.parametrize(
+    ("partitions", "consumers", "process_s", "max_poll", "records", "per_batch", "timeout", "first_deliveries"), [
+        # every record delivered once (delivery count 1), every consumer gets some
+        pytest.param(2, 3, 0.01, 5, 300, 3, 60, True, id="three_consumers_two_partitions"),
+        # small producer batches and max.poll.records: the work of one partition spreads over all
+        pytest.param(1, 8, 0.02, 2, 200, 1, 90, False, id="eight_consumers_one_partition"),
+    ])
+def test_implicit_consumers_share_the_partitions(kafka39, kshare39, topic_name, group, partitions, consumers,
+                                                 process_s, max_poll, records, per_batch, timeout, first_deliveries):
+    """Every record delivered once, every consumer gets some, every partition is read."""
+    kafka39.create_topic(topic_name, partitions=partitions)
     share_group(kshare39.bootstrap, group)
-    loops = [ConsumerLoop(f"c{i}", kshare39.bootstrap, group, topic_name, process_s=0.01,
-                          **{"max.poll.records": 5}).start() for i in range(3)]
+    loops = [ConsumerLoop(f"c{i}", kshare39.bootstrap, group, topic_name, process_s=process_s,
+                          **{"max.poll.records": max_poll}).start() for i in range(consumers)]
     try:
-        wait_members(kshare39, group, 3)
-        expected = values("r", 300)
-        produce(kshare39.bootstrap, topic_name, expected, partitions=2, per_batch=3)
-        wait_received(loops, len(expected), 60)
+        wait_members(kshare39, group, consumers)
+        expected = values("r", records)
+        produce(kshare39.bootstrap, topic_name, expected, partitions=partitions, per_batch=per_batch)
+        wait_received(loops, len(expected), timeout)
         time.sleep(1.0)  # anything delivered twice would show up now
     finally:
         stop_all(loops)
     assert_each_once(loops, expected)
-    assert all(g.delivery_count == 1 for lp in loops for g in lp.received)
+    if first_deliveries:
+        assert all(g.delivery_count == 1 for lp in loops for g in lp.received)
     per_consumer = {lp.name: len(lp.received) for lp in loops}
     assert all(per_consumer.values()), per_consumer
-    assert {g.partition for lp in loops for g in lp.received} == {0, 1}
-
-
-def test_implicit_eight_consumers_one_partition(kafka39, kshare39, topic_name, group):
-    """Small producer batches and max.poll.records: the work of one partition spreads over all."""
-    kafka39.create_topic(topic_name, partitions=1)
-    share_group(kshare39.bootstrap, group)
-    loops = [ConsumerLoop(f"c{i}", kshare39.bootstrap, group, topic_name, process_s=0.02,
-                          **{"max.poll.records": 2}).start() for i in range(8)]
-    try:
-        wait_members(kshare39, group, 8)
-        expected = values("r", 200)
-        produce(kshare39.bootstrap, topic_name, expected, per_batch=1)
-        wait_received(loops, len(expected), 90)
-        time.sleep(1.0)
-    finally:
-        stop_all(loops)
-    assert_each_once(loops, expected)
-    per_consumer = {lp.name: len(lp.received) for lp in loops}
-    assert all(per_consumer.values()), per_consumer
+    assert {g.partition for lp in loops for g in lp.received} == set(range(partitions))
 
 
 # ------------------------------------------------------------------------------------------------
