@@ -47,7 +47,7 @@ class KShare:
             bootstrap = [f"{h}:{p}" for h, p in config.upstream]
             name = config.instance_group
             if store is None:
-                from .share.state_topic import TopicStateStore
+                from .share.state.topic_store import TopicStateStore
 
                 store = TopicStateStore(
                     bootstrap,

@@ -23,7 +23,7 @@ from typing import Protocol
 import msgspec
 
 from ..proxy.virtual import MAX_SLOTS, ClusterView, Peer
-from .state_codec import partition_for_group, state_partition_of
+from .state.codec import partition_for_group, state_partition_of
 from .store import SharePartitionKey
 
 

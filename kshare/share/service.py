@@ -30,7 +30,7 @@ from .partition_log import PartitionLog, PartitionLogs
 from .partition_state import LockTimers, PartitionContext, SharePartitionState
 from .peers import PeerClient
 from .sessions import ShareSessionCache
-from .state_fence import expect_fencing
+from .state.fence import expect_fencing
 from .states import ShareSnapshot
 from .stats import ShareStats
 from .store import GroupRecord, SharePartitionKey, StateStore

@@ -372,12 +372,12 @@ def test_damaged_and_foreign_records_are_skipped(kafka39, topic_name, caplog) ->
         assert expected[KEY] == ShareSnapshot(105, (StateBatch(105, 105, 0, 2), StateBatch(106, 106, 4, 3)))
 
         caplog.clear()
-        with caplog.at_level(logging.ERROR, logger="kshare.share.state"):
+        with caplog.at_level(logging.ERROR, logger="kshare.share.state_topic"):
             fresh = await replayed(bs, topic_name, partitions=2)
         assert fresh.share_partitions() == expected
         assert fresh.load_stats.skipped == len(garbage)
         errors = [
-            r for r in caplog.records if r.name.startswith("kshare.share.state") and r.levelno >= logging.ERROR
+            r for r in caplog.records if r.name == "kshare.share.state_topic" and r.levelno >= logging.ERROR
         ]
         assert len(errors) == len(garbage)  # exactly one logged error per skipped record
         messages = [r.getMessage() for r in errors]

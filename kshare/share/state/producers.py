@@ -11,7 +11,7 @@ from ...security import ClientSecurity
 from .errors import StateWriteError
 from .pipelined_producer import PipelinedProducer
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kshare.share.state_topic")  # the state store's one logger, named as documented
 
 
 class StateProducers:

@@ -21,7 +21,7 @@ from typing import Any
 
 from .memory import REFRESH_GROUP, REFRESH_SHARE, InMemoryState
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kshare.share.state_topic")  # the state store's one logger, named as documented
 
 
 def prune_points(memory: InMemoryState, scope: Iterable[int], undos: Iterable[dict[Any, Any]] = ()) -> dict[int, int]:

@@ -29,7 +29,7 @@ from .codec import (
 )
 from .memory import GroupEntry, InMemoryState, ShareEntry
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kshare.share.state_topic")  # the state store's one logger, named as documented
 
 
 @dataclass(slots=True)

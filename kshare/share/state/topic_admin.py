@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import StateStoreError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kshare.share.state_topic")  # the state store's one logger, named as documented
 
 DEFAULT_TOPIC = "__share_group_state"
 #: The name to use where Kafka itself owns ``__share_group_state`` (Apache Kafka 4.x clusters).

@@ -42,7 +42,7 @@ from .replay import LoadStats, load
 from .rounds import QueuedWrite, Round, RoundScheduler
 from .topic_admin import DEFAULT_TOPIC, ensure_topic
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kshare.share.state_topic")  # the state store's one logger, named as documented
 
 
 def _on(part: str, name: str) -> property:
