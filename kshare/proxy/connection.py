@@ -28,7 +28,7 @@ from ..protocol.codegen import DecodeError
 from ..protocol.codes import ErrorCode
 from . import filters
 from .answers import AnswerOrder, Slot, _rest_after
-from .frames import COLLECT, FORWARD, HEAD, SIZE, WAIT, RequestFramer, produce_header
+from .frames import COLLECT, FORWARD, HEAD, MIN_REQUEST_SIZE, SIZE, WAIT, RequestFramer, produce_header
 from .upstream import UpstreamConnection
 
 if TYPE_CHECKING:
@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kshare.proxy")
 
 _VERSION = struct.Struct(">h")
+# read for every forwarded frame: module globals, not attributes of ``filters``
 _DOWNGRADES = filters.DOWNGRADES
+_PRODUCE, _SASL_HANDSHAKE, _SASL_AUTHENTICATE = filters.PRODUCE, filters.SASL_HANDSHAKE, filters.SASL_AUTHENTICATE
 _ACKS_ZERO_PREFIX_LIMIT = 64 * 1024  # a Produce header plus transactional id never needs more
 # Correlation ids of acks=0 Produce requests remembered per connection, in case the broker answers
 # them after all (Tansu does; Kafka never does, hence the bound).
@@ -106,18 +108,20 @@ class ClientConnection(asyncio.BufferedProtocol):
         transport.pause_reading()  # nothing is read until the broker connection is up
         self._spawn(self._connect_upstream())
 
+    async def _open_upstream(self, host: str, port: int, timeout: float) -> UpstreamConnection:
+        tls = self.proxy.config.upstream_security.ssl  # the client's SASL frames pass through inside it
+        _, upstream = await asyncio.wait_for(
+            asyncio.get_running_loop().create_connection(
+                lambda: UpstreamConnection(self), host, port, ssl=tls, server_hostname=host if tls else None),
+            timeout)
+        return upstream
+
     async def _connect_upstream(self) -> None:
-        loop = asyncio.get_running_loop()
         candidates = self.proxy.brokers.upstream_candidates(self.node_id)
         last: Exception | None = None
-        tls = self.proxy.config.upstream_security.ssl  # the client's SASL frames pass through inside it
         for host, port in candidates:
             try:
-                _, upstream = await asyncio.wait_for(
-                    loop.create_connection(lambda: UpstreamConnection(self), host, port, ssl=tls,
-                                           server_hostname=host if tls else None),
-                    self.proxy.config.upstream_connect_timeout,
-                )
+                upstream = await self._open_upstream(host, port, self.proxy.config.upstream_connect_timeout)
             except (TimeoutError, OSError) as exc:
                 last = exc
                 continue
@@ -184,16 +188,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         """One pass over the brokers (this listener's first, unless it is away): the first that
         accepts takes the backlog. None does: the cluster is down, as far as the proxy can tell,
         and the client sees what Kafka shows then, its connection closed."""
-        loop = asyncio.get_running_loop()
-        tls = self.proxy.config.upstream_security.ssl
         for host, port in self.proxy.brokers.reattach_candidates(self.node_id):
             if self.closed:
                 return
             try:
-                _, upstream = await asyncio.wait_for(
-                    loop.create_connection(lambda: UpstreamConnection(self), host, port, ssl=tls,
-                                           server_hostname=host if tls else None),
-                    min(self.proxy.config.upstream_connect_timeout, 2.0))
+                upstream = await self._open_upstream(host, port, min(self.proxy.config.upstream_connect_timeout, 2.0))
             except (TimeoutError, OSError):
                 continue
             if self.closed:
@@ -231,7 +230,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self.closed or len(buf) < 12:
             return
         size, api_key, version, corr = HEAD.unpack_from(buf, 0)
-        if api_key != filters.API_VERSIONS or not 10 <= size <= self.proxy.config.max_frame_bytes:
+        if api_key != filters.API_VERSIONS or not MIN_REQUEST_SIZE <= size <= self.proxy.config.max_frame_bytes:
             self.close()
             return
         if len(buf) < 4 + size:
@@ -448,11 +447,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         bad = proxy.check_forwardable(api_key, version)
         if bad is not None:
             return bad
-        if api_key == filters.SASL_HANDSHAKE or api_key == filters.SASL_AUTHENTICATE:
+        if api_key == _SASL_HANDSHAKE or api_key == _SASL_AUTHENTICATE:
             self.sasl = True
         expects_response = True
         transactional = False
-        if api_key == filters.PRODUCE:
+        if api_key == _PRODUCE:
             head = produce_header(buf, version, pos, pos + 4 + size)
             if head is None:
                 if len(buf) >= min(pos + 4 + size, pos + _ACKS_ZERO_PREFIX_LIMIT):
@@ -473,7 +472,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.unanswered_at = perf_counter()
             if len(self.unanswered) > _UNANSWERED_LIMIT:
                 self.unanswered.popitem(last=False)
-        proxy.stats.count(api_key)
+        proxy.stats.requests[api_key] += 1  # (ProxyStats.count, without a call per frame)
         return FORWARD
 
     def forward(self, data: bytes | memoryview) -> None:
