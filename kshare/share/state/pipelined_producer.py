@@ -31,18 +31,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from ...client import KafkaConnection
+from ...clients.connection import KafkaConnection
 from ...protocol import messages
+from ...protocol.codes import ApiKey
 from ...security import ClientSecurity
 from ..errors import ErrorCode
 from ..tasks import shared_task
 
 log = logging.getLogger("kshare.share")
 
-PRODUCE = 0
-METADATA = 3
-LIST_OFFSETS = 2
-INIT_PRODUCER_ID = 22
+PRODUCE = ApiKey.PRODUCE.value  # plain ints: PRODUCE is asked for every batch of state records
+METADATA = ApiKey.METADATA.value
+LIST_OFFSETS = ApiKey.LIST_OFFSETS.value
+INIT_PRODUCER_ID = ApiKey.INIT_PRODUCER_ID.value
 # A batch (key and value bytes) up to this size, well within the default max.message.bytes (1 MB);
 # a request up to MAX_REQUEST_BYTES.
 MAX_BATCH_BYTES = 512 << 10

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from ...protocol.codes import ErrorCode
 from .errors import StateStoreError
 
 log = logging.getLogger("kshare.share.state_topic")  # the state store's one logger, named as documented
@@ -42,9 +43,9 @@ async def ensure_topic(admin: Any, topic: str, partitions: int, *, replication_f
         )
         for topic_error in resp.topic_errors:
             code, message = topic_error[1], topic_error[2] if len(topic_error) > 2 else None
-            if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (someone else was faster)
+            if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):  # already: someone else was faster
                 raise StateStoreError(f"cannot create the state topic {topic}: error {code} {message or ''}")
-        created = not any(t[1] == 36 for t in resp.topic_errors)
+        created = not any(t[1] == ErrorCode.TOPIC_ALREADY_EXISTS for t in resp.topic_errors)
         log.info(
             "created state topic %s: %d partitions, replication factor %d, min.insync.replicas %d",
             topic,
