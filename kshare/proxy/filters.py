@@ -16,6 +16,11 @@ only its header read, unless its API key is in ``INTERCEPTIONS``. An entry says,
 Forwarded untouched but read: every request's header (API key, version, correlation id), a
 Produce request's ``acks`` (acks=0 gets no response) and the SASL APIs (a connection
 authenticated upstream cannot be moved to another broker).
+
+Outside the table, as Kafka does: a frame no request can be (``frames.RequestFramer``) or a version
+neither the cluster nor, for an API in this table, the proxy's codec supports
+(``Proxy.check_forwardable``) closes the connection; while the cluster cannot be reached, a
+client's ApiVersions is answered BROKER_NOT_AVAILABLE (``ClientConnection._answer_unreachable``).
 """
 
 from __future__ import annotations
