@@ -17,6 +17,9 @@ from typing import Any
 
 import click
 
+from ..clients.admin import AdminError, GroupNotFound, ShareGroupAdmin, probe
+from ..clients.settings import client_security, parse_bootstrap
+
 ACK_TYPES = ("accept", "release", "reject")
 # How long the commands try to reach a server before they give up: kshare groups' default --timeout
 REACH_TIMEOUT_S = 5.0
@@ -134,9 +137,6 @@ def _probe(config: dict[str, Any], option: str, signals: _Signals) -> None:
     """``kshare groups``' check of the servers, before librdkafka gets them: a ClickException in the
     same words where librdkafka would wait for its timeouts in silence (nothing listening, a kshare
     proxy without its cluster, a TLS listener given a plaintext client)."""
-    from ..clients.admin import AdminError, probe
-    from ..clients.settings import parse_bootstrap
-
     try:
         servers = parse_bootstrap(str(config.get("bootstrap.servers", "")))
     except AdminError:
@@ -260,9 +260,6 @@ def _from_beginning(config: dict[str, Any], group: str, topics: tuple[str, ...],
     """--from-beginning: ``share.auto.offset.reset=earliest`` for ``group`` if it has no start offsets
     yet (a group that has read goes on from its offsets: changing its config would not move them).
     Returns the note to show."""
-    from ..clients.admin import AdminError, GroupNotFound, ShareGroupAdmin
-    from ..clients.settings import client_security, parse_bootstrap
-
     async def run() -> str:
         servers = parse_bootstrap(str(config["bootstrap.servers"]))
         security = client_security({k: str(v) for k, v in config.items()}, "--consumer-property")
