@@ -8,6 +8,8 @@ import logging
 from .proxy.config import ProxyConfig
 from .proxy.server import Proxy
 
+# The share-group engine (and aiokafka under it) and the instance group are imported only by a
+# KShare that runs them: a proxy started without share groups loads neither.
 log = logging.getLogger("kshare")
 
 

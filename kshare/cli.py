@@ -12,6 +12,9 @@ import time
 
 import click
 
+# The proxy's server, the share-group engine, the embedded broker and the bench are imported inside
+# the commands that run them, so that ``kshare groups``, ``consume``, ``produce`` and ``--help`` start
+# without loading them.
 from . import __version__
 from .proxy.config import ProxyConfig, parse_hostports
 
