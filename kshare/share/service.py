@@ -22,6 +22,7 @@ from .config import BrokerLimits, GroupConfig, parse_duration_ms
 from .coordinator import GroupCoordinator, ShareGroup
 from .dead_letter_writer import DeadLetterWriter
 from .errors import ErrorCode
+from .handlers import HANDLERS
 from .instance_group import InstanceGroup
 from .instance_service import InstanceGroupMember
 from .ownership import LocalOwnership, Ownership
@@ -405,8 +406,6 @@ class ShareGroupService(InstanceGroupMember):
 
     def register(self, proxy: Frontend) -> None:
         """Serve the share-group APIs on the proxy (and advertise them in ApiVersions)."""
-        from .handlers import HANDLERS
-
         proxy.disconnect_listeners.append(self.connection_closed)
         proxy.topic_deletion_listeners.append(self.topics_deleted)
         for h in HANDLERS:
