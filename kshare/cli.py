@@ -390,10 +390,10 @@ def bench(out_dir: str | None, only: tuple[str, ...], quick: bool, repeats: int 
     time to ready; `--only spark` (about 25 minutes, needs pyspark) the kshare PySpark source against
     Spark's own Kafka source; `--only failover` (about 7 minutes) share consumers through a rolling
     restart and a crash of three brokers, kshare on Kafka 3.9 beside native Kafka 4.4. The
-    micro-benchmarks (`--only codec`, `engine`, `record_keys`; seconds each) need no broker: kshare's
-    own units against a baseline in the same run. `--list` names every scenario, with the figures for
-    the docs that run only when named (durability, state_store, key_order, security, scale_out,
-    scale_out_failover). Reference:
+    micro-benchmarks (`--only codec`, `engine`, `record_keys`, `state_replay`; seconds each) need no
+    broker: kshare's own units against a baseline in the same run. `--list` names every scenario,
+    with the figures for the docs that run only when named (durability, state_store, key_order,
+    balance, security, scale_out, scale_out_failover). Reference:
     docs/benchmarks/README.md.
     """
     from pathlib import Path

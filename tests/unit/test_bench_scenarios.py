@@ -19,13 +19,14 @@ from kshare.cli import main
 # modules of the package that are not scenarios: what the scenarios share, the failover scenario's pure
 # analysis, the scale-out scenarios' proxies
 HELPERS = {"common", "failover_analysis", "instance_group"}
-MICRO = {"codec", "engine", "record_keys"}
+MICRO = {"codec", "engine", "record_keys", "state_replay"}
 
 # smaller than --quick: a smoke run of each, well under a second
 TINY = {
     "codec": {"seconds": 0.002, "scaling_partitions_per_topic": [5]},
     "engine": {"records": 5_000, "baseline_records": 1_000, "key_order_records": 2_000, "in_flight": 200},
     "record_keys": {"seconds": 0.001, "batches": 1, "value_sizes": [1024], "hash_keys": 1_000},
+    "state_replay": {"share_partitions": 20, "inflight": 200, "updates": 3},
 }
 
 
@@ -92,6 +93,10 @@ def test_micro_scenario_runs_and_reports(name: str) -> None:
         assert [r["codec"] for r in res["rows"]] == ["none", "gzip", "snappy", "lz4", "zstd"]
         assert [r["decompress_share"] is None for r in res["rows"]] == [True] + [False] * 4
         assert len(res["hashes"]) == 5
+    if name == "state_replay":
+        snapshots, updates = res["rows"]
+        assert (snapshots["records"], updates["records"]) == (20, 20 + 3 * 20)
+        assert snapshots["ranges"] == 20 * 200  # every record its own range, as written
 
 
 # sections read from results of this shape (what each run() returns); the scenarios of a full run, embedded,

@@ -9,8 +9,9 @@ was run), ``rows`` (medians, one dict per table row), ``samples`` (every measure
 
 Every scenario alternates its configurations over the repeats (A B C, C B A, A B C, ...) after an
 untimed warm-up, so that a machine whose load changes during the run biases none of them, and
-reports medians. The micro-benchmarks (``codec``, ``engine``, ``state_store``, ``record_keys``) need
-no broker: they time kshare's pure units in this process, each against a baseline in the same run.
+reports medians. The micro-benchmarks (``codec``, ``engine``, ``record_keys``, ``state_replay``) need
+no broker: they time kshare's pure units in this process, against a baseline in the same run where
+there is one.
 
 A new scenario: a module here with its ``SCENARIO``, and its name in ``_MODULES`` (the order of a
 full run and of ``kshare bench --list``). Modules that are not scenarios: :mod:`.common` (what they all
@@ -49,6 +50,7 @@ _MODULES = (
     "codec",
     "engine",
     "record_keys",
+    "state_replay",
 )
 
 REGISTRY: dict[str, Scenario] = {
