@@ -15,6 +15,10 @@ WARNING per rejection, nothing at ERROR and nothing from asyncio (no exception i
 write to a closed transport); at the end no client connection or task is left behind, and a fresh
 Metadata request succeeds.
 
+The proxy's own frame handling is also fuzzed without a broker, by hypothesis (any bytes, cut
+anywhere: tests/unit/test_frames_props.py, tests/unit/test_client_connection.py); this test adds
+the broker's side and real clients.
+
 The run is reproducible: ``KSHARE_FUZZ_SEED`` (default 932) seeds every choice (the timing of the
 broker's answers still varies, so a failure may need the same seed a few times).
 
