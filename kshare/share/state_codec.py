@@ -1,6 +1,13 @@
 """The old import path of :mod:`kshare.share.state.codec` (the state topic's record codec), for code not moved yet."""
 
 from .state.codec import (
+    DURABLE_STATES,
+    RECORD_GROUP,
+    RECORD_SNAPSHOT,
+    RECORD_TYPES,
+    RECORD_UPDATE,
+    SNAPSHOT_EPOCH_MODULUS,
+    VALUE_VERSION,
     GroupTombstone,
     GroupValueRecord,
     ShareTombstone,
@@ -26,13 +33,20 @@ from .state.codec import (
 )
 
 __all__ = [
+    "DURABLE_STATES",
     "GroupTombstone",
     "GroupValueRecord",
+    "RECORD_GROUP",
+    "RECORD_SNAPSHOT",
+    "RECORD_TYPES",
+    "RECORD_UPDATE",
+    "SNAPSHOT_EPOCH_MODULUS",
     "ShareTombstone",
     "SnapshotRecord",
     "StateRecord",
     "StateRecordError",
     "UpdateRecord",
+    "VALUE_VERSION",
     "decode_key",
     "decode_record",
     "encode_group_key",
