@@ -194,8 +194,7 @@ async def reset_partition(service: ShareGroupService, group_id: str, topic: Topi
 async def delete_partitions(service: ShareGroupService, keys: list[SharePartitionKey]) -> None:
     """Forget the state of share-partitions this proxy leads."""
     await service.store.delete_share_partitions(keys)
-    for k in keys:
-        service.partitions.pop(k, None)
+    service.drop_share_partitions(keys)
 
 
 async def _delete_elsewhere(service: ShareGroupService, group_id: str, topics: Iterable[TopicInfo]) -> int:
@@ -240,6 +239,5 @@ async def delete_group(service: ShareGroupService, group_id: str) -> int:
         return code
     keys = [k for k in set(service.store.share_partitions()) | set(service.partitions) if k.group_id == group_id]
     await service.store.delete_group(group_id, keys)
-    for k in keys:
-        service.partitions.pop(k, None)
+    service.drop_share_partitions(keys)
     return service.coordinator.delete_group(group_id)

@@ -59,8 +59,8 @@ class PartitionContext:
 class SharePartitionState:
     """One share-partition: its engine, its ordered durable writes, the fetches waiting on it."""
 
-    __slots__ = ("key", "topic", "ctx", "engine", "init_task", "broken", "waiters", "fair", "lock_timer",
-                 "keys_warned", "writes", "__weakref__")
+    __slots__ = ("key", "topic", "ctx", "engine", "init_task", "broken", "dropped", "waiters", "fair",
+                 "lock_timer", "keys_warned", "writes", "__weakref__")
 
     def __init__(self, key: SharePartitionKey, topic: TopicInfo, ctx: PartitionContext) -> None:
         self.key = key
@@ -69,6 +69,7 @@ class SharePartitionState:
         self.engine: SharePartition | None = None
         self.init_task: asyncio.Task | None = None
         self.broken = False  # a write failed: rebuild from durable state before serving again
+        self.dropped = False  # the service forgot it (its state deleted): a request holding it resolves again
         self.waiters: set[asyncio.Future] = set()
         self.fair = FairShare()  # the members fetching here, their shares
         self.lock_timer: int | None = None  # the earliest lock-expiry check queued for it (ms), if any
@@ -129,6 +130,12 @@ class SharePartitionState:
             # share-partitions: 7 MB)
             self.init_task.add_done_callback(partial(_forget_init, self))
         return self.init_task
+
+    def drop(self) -> None:
+        """The service forgot this share-partition: fetches waiting here look again, and find a new one."""
+        self.dropped = True
+        self.engine = None
+        self.wake()
 
     def _write_failed(self) -> None:
         # The engine moved ahead of what is durable: rebuild before serving it again.

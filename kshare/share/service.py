@@ -320,6 +320,13 @@ class ShareGroupService(InstanceGroupMember):
             sp = self.partitions[key] = SharePartitionState(key, topic, self.partition_context)
         return sp
 
+    def drop_share_partitions(self, keys: Iterable[SharePartitionKey]) -> None:
+        """Forget these share-partitions (their durable state was deleted)."""
+        for key in keys:
+            sp = self.partitions.pop(key, None)
+            if sp is not None:
+                sp.drop()
+
     async def _initialise(self, sp: SharePartitionState) -> tuple[int, SharePartition | None]:
         key = sp.key
         group = self.coordinator.ensure_group(key.group_id)

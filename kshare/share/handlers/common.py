@@ -113,7 +113,7 @@ class Resolved(dict):
     def resolve(self, topic: Any, partition: int) -> SharePartitionState:
         tp = (topic.topic_id, partition)
         sp = self.get(tp)
-        if sp is None:
+        if sp is None or sp.dropped:
             sp = self[tp] = self.service.share_partition(self.group_id, topic, partition)
         return sp
 
