@@ -35,6 +35,8 @@ from typing import Any
 
 from ..embedded import distribution
 from ..embedded.distribution import cache_root
+from ..embedded.kafka import JVM_OPTS as _EMBEDDED_JVM_OPTS
+from .clients import create_topic
 from .procs import _die_with_parent, free_port, port_open
 
 __all__ = [
@@ -294,30 +296,11 @@ class _Process:
         timeout: float = 30.0,
     ) -> str:
         """Create ``name`` with confluent_kafka's AdminClient and wait until every partition has a leader."""
-        from confluent_kafka.admin import NewTopic
-
-        admin = _admin(self.bootstrap)
-        topic = NewTopic(
-            name,
-            num_partitions=partitions,
-            replication_factor=replication_factor,
-            config=dict(configs or {}),
-        )
-        fut = admin.create_topics([topic], operation_timeout=timeout, request_timeout=timeout)[name]
-        fut.result(timeout=timeout)
-        deadline = time.monotonic() + timeout
-        while True:
-            md = admin.list_topics(topic=name, timeout=5).topics.get(name)
-            if (
-                md is not None
-                and md.error is None
-                and len(md.partitions) == partitions
-                and all(p.leader >= 0 for p in md.partitions.values())
-            ):
-                return name
-            if time.monotonic() > deadline:
-                raise BrokerError(f"topic {name} has no leaders after {timeout:.0f} s: {md!r}")
-            time.sleep(0.1)
+        try:
+            return create_topic(self.bootstrap, name, partitions, timeout, configs=configs,
+                                replication_factor=replication_factor)
+        except TimeoutError as exc:
+            raise BrokerError(str(exc)) from None
 
     def delete_topic(self, name: str, timeout: float = 30.0) -> None:
         admin = _admin(self.bootstrap)
@@ -345,6 +328,15 @@ class _Process:
 
     def start(self):  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def restart(self, *, hard: bool = False):
+        """Stop (SIGTERM, or SIGKILL with ``hard=True``) and start again on the same ports (and data,
+        where the broker keeps it: Apache Kafka does, Tansu's memory storage does not)."""
+        if hard:
+            self.kill()
+        else:
+            self.stop()
+        return self.start()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -384,15 +376,8 @@ def _java() -> str:
 
 
 
-DEFAULT_JVM_OPTS = (
-    "-Xms256m",
-    "-Xmx512m",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:+ExitOnOutOfMemoryError",
-    "-Djava.awt.headless=true",
-    "-Djava.net.preferIPv4Stack=true",
-)
+# the embedded broker's options (small heap, short GC pauses), with a larger initial heap
+DEFAULT_JVM_OPTS = ("-Xms256m", *(o for o in _EMBEDDED_JVM_OPTS if not o.startswith("-Xms")))
 
 
 class KafkaBroker(_Process):
@@ -601,14 +586,6 @@ class KafkaBroker(_Process):
         log.info("Apache Kafka %s ready on %s in %.1f s", self.version, self.bootstrap, self.start_seconds)
         return self
 
-    def restart(self, *, hard: bool = False) -> KafkaBroker:
-        """Stop (SIGTERM, or SIGKILL with ``hard=True``) and start again on the same ports and data."""
-        if hard:
-            self.kill()
-        else:
-            self.stop()
-        return self.start()
-
     def close(self) -> None:
         self.stop()
         if self._own_workdir and not self.keep_workdir:
@@ -634,7 +611,8 @@ def __getattr__(name: str) -> Any:
 # command line
 
 
-def _main(argv: list[str] | None = None, prog: str = "python -m kshare.bench.brokers") -> int:
+def command_line(prog: str) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The parser of ``fetch`` and ``run``, and its ``run`` sub-parser (the tests' harness adds options)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_fetch = sub.add_parser("fetch", help="resolve Apache Kafka releases into the cache")
@@ -644,7 +622,11 @@ def _main(argv: list[str] | None = None, prog: str = "python -m kshare.bench.bro
     p_run.add_argument("version", help="an Apache Kafka version")
     p_run.add_argument("--share-groups", action="store_true")
     p_run.add_argument("--no-auto-create", action="store_true")
-    args = parser.parse_args(argv)
+    return parser, p_run
+
+
+def _main(argv: list[str] | None = None, prog: str = "python -m kshare.bench.brokers") -> int:
+    args = command_line(prog)[0].parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.cmd == "fetch":
         return fetch(args.versions, verbose=args.verbose)

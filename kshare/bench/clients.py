@@ -15,6 +15,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,14 +37,14 @@ def admin(bootstrap: str):
     )
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1, timeout: float = 60.0) -> str:
-    """Create ``name`` and wait until every partition has a leader."""
+def create_topic(bootstrap: str, name: str, partitions: int = 1, timeout: float = 60.0, *,
+                 configs: Mapping[str, str] | None = None, replication_factor: int = 1) -> str:
+    """Create ``name`` and wait until every partition has a leader (TimeoutError if not in ``timeout`` s)."""
     from confluent_kafka.admin import NewTopic
 
     client = admin(bootstrap)
-    client.create_topics(
-        [NewTopic(name, num_partitions=partitions, replication_factor=1)], request_timeout=timeout
-    )[name].result(timeout)
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=dict(configs or {}))
+    client.create_topics([topic], operation_timeout=timeout, request_timeout=timeout)[name].result(timeout)
     deadline = time.monotonic() + timeout
     while True:
         md = client.list_topics(topic=name, timeout=10).topics.get(name)
@@ -55,7 +56,7 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, timeout: float 
         ):
             return name
         if time.monotonic() > deadline:
-            raise TimeoutError(f"topic {name} has no leaders after {timeout:.0f} s")
+            raise TimeoutError(f"topic {name} has no leaders after {timeout:.0f} s: {md!r}")
         time.sleep(0.1)
 
 
@@ -346,6 +347,11 @@ async def find_coordinator(bootstrap: str, group: str, timeout: float = 60.0) ->
         await conn.close()
 
 
+def _batches(R: Any, batches: list[tuple[int, int, list[int]]]) -> list[Any]:
+    """The acknowledgement batches (of request class ``R``) of (first offset, last offset, acknowledge types)."""
+    return [R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=t) for a, z, t in batches]
+
+
 class Member:
     """A share-group member on its own connection: ShareGroupHeartbeat, ShareFetch, ShareAcknowledge."""
 
@@ -418,10 +424,7 @@ class Member:
                     partitions=[
                         R.FetchPartition(
                             partition_index=p,
-                            acknowledgement_batches=[
-                                R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=t)
-                                for a, z, t in (acks or {}).get(p, [])
-                            ],
+                            acknowledgement_batches=_batches(R, (acks or {}).get(p, [])),
                         )
                         for p in parts
                     ],
@@ -473,10 +476,7 @@ class Member:
                     partitions=[
                         R.AcknowledgePartition(
                             partition_index=p,
-                            acknowledgement_batches=[
-                                R.AcknowledgementBatch(first_offset=a, last_offset=z, acknowledge_types=t)
-                                for a, z, t in batches
-                            ],
+                            acknowledgement_batches=_batches(R, batches),
                         )
                         for p, batches in acks.items()
                     ],

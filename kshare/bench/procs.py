@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -18,10 +19,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -200,6 +203,28 @@ class Child:
         return [line.rstrip() for line in self.output if pattern.search(line)][-last:]
 
 
+def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str] | None:
+    """(status, body) of ``GET http://127.0.0.1:<port><path>`` (an error status is an answer too:
+    /ready's 503 says why); None when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return None
+
+
+def proxy_ready(metrics_port: int) -> dict[str, Any] | None:
+    """The /ready document of the proxy with that metrics port (ready or not), None if it does not answer."""
+    got = http_get(metrics_port, "/ready")
+    if got is None:
+        return None
+    with contextlib.suppress(ValueError):
+        return json.loads(got[1])
+    return None
+
+
 def kshare_env() -> dict[str, str]:
     """The environment of a child ``python -m kshare``: the very kshare this process imported."""
     import kshare
@@ -244,6 +269,10 @@ class ProxyProcess(Child):
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def ready(self) -> dict[str, Any] | None:
+        """Its /ready document (ready or not), None while it does not answer."""
+        return proxy_ready(self.metrics_port)
 
     def metrics(self) -> dict[str, float]:
         """The proxy's Prometheus metrics, unlabelled series summed by name."""

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -33,6 +32,7 @@ from kshare.bench.brokers import (  # noqa: F401 - re-exported for the tests
     _quiet_logger,
     _start_timeout,
     cache_root,
+    command_line,
     ensure_kafka,
     fetch,
     free_port,
@@ -526,14 +526,6 @@ class TansuBroker(_Process):
         log.info("Tansu ready on %s in %.2f s", self.bootstrap, self.start_seconds)
         return self
 
-    def restart(self, *, hard: bool = False) -> TansuBroker:
-        """Stop and start again on the same port (memory storage: the data is gone)."""
-        if hard:
-            self.kill()
-        else:
-            self.stop()
-        return self.start()
-
     def close(self) -> None:
         self.stop()
         if not os.environ.get("KSHARE_KEEP_BROKER_DIRS"):
@@ -545,20 +537,10 @@ class TansuBroker(_Process):
 
 
 def _main(argv: list[str] | None = None, prog: str = "python -m tests.harness.brokers") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p_fetch = sub.add_parser("fetch", help="resolve Apache Kafka releases into the cache")
-    p_fetch.add_argument("versions", nargs="*", default=[KAFKA_3, KAFKA_4])
-    p_fetch.add_argument("-v", "--verbose", action="store_true", help="show Maven's output")
-    p_run = sub.add_parser("run", help="run a broker in the foreground until Ctrl-C")
-    p_run.add_argument("version", help="an Apache Kafka version, or 'tansu'")
-    p_run.add_argument("--share-groups", action="store_true")
-    p_run.add_argument("--no-auto-create", action="store_true")
-    p_run.add_argument(
-        "--secure",
-        action="store_true",
-        help="also SASL_PLAINTEXT, SASL_SSL and SSL listeners, SCRAM/PLAIN users and ACLs",
-    )
+    parser, p_run = command_line(prog)
+    p_run.add_argument("--secure", action="store_true",
+                       help="also SASL_PLAINTEXT, SASL_SSL and SSL listeners, SCRAM/PLAIN users and ACLs")
+    p_run.epilog = "version 'tansu': the Tansu broker"
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.cmd == "fetch":

@@ -12,8 +12,6 @@ import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
+from kshare.bench.procs import http_get, proxy_ready
 from kshare.share import state_codec as sc
 from kshare.share.store import SharePartitionKey
 from tests.harness.brokers import KafkaBroker, free_port
@@ -67,18 +66,8 @@ class Member(KShareProcess):
     def alive(self) -> bool:
         return bool(self.incarnations) and self.current.process is not None and self.current.process.poll() is None
 
-    def _get(self, path: str) -> tuple[int, str] | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=2) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as exc:  # 503 while not ready: the body says why
-            return exc.code, exc.read().decode()
-        except OSError:
-            return None
-
     def ready(self) -> dict[str, Any] | None:
-        got = self._get("/ready")
-        return None if got is None else json.loads(got[1])
+        return proxy_ready(self.metrics_port)
 
     def owned(self) -> frozenset[int] | None:
         r = self.ready()
@@ -86,7 +75,7 @@ class Member(KShareProcess):
 
     def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
         """(labels, value) of every sample called ``name`` in /metrics."""
-        got = self._get("/metrics")
+        got = http_get(self.metrics_port, "/metrics")
         if got is None or got[0] != 200:
             return []
         return [(s.labels, s.value) for fam in text_string_to_metric_families(got[1]) for s in fam.samples

@@ -193,6 +193,14 @@ def members_of(bootstrap: str, group: str) -> list[dict[str, Any]]:
     return doc["members"]
 
 
+def only_member(bootstrap: str, group: str, *, partitions: int) -> dict[str, Any]:
+    """The group's one member (as ``--describe --members`` shows it), once it is assigned ``partitions``."""
+    wait_until(lambda: len(members_of(bootstrap, group)) == 1 and members_of(bootstrap, group)[0]["partitions"]
+               == partitions, 60, "the member and its assignment")
+    [m] = members_of(bootstrap, group)
+    return m
+
+
 def not_empty_message(group: str, n: int = 1) -> str:
     return f"Error: share group {group} is not empty ({n} member{'s' if n != 1 else ''}): stop its consumers first"
 
@@ -224,9 +232,7 @@ def test_list_describe_lag_and_refusals(kafka39, kshare, topic_name, group):
 
     member = Member(ks, group, topic_name, client_id="cli-member-1")
     try:
-        wait_until(lambda: len(members_of(ks, group)) == 1 and members_of(ks, group)[0]["partitions"] == 3,
-                   60, "the member and its assignment")
-        [m] = members_of(ks, group)
+        m = only_member(ks, group, partitions=3)
         assert m["client_id"] == "cli-member-1"
         assert m["assignment"] == {topic_name: [0, 1, 2]}
         assert m["subscribed_topics"] == [topic_name]
@@ -485,9 +491,7 @@ def test_native_kafka4(kafka4, topic_name, group):
 
     member = Member(k4, group, topic_name, client_id="native-member")
     try:
-        wait_until(lambda: len(members_of(k4, group)) == 1 and members_of(k4, group)[0]["partitions"] == 2,
-                   60, "the member and its assignment")
-        [m] = members_of(k4, group)
+        m = only_member(k4, group, partitions=2)
         assert m["client_id"] == "native-member" and m["assignment"] == {topic_name: [0, 1]}
         assert {"group": group, "state": "Stable"} in groups_json(k4, "--list", "--state", "Stable")
         [state] = groups_json(k4, "--describe", "--state", "--group", group)

@@ -52,6 +52,7 @@ from kshare.protocol import messages
 from kshare.share import state_codec as sc
 from kshare.share.states import ShareSnapshot, ShareUpdate
 from kshare.share.store import SharePartitionKey
+from tests.harness.brokers import KafkaBroker
 from tests.harness.ledgers import (
     GROUP_CONFIGS,
     INFLIGHT_LIMIT,
@@ -301,6 +302,23 @@ async def decide(bootstrap: str, group: str, topic: str, n: int, releases: dict[
 # 2. restart with no consumers: SPSO, archived records and delivery counts survive
 
 
+def _forty_decided(kafka39: KafkaBroker, topic: str, group: str, state_topic: str, releases: dict[int, int],
+                  rejected: set[int]) -> KShareProcess:
+    """A one-partition topic of 40 records; kshare started and the records decided through it
+    (:func:`decide`: released ``releases[offset]`` times, ``rejected`` rejected, the rest accepted)."""
+    kafka39.create_topic(topic, partitions=1)
+    produce_fast(kafka39.bootstrap, topic, 40, 1)
+    kshare = KShareProcess(kafka39, state_topic)
+    kshare.start()
+    try:
+        share_group(kshare.bootstrap, group, **GROUP_CONFIGS)
+        asyncio.run(decide(kshare.bootstrap, group, topic, 40, releases, rejected))
+    except BaseException:
+        kshare.stop()
+        raise
+    return kshare
+
+
 def test_state_survives_restarts_without_consumers(kafka39, topic_name, group, state_topic):
     """40 records. Raw RPCs: 0-9 accepted, 10-12 released twice each, 13-19 accepted, 20-24
     rejected (archived above the SPSO), 25-29 released once, 30-39 accepted. SPSO 10. Then:
@@ -308,16 +326,10 @@ def test_state_survives_restarts_without_consumers(kafka39, topic_name, group, s
     restart. The SPSO is 10 (DescribeShareGroupOffsets and ``kshare groups --describe --offsets
     --output json``), and a ShareConsumer then gets exactly 10-12 (delivery count 3), 25-29
     (count 2) and the 5 records produced meanwhile (count 1): nothing accepted, nothing rejected."""
-    kafka39.create_topic(topic_name, partitions=1)
-    produce_fast(kafka39.bootstrap, topic_name, 40, 1)
     releases = dict.fromkeys((10, 11, 12), 2) | dict.fromkeys(range(25, 30), 1)
     rejected = set(range(20, 25))
-
-    kshare = KShareProcess(kafka39, state_topic)
-    kshare.start()
+    kshare = _forty_decided(kafka39, topic_name, group, state_topic, releases, rejected)
     try:
-        share_group(kshare.bootstrap, group, **GROUP_CONFIGS)
-        asyncio.run(decide(kshare.bootstrap, group, topic_name, 40, releases, rejected))
         assert describe_offsets(kshare.bootstrap, group) == {0: 10}
         kshare.kill()
         time.sleep(3.0)  # nobody there
@@ -448,15 +460,10 @@ def test_damaged_state_records_are_skipped(kafka39, topic_name, group, state_top
     its state. kshare logs one error per damaged record, loads everything else and serves: the
     group's configs and SPSO are intact, the released records come back with their delivery
     count, nothing acknowledged or rejected does; a later restart replays the topic again."""
-    kafka39.create_topic(topic_name, partitions=1)
-    produce_fast(kafka39.bootstrap, topic_name, 40, 1)
     releases = dict.fromkeys(range(20, 25), 1)
     rejected = set(range(25, 30))
-    kshare = KShareProcess(kafka39, state_topic)
-    kshare.start()
+    kshare = _forty_decided(kafka39, topic_name, group, state_topic, releases, rejected)
     try:
-        share_group(kshare.bootstrap, group, **GROUP_CONFIGS)
-        asyncio.run(decide(kshare.bootstrap, group, topic_name, 40, releases, rejected))
         assert describe_offsets(kshare.bootstrap, group) == {0: 20}
         kshare.kill()
 

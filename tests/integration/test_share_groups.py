@@ -239,16 +239,22 @@ def test_a_dead_letter_topic_that_refuses_loses_nothing(kafka39, kshare39, topic
 # records held by a consumer that stops, closes or dies
 
 
+def _holder(kafka39, kshare39, topic: str, group: str, *, lock_ms: int) -> tuple[ConsumerLoop, set[bytes]]:
+    """5 records in one batch and a consumer (explicit mode) that holds them and acknowledges
+    nothing: (the holder, the values it holds)."""
+    kafka39.create_topic(topic, partitions=1)
+    share_group(kshare39.bootstrap, group, **{"share.record.lock.duration.ms": lock_ms})
+    produce(kshare39.bootstrap, topic, values("r", 5), per_batch=5)
+    holder = ConsumerLoop("holder", kshare39.bootstrap, group, topic, explicit=True, action=lambda m: None)
+    holder.start()
+    wait_until(lambda: holder.stuck, 30, "the holder's first records")
+    return holder, {g.value for g in holder.received}
+
+
 def test_lock_timeout_gives_records_to_another_consumer(kafka39, kshare39, topic_name, group):
     """A consumer that stops acknowledging (explicit mode, stays in the group): after
     share.record.lock.duration.ms its records go to another consumer, delivery count 2."""
-    kafka39.create_topic(topic_name, partitions=1)
-    share_group(kshare39.bootstrap, group, **{"share.record.lock.duration.ms": 2000})
-    produce(kshare39.bootstrap, topic_name, values("r", 5), per_batch=5)
-    holder = ConsumerLoop("holder", kshare39.bootstrap, group, topic_name, explicit=True, action=lambda m: None)
-    holder.start()
-    wait_until(lambda: holder.stuck, 30, "the holder's first records")
-    held = {g.value for g in holder.received}
+    holder, held = _holder(kafka39, kshare39, topic_name, group, lock_ms=2000)
     held_at = holder.received[0].at
     taker = ConsumerLoop("taker", kshare39.bootstrap, group, topic_name, explicit=True).start()
     try:
@@ -331,13 +337,7 @@ def test_a_share_fetch_readies_every_new_share_partition_it_names(kafka39, kshar
 
 
 def test_closed_consumer_releases_at_once(kafka39, kshare39, topic_name, group):
-    kafka39.create_topic(topic_name, partitions=1)
-    share_group(kshare39.bootstrap, group, **{"share.record.lock.duration.ms": 60000})
-    produce(kshare39.bootstrap, topic_name, values("r", 5), per_batch=5)
-    holder = ConsumerLoop("holder", kshare39.bootstrap, group, topic_name, explicit=True, action=lambda m: None)
-    holder.start()
-    wait_until(lambda: holder.stuck, 30, "the holder's first records")
-    held = {g.value for g in holder.received}
+    holder, held = _holder(kafka39, kshare39, topic_name, group, lock_ms=60000)
     taker = ConsumerLoop("taker", kshare39.bootstrap, group, topic_name, explicit=True).start()
     try:
         wait_members(kshare39, group, 2)

@@ -1,0 +1,200 @@
+"""Share consumers that record every delivery and every confirmed acknowledgement (a ledger), and the
+verdict of a ledger against the durable state: for the failover scenarios of ``kshare bench`` and
+the crash-recovery, scale-out and broker-roll tests.
+
+What "confirmed" means: a consumer in explicit mode acknowledges every record it polled (ACCEPT)
+and calls ``commit_sync()``; a record counts as confirmed once librdkafka reported its
+acknowledgement as successful (``commit_sync()`` returned ``None`` for its partition, or the
+acknowledgement commit callback listed its offset with no error). A confirmed record must never
+be delivered again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
+
+_log = logging.getLogger("kshare.bench.ledgers")
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    consumer: int
+    partition: int
+    offset: int
+    delivery_count: int
+    at: float
+
+
+@dataclass
+class Ledger:
+    """Shared by the consumers: every delivery, and when each record was first confirmed."""
+
+    deliveries: list[Delivery] = field(default_factory=list)
+    confirmed: dict[tuple[int, int], float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    failed_acks: int = 0  # offsets whose acknowledgement librdkafka reported as failed
+    commit_errors: Counter = field(default_factory=Counter)
+    poll_errors: Counter = field(default_factory=Counter)
+    refused: int = 0  # acknowledge() refused (record no longer in flight on the client)
+    sync_only: int = 0  # confirmed by commit_sync() but not (yet) by the callback
+
+    def confirm(self, partition: int, offsets: Any, at: float) -> None:
+        with self.lock:
+            for o in offsets:
+                self.confirmed.setdefault((partition, o), at)
+
+    def confirmed_count(self) -> int:
+        return len(self.confirmed)
+
+
+class AckingConsumer:
+    """A ShareConsumer in explicit mode in its own thread: poll, record, ACCEPT all, commit_sync."""
+
+    def __init__(self, index: int, bootstrap: str, group: str, topic: str, ledger: Ledger, *,
+                 max_poll: int = 100) -> None:
+        self.index = index
+        self.ledger = ledger
+        self.consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "logger": _log,
+                                       "share.acknowledgement.mode": "explicit", "max.poll.records": max_poll,
+                                       "socket.timeout.ms": 10000})
+        self.consumer.set_acknowledgement_commit_callback(self._on_commit)
+        self.consumer.subscribe([topic])
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"acking-{index}", daemon=True)
+        self.callback_confirmed: set[tuple[int, int]] = set()
+
+    def start(self) -> AckingConsumer:
+        self._thread.start()
+        return self
+
+    def _on_commit(self, offsets: dict, exc: Any) -> None:
+        now = time.monotonic()
+        if exc is None:
+            for tp, offs in offsets.items():
+                self.ledger.confirm(tp.partition, offs, now)
+                self.callback_confirmed.update((tp.partition, o) for o in offs)
+        else:
+            with self.ledger.lock:
+                self.ledger.failed_acks += sum(len(o) for o in offsets.values())
+                self.ledger.commit_errors[error_name(exc)] += 1
+
+    def _run(self) -> None:
+        c, ledger = self.consumer, self.ledger
+        try:
+            while not self._stop.is_set():
+                try:
+                    msgs = c.poll(0.5)
+                except KafkaException as exc:
+                    with ledger.lock:
+                        ledger.poll_errors[error_name(exc)] += 1
+                    time.sleep(0.1)
+                    continue
+                now = time.monotonic()
+                got: dict[int, list[int]] = defaultdict(list)
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        with ledger.lock:
+                            ledger.poll_errors[err.name()] += 1
+                        continue
+                    with ledger.lock:
+                        ledger.deliveries.append(Delivery(self.index, m.partition(), m.offset(),
+                                                          m.delivery_count() or 0, now))
+                    try:
+                        c.acknowledge(m, AcknowledgeType.ACCEPT)
+                    except Exception:  # noqa: BLE001 - e.g. no longer in flight after a session reset
+                        with ledger.lock:
+                            ledger.refused += 1
+                        continue
+                    got[m.partition()].append(m.offset())
+                if not got:
+                    continue
+                try:
+                    results = c.commit_sync(15)
+                except KafkaException as exc:
+                    with ledger.lock:
+                        ledger.commit_errors[error_name(exc)] += 1
+                    continue
+                done = time.monotonic()
+                for tp, err in results.items():
+                    if err is None and tp.partition in got:
+                        offs = got[tp.partition]
+                        with ledger.lock:
+                            ledger.sync_only += sum(1 for o in offs if (tp.partition, o) not in self.callback_confirmed)
+                        ledger.confirm(tp.partition, offs, done)
+                    elif err is not None:
+                        with ledger.lock:
+                            ledger.commit_errors[error_name(err)] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            _log.exception("consumer %d failed", self.index)
+            self.errors.append(exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        try:
+            self.consumer.close()
+        except Exception as exc:  # noqa: BLE001
+            _log.info("closing consumer %d: %r", self.index, exc)
+
+
+def error_name(exc: Any) -> str:
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
+    name = getattr(err, "name", None)
+    return name() if callable(name) else type(exc).__name__
+
+
+@dataclass
+class Verdict:
+    """What the ledger shows against the final durable state."""
+
+    records: int
+    deliveries: int
+    distinct: int
+    redelivered_records: int
+    redeliveries: int
+    after_confirmation: list[tuple[Delivery, float]]
+    never_confirmed: int
+    max_deliveries: int
+    per_crash: list[int]
+
+    def summary(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "after_confirmation"} | {
+            "after_confirmation": len(self.after_confirmation)}
+
+
+def judge(ledger: Ledger, ends: dict[int, int], crash_times: list[float]) -> Verdict:
+    by_record: dict[tuple[int, int], list[Delivery]] = defaultdict(list)
+    for d in sorted(ledger.deliveries, key=lambda d: d.at):
+        by_record[(d.partition, d.offset)].append(d)
+    after: list[tuple[Delivery, float]] = []
+    per_crash = [0] * (len(crash_times) + 1)
+    redeliveries = 0
+    for rec, ds in by_record.items():
+        confirmed_at = ledger.confirmed.get(rec)
+        if confirmed_at is not None:
+            after += [(d, confirmed_at) for d in ds if d.at > confirmed_at]
+        for d in ds[1:]:
+            redeliveries += 1
+            # the latest crash before this redelivery (index 0: none, which must not happen)
+            per_crash[sum(1 for t in crash_times if t < d.at)] += 1
+    total = sum(ends.values())
+    return Verdict(
+        records=total,
+        deliveries=len(ledger.deliveries),
+        distinct=len(by_record),
+        redelivered_records=sum(1 for ds in by_record.values() if len(ds) > 1),
+        redeliveries=redeliveries,
+        after_confirmation=after,
+        never_confirmed=sum(1 for rec in by_record if rec not in ledger.confirmed),
+        max_deliveries=max((len(ds) for ds in by_record.values()), default=0),
+        per_crash=per_crash,
+    )
