@@ -17,14 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import messages
 from .errors import ErrorCode
-from .states import RecordState, ShareSnapshot, StateBatch
+from .states import TERMINAL_STATES, ShareSnapshot, StateBatch
 from .store import SharePartitionKey
 from .upstream import LATEST, TopicInfo
 
 if TYPE_CHECKING:
     from .service import ShareGroupService
-
-_TERMINAL = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
 
 
 @dataclass(slots=True)
@@ -47,7 +45,7 @@ def settled_above_start(snapshot: ShareSnapshot, end: int) -> int:
     """Records at or above the SPSO (and below ``end``) that are already Acknowledged or Archived."""
     done = 0
     for b in snapshot.state_batches:
-        if b.delivery_state in _TERMINAL and b.last_offset >= snapshot.start_offset:
+        if b.delivery_state in TERMINAL_STATES and b.last_offset >= snapshot.start_offset:
             first = max(b.first_offset, snapshot.start_offset)
             last = min(b.last_offset, end - 1)
             if last >= first:
