@@ -12,6 +12,8 @@ Fixtures
 ``kafka44_secure``  the same with Apache Kafka 4.4.0 and share groups, one per session
                  (``broker.client_config("alice", "SASL_SSL")``, ``broker.grant("alice", "topic", t, "READ")``;
                  session-wide: use unique topic and group names, revoke what you grant)
+``kshare39``     kshare (a ``ShareProxyThread``) in front of ``kafka39``, one per test module -> tests.harness.share
+``spark_cluster`` the session's one Spark cluster (``SparkSessions``)   -> tests.harness.spark_cluster
 ``upstream``     parametrized over ``kafka39`` and ``tansu`` (test ids ``[kafka39]`` / ``[tansu]``)
 ``topic_name``   a topic name unique to the test (not created; use ``broker.create_topic(topic_name)``)
 ``broker_factory``  ``make("kafka39" | "kafka4" | "tansu" | "<kafka version>", **kwargs)`` starts a
@@ -34,6 +36,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.harness.brokers import KAFKA3_VERSION, KAFKA4_VERSION, KafkaBroker, SecureKafkaBroker, TansuBroker
+from tests.harness.share import kshare39  # noqa: F401 - fixture: kshare in front of kafka39, per module
+from tests.harness.spark_cluster import spark_cluster  # noqa: F401 - fixture: one Spark cluster per session
 from tests.harness.tls import TlsMaterial, make_tls
 
 Broker = KafkaBroker | TansuBroker

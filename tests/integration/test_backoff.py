@@ -16,7 +16,6 @@ import uuid
 import pytest
 from confluent_kafka import AcknowledgeType
 
-from tests.harness import share
 from tests.harness.share import (
     ShareProxyThread,
     describe_group_configs,
@@ -29,7 +28,6 @@ from tests.harness.share import (
 
 pytestmark = pytest.mark.kafka
 
-kshare39 = share.kshare39
 
 BACKOFF_MS = 1500
 

@@ -13,13 +13,10 @@ import time
 
 from confluent_kafka import Producer
 
-from tests.harness import share
 from tests.harness.brokers import KafkaBroker
 from tests.harness.drain import drain
 from tests.harness.drain import names as drain_names
 from tests.harness.share import ShareProxyThread, share_consumer, share_group
-
-kshare39 = share.kshare39
 
 CLIENT_DEFAULT_MAX_POLL = 500  # confluent-kafka ShareConsumer's max.poll.records default
 FAIRNESS = 3  # the most records a consumer gets is at most this many times the fewest

@@ -13,7 +13,6 @@ from collections import Counter
 
 import pytest
 
-from tests.harness import share
 from tests.harness.share import (
     JavaShareConsumer,
     newcomer_gets,
@@ -32,7 +31,6 @@ def java_driver() -> list[str]:
     return java_share_driver()
 
 
-kshare39 = share.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
 
 
 @pytest.fixture

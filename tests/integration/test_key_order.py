@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import AcknowledgeType
 
-from tests.harness import share
 from tests.harness.ledgers import GROUP_CONFIGS
 from tests.harness.scale_out import SESSION_MS, Service, busiest, topic_id_of
 from tests.harness.share import (
@@ -39,7 +38,6 @@ from tests.harness.share import (
 
 pytestmark = pytest.mark.kafka
 
-kshare39 = share.kshare39
 
 KEYS = 20
 RECORDS = 300

@@ -17,10 +17,7 @@ import uuid
 import pytest
 
 from kshare.share.partition_log import POLL_WAIT_MS
-from tests.harness import share
 from tests.harness.share import Raw, ShareProxyThread, acquired, produce, share_group
-
-kshare39 = share.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the module
 
 WAIT_MS = 8000  # MaxWaitMs of the waiting fetches: an answer by the deadline would be far later
 PROMPT_S = 1.5  # generous for a loaded machine; the deadline is 8 s

@@ -75,7 +75,6 @@ from tests.harness.share import (
 # fixtures
 
 
-kshare39 = share.kshare39  # kshare in front of the session's Apache Kafka 3.9, for the whole module
 
 
 @pytest.fixture

@@ -36,8 +36,6 @@ from tests.harness import share  # noqa: E402
 from tests.harness import spark_cluster as cluster  # noqa: E402
 from tests.harness.share import produce, share_group, values  # noqa: E402
 
-kshare39 = share.kshare39
-spark_cluster = cluster.spark_cluster
 pytestmark = pytest.mark.timeout(240)
 
 

@@ -43,8 +43,6 @@ from tests.harness import spark_cluster as cluster  # noqa: E402
 from tests.harness.proxies import ProxyProcess  # noqa: E402
 from tests.harness.share import produce, share_group, values, wait_until  # noqa: E402
 
-kshare39 = share.kshare39
-spark_cluster = cluster.spark_cluster
 pytestmark = pytest.mark.timeout(300)
 
 SESSION_TIMEOUT_MS = 60_000  # a member that does not leave stays this long
