@@ -384,9 +384,6 @@ class ShareGroupService(InstanceGroupMember):
                 for name, value in settings.items():
                     setattr(sp.engine, name, value)
 
-    def partition_log(self, topic: TopicInfo, partition: int, read_committed: bool) -> PartitionLog:
-        return self.partition_logs.get(topic, partition, read_committed)
-
     def record_cache_size(self) -> int:
         return self.cache_pool.total
 
