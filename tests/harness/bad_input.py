@@ -17,9 +17,10 @@ import pytest
 
 from kshare.client import KafkaConnection
 from kshare.protocol import messages
+from kshare.protocol.codes import ErrorCode
 
 PROXY_LOGGER = "kshare.proxy"
-UNSUPPORTED_VERSION = 35
+UNSUPPORTED_VERSION = ErrorCode.UNSUPPORTED_VERSION
 
 # ------------------------------------------------------------------------------------------------
 # frames

@@ -11,14 +11,15 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, ShareConsumer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
+from kshare.protocol.codes import ErrorCode
 from tests.harness.brokers import KafkaBroker
 from tests.harness.proxies import ProxyProcess
 from tests.harness.share import NONE, wait_until
 from tests.harness.tls import TlsMaterial
 
-TOPIC_AUTHORIZATION_FAILED = 29
-GROUP_AUTHORIZATION_FAILED = 30
-SASL_AUTHENTICATION_FAILED = 58
+TOPIC_AUTHORIZATION_FAILED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+GROUP_AUTHORIZATION_FAILED = ErrorCode.GROUP_AUTHORIZATION_FAILED
+SASL_AUTHENTICATION_FAILED = ErrorCode.SASL_AUTHENTICATION_FAILED
 
 # What Apache Kafka 4.4.0 answers (observed on the wire, ShareGroupHeartbeat v1, ShareFetch v1,
 # ShareAcknowledge v1, SaslAuthenticate v2), by scenario -> (top-level error, partition error or None).

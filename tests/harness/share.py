@@ -38,6 +38,7 @@ from confluent_kafka.admin import (
 from kshare.app import KShare
 from kshare.client import KafkaConnection
 from kshare.protocol import messages
+from kshare.protocol.codes import ApiKey, ErrorCode
 from kshare.proxy.config import ProxyConfig, parse_hostports
 from kshare.share.config import BrokerLimits
 from tests.harness.brokers import KafkaBroker
@@ -57,21 +58,24 @@ KAFKA4_TEST_LIMITS = {
 }
 HEARTBEAT_MS = 500  # share.heartbeat.interval.ms of the differential tests' groups: Kafka 4.4 assigns on a heartbeat
 
-# API keys, error codes and acknowledge types of the share-group RPCs the tests send themselves
-METADATA, HEARTBEAT, SHARE_FETCH, SHARE_ACK = 3, 76, 78, 79
-NONE = 0
-FIND_COORDINATOR = 10
-COORDINATOR_NOT_READY = (14, 15, 16)  # load in progress, not available, not coordinator
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INCONSISTENT_GROUP_PROTOCOL = 23
-UNKNOWN_MEMBER_ID = 25
-INVALID_CONFIG = 40
-INVALID_REQUEST = 42
-UNKNOWN_TOPIC_ID = 100
-FENCED_MEMBER_EPOCH = 110
-INVALID_RECORD_STATE = 121
-SHARE_SESSION_NOT_FOUND = 122
-INVALID_SHARE_SESSION_EPOCH = 123
+# API keys and error codes of the share-group RPCs the tests send themselves (from the specs), and
+# the acknowledge types
+METADATA, HEARTBEAT = ApiKey.METADATA, ApiKey.SHARE_GROUP_HEARTBEAT
+SHARE_FETCH, SHARE_ACK = ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE
+FIND_COORDINATOR = ApiKey.FIND_COORDINATOR
+NONE = ErrorCode.NONE
+COORDINATOR_NOT_READY = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                         ErrorCode.NOT_COORDINATOR)
+UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+INCONSISTENT_GROUP_PROTOCOL = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+UNKNOWN_MEMBER_ID = ErrorCode.UNKNOWN_MEMBER_ID
+INVALID_CONFIG = ErrorCode.INVALID_CONFIG
+INVALID_REQUEST = ErrorCode.INVALID_REQUEST
+UNKNOWN_TOPIC_ID = ErrorCode.UNKNOWN_TOPIC_ID
+FENCED_MEMBER_EPOCH = ErrorCode.FENCED_MEMBER_EPOCH
+INVALID_RECORD_STATE = ErrorCode.INVALID_RECORD_STATE
+SHARE_SESSION_NOT_FOUND = ErrorCode.SHARE_SESSION_NOT_FOUND
+INVALID_SHARE_SESSION_EPOCH = ErrorCode.INVALID_SHARE_SESSION_EPOCH
 ACCEPT, RELEASE, REJECT = 1, 2, 3
 
 
