@@ -1,7 +1,7 @@
 """Apache Kafka's own Java ``KafkaShareConsumer`` (kafka-clients 4.4) through kshare in front of Kafka 3.9.
 
 A second real client besides librdkafka: ``tests/java/ShareConsumerDriver.java``, built once per
-cache (Maven Central + javac, see ``share.java_share_driver``) and run as a child process
+cache (Maven Central + javac, see ``tests.harness.java.java_share_driver``) and run as a child process
 that prints one JSON line per record. One kshare runs for the module; each test has its own topic
 and share group.
 """
@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 
+from tests.harness.java import JavaShareConsumer, java_share_driver
 from tests.harness.share import (
-    JavaShareConsumer,
     newcomer_gets,
     produce,
     share_group,
@@ -26,7 +26,6 @@ from tests.harness.share import (
 @pytest.fixture(scope="session")
 def java_driver() -> list[str]:
     """The ShareConsumerDriver command line (built on first use, cached by content hash)."""
-    from tests.harness.share import java_share_driver
 
     return java_share_driver()
 

@@ -431,7 +431,7 @@ def test_native_share_authorization_error_codes(kafka44_secure: KafkaBroker):
 def test_native_java_share_consumer_with_acls(kafka44_secure: KafkaBroker, protocol):
     """Apache Kafka's Java KafkaShareConsumer (tests/java driver) reads as alice over TLS with
     ``java_client_config`` (SCRAM over SASL_SSL; the client certificate on SSL)."""
-    from tests.harness.share import JavaShareConsumer, java_share_driver
+    from tests.harness.java import JavaShareConsumer, java_share_driver
 
     broker = kafka44_secure
     topic, group, values, granted = _alice_may_read(broker, "j")

@@ -48,6 +48,7 @@ from kshare.client import KafkaConnection
 from kshare.protocol import messages
 from kshare.security import AuthenticationFailed, ClientSecurity
 from tests.harness.brokers import KafkaBroker
+from tests.harness.java import JavaShareConsumer, java_share_driver
 from tests.harness.proxies import ProxyProcess
 from tests.harness.security import (
     GROUP_AUTHORIZATION_FAILED,
@@ -64,10 +65,8 @@ from tests.harness.share import (
     COORDINATOR_NOT_READY,
     NONE,
     ConsumerLoop,
-    JavaShareConsumer,
     Raw,
     acquired,
-    java_share_driver,
     partitions,
     produce,
     values,
