@@ -52,17 +52,9 @@ BLOBS = [
 
 # Fixed-width values are unpacked from drawn bytes with exactly their wire format, so every value
 # of the type's range (int8 .. int64, uint16, uint32) is reachable and nothing outside it is.
-FIXED = {
-    "bool": ("B", 1),
-    "int8": ("b", 1),
-    "int16": ("h", 2),
-    "uint16": ("H", 2),
-    "int32": ("i", 4),
-    "uint32": ("I", 4),
-    "int64": ("q", 8),
-    "float64": ("d", 8),
-    "uuid": ("16s", 16),
-}
+_FORMATS = {"bool": "B", "int8": "b", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I", "int64": "q",
+            "float64": "d", "uuid": "16s"}
+FIXED = {t: (fmt, struct.calcsize(">" + fmt)) for t, fmt in _FORMATS.items()}  # type -> (format, size)
 
 
 FIXED_ELEMENT = {

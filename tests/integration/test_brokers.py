@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import AcknowledgeType, Consumer, KafkaError, Producer, ShareConsumer
+from confluent_kafka import AcknowledgeType, KafkaError, Producer, ShareConsumer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from tests.harness.brokers import KafkaBroker
+from tests.harness.clients import confluent_consume
 
 
 def _produce(bootstrap: str, topic: str, n: int, partitions: int) -> list[bytes]:
@@ -28,51 +29,23 @@ def _produce(bootstrap: str, topic: str, n: int, partitions: int) -> list[bytes]
     return values
 
 
-def _consume(bootstrap: str, topic: str, group: str, n: int, timeout: float = 60.0):
-    # Tansu answers a JoinGroup only after about half the session timeout: keep it short.
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1000,
-        }
-    )
-    consumer.subscribe([topic])
-    messages = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(messages) < n and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            messages.append(msg)
-        if messages:
-            consumer.commit(asynchronous=False)
-    finally:
-        consumer.close()
-    return messages
-
-
 def test_produce_consume_round_trip(upstream, topic_name):
     partitions = 3
     upstream.create_topic(topic_name, partitions=partitions)
     values = _produce(upstream.bootstrap, topic_name, 30, partitions)
 
-    messages = _consume(upstream.bootstrap, topic_name, f"g-{topic_name}", len(values))
+    # (Tansu answers a JoinGroup only after about half the session timeout: the harness keeps it short)
+    messages = confluent_consume(upstream.bootstrap, topic_name, f"g-{topic_name}", len(values)).records
 
-    assert sorted(m.value() for m in messages) == sorted(values)
+    assert sorted(m.value for m in messages) == sorted(values)
     for m in messages:
-        i = int(m.value().split(b"-")[1])
-        assert m.key() == f"key-{i}".encode()
-        assert m.partition() == i % partitions
-        assert m.topic() == topic_name
+        i = int(m.value.split(b"-")[1])
+        assert m.key == f"key-{i}".encode()
+        assert m.partition == i % partitions
+        assert m.topic == topic_name
     by_partition: dict[int, list[int]] = {}
     for m in messages:
-        by_partition.setdefault(m.partition(), []).append(m.offset())
+        by_partition.setdefault(m.partition, []).append(m.offset)
     assert {p: sorted(o) for p, o in by_partition.items()} == {p: list(range(10)) for p in range(partitions)}
     assert all(offsets == sorted(offsets) for offsets in by_partition.values())
 
@@ -94,8 +67,8 @@ def test_kafka_restart_keeps_data_and_port(broker_factory, topic_name):
     broker.restart(hard=True)  # SIGKILL, then start on the same directory
 
     assert broker.port == port and broker.running
-    messages = _consume(broker.bootstrap, topic_name, "after-restart", len(values))
-    assert [m.value() for m in messages] == values
+    messages = confluent_consume(broker.bootstrap, topic_name, "after-restart", len(values)).records
+    assert [m.value for m in messages] == values
 
 
 def test_kafka4_share_group_round_trip(kafka4, topic_name):
