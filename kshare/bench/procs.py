@@ -236,11 +236,17 @@ def kshare_env() -> dict[str, str]:
 
 class ProxyProcess(Child):
     """``python -m kshare proxy --upstream UPSTREAM`` on free ports, a state topic of its own and a
-    metrics port; ``extra`` are more ``kshare proxy`` arguments (``kshare bench --proxy-arg``).
+    metrics port; ``extra`` are more ``kshare proxy`` arguments (``kshare bench --proxy-arg``; a
+    later option overrides an earlier one, e.g. ``--state-topic``).
 
     ``upstream=None``: no ``--upstream``, so the proxy starts its embedded broker (``extra`` may say
     which, ``--embedded``, and where, ``--data-dir``) and keeps the default state topic, as a user's
-    proxy does; ``env`` adds to its environment (e.g. ``KSHARE_CACHE``)."""
+    proxy does; ``env`` adds to its environment (e.g. ``KSHARE_CACHE``).
+
+    For the tests' launcher (``tests/harness/proxies.py``): ``port`` (0: a free one), ``metrics``
+    (a metrics port or none), ``limits`` (the ``--group-limit`` s), ``ready`` (the line it is ready
+    at; default: its share state loaded, or with ``--no-share-groups`` its upstream known) and
+    ``keep_lines`` (see :class:`Child`)."""
 
     def __init__(
         self,
@@ -250,21 +256,29 @@ class ProxyProcess(Child):
         name: str = "kshare",
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
+        port: int = 0,
+        metrics: bool = True,
+        limits: tuple[str, ...] = KSHARE_LIMITS,
+        ready: str | None = None,
+        keep_lines: int | None = 5000,
     ) -> None:
-        self.port = free_port()
-        self.metrics_port = free_port()
+        self.port = port or free_port()
+        self.metrics_port = free_port() if metrics else 0
         cmd = [sys.executable, "-m", "kshare", "proxy"]
         if upstream is not None:
             cmd += ["--upstream", upstream]
         cmd += ["--port", str(self.port), "--broker-port-base", "0"]
         if upstream is not None:
             cmd += ["--state-topic", f"__kshare_bench_{uuid.uuid4().hex[:8]}", "--state-topic-partitions", "1"]
-        cmd += ["--metrics-port", str(self.metrics_port)]
-        for limit in KSHARE_LIMITS:
+        if metrics:
+            cmd += ["--metrics-port", str(self.metrics_port)]
+        for limit in limits:
             cmd += ["--group-limit", limit]
         cmd += list(extra)
-        ready = r"upstream cluster has \d+ broker" if "--no-share-groups" in extra else r"share state loaded"
-        super().__init__(name, cmd, ready, env={**kshare_env(), **(env or {})}, log_path=log_path)
+        if ready is None:
+            ready = r"upstream cluster has \d+ broker" if "--no-share-groups" in extra else r"share state loaded"
+        super().__init__(name, cmd, ready, env={**kshare_env(), **(env or {})}, log_path=log_path,
+                         keep_lines=keep_lines)
 
     @property
     def bootstrap(self) -> str:

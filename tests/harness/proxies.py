@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +18,8 @@ from concurrent.futures import Future
 from typing import Any, Self
 
 from kshare.bench.brokers import KafkaBroker
-from kshare.bench.procs import Child, free_port, kshare_env
+from kshare.bench.procs import ProxyProcess as BenchProxyProcess
+from kshare.bench.procs import free_port
 from kshare.proxy.config import ProxyConfig, parse_hostports
 from kshare.proxy.server import Proxy
 
@@ -136,20 +136,15 @@ class ProxyThread(LoopThread):
         return self.proxy
 
 
-class ProxyProcess(Child):
-    """``python -m kshare proxy ARGS`` as a child process (for signals, crashes and the CLI itself),
-    on a free (or the given) bootstrap port: the bench's launcher (:class:`kshare.bench.procs.Child`)
-    with every line of output kept. Ready once it knows the upstream cluster."""
+class ProxyProcess(BenchProxyProcess):
+    """``python -m kshare proxy --port P --broker-port-base 0 ARGS`` as a child process (for signals,
+    crashes and the CLI itself), on a free (or the given) bootstrap port: the bench's launcher with
+    nothing added to ``ARGS`` (no metrics port, no group limits, no state topic) and every line of
+    output kept. Ready once it knows the upstream cluster."""
 
     def __init__(self, *args: str, port: int = 0, env: dict | None = None) -> None:
-        self.port = port or free_port()
-        self.args = ["proxy", "--port", str(self.port), "--broker-port-base", "0", *args]
-        super().__init__("kshare", [sys.executable, "-m", "kshare", *self.args], r"upstream cluster has \d+ broker",
-                         env={**kshare_env(), **(env or {})}, keep_lines=None)
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        super().__init__(None, args, port=port, env=env, metrics=False, limits=(),
+                         ready=r"upstream cluster has \d+ broker", keep_lines=None)
 
     @property
     def process(self) -> subprocess.Popen[str] | None:
