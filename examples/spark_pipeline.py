@@ -36,8 +36,9 @@ from confluent_kafka.admin import (
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from kshare.clients.admin import ShareGroupAdmin
+from kshare.clients.settings import parse_bootstrap
 from kshare.spark import register, reject
-from kshare.tools.admin_client import ShareGroupAdmin, parse_bootstrap
 
 
 def prepare(bootstrap: str, topic: str, group: str, jobs: int, poison: int) -> None:

@@ -16,7 +16,8 @@ import click
 # the commands that run them, so that ``kshare groups``, ``consume``, ``produce`` and ``--help`` start
 # without loading them.
 from . import __version__
-from .proxy.config import ProxyConfig, parse_hostports
+from .addresses import parse_hostports
+from .proxy.config import ProxyConfig
 
 
 class JsonFormatter(logging.Formatter):

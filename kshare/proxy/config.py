@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from ..addresses import parse_hostports as parse_hostports  # re-exported: the CLI and tests import it here
 from ..security import ClientSecurity
 from .tls import TLSFiles
 

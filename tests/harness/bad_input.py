@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kshare.client import KafkaConnection
+from kshare.clients.connection import KafkaConnection
 from kshare.protocol import messages
 from kshare.protocol.codes import ErrorCode
 

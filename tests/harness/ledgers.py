@@ -24,8 +24,8 @@ from kshare.bench.ledgers import (  # noqa: F401 - re-exported for the tests
     error_name,
     judge,
 )
-from kshare.client import KafkaConnection
-from kshare.tools.admin_client import ShareGroupAdmin
+from kshare.clients.admin import ShareGroupAdmin
+from kshare.clients.connection import KafkaConnection
 from tests.harness.share import quiet_logger, topic_id
 
 log = logging.getLogger("kshare.tests.ledgers")

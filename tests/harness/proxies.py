@@ -17,10 +17,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Self
 
+from kshare.addresses import parse_hostports
 from kshare.bench.brokers import KafkaBroker
 from kshare.bench.procs import ProxyProcess as BenchProxyProcess
 from kshare.bench.procs import free_port
-from kshare.proxy.config import ProxyConfig, parse_hostports
+from kshare.proxy.config import ProxyConfig
 from kshare.proxy.server import Proxy
 
 

@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from kshare.bench.procs import http_get, proxy_ready
-from kshare.share import state_codec as sc
+from kshare.share.state import codec as sc
 from kshare.share.store import SharePartitionKey
 from tests.harness.brokers import KafkaBroker, free_port
 from tests.harness.ledgers import (

@@ -33,11 +33,12 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from kshare.addresses import parse_hostports
 from kshare.app import KShare
-from kshare.client import KafkaConnection
+from kshare.clients.connection import KafkaConnection
 from kshare.protocol import messages
 from kshare.protocol.codes import ApiKey, ErrorCode
-from kshare.proxy.config import ProxyConfig, parse_hostports
+from kshare.proxy.config import ProxyConfig
 from kshare.share.config import BrokerLimits
 from tests.harness.brokers import KafkaBroker
 from tests.harness.proxies import LoopThread

@@ -47,9 +47,9 @@ from typing import Any
 import pytest
 from confluent_kafka import AcknowledgeType, Producer
 
-from kshare.client import KafkaConnection
+from kshare.clients.connection import KafkaConnection
 from kshare.protocol import messages
-from kshare.share import state_codec as sc
+from kshare.share.state import codec as sc
 from kshare.share.states import ShareSnapshot, ShareUpdate
 from kshare.share.store import SharePartitionKey
 from tests.harness.brokers import KafkaBroker
@@ -536,7 +536,8 @@ def test_state_writes_heal_after_an_outage_longer_than_the_write_timeout(broker_
     that partition then failed with OutOfOrderSequenceNumber, forever. The store now replaces the
     producer, so writes succeed again within seconds of the restart, and a replay of the topic
     gives exactly the state the store holds."""
-    from kshare.share.state_topic import StateWriteError, TopicStateStore
+    from kshare.share.state.errors import StateWriteError
+    from kshare.share.state.topic_store import TopicStateStore
 
     broker = broker_factory("kafka39")
     tid = uuid.uuid4().bytes
@@ -621,7 +622,7 @@ def test_group_configs_while_the_state_loads(kafka39, group, state_topic):
 
 async def _seed_slow_load(bootstrap: str, state_topic: str, n: int) -> None:
     """``n`` share-partitions of another group with 2,000 single-record state ranges each."""
-    from kshare.share.state_topic import TopicStateStore
+    from kshare.share.state.topic_store import TopicStateStore
     from kshare.share.states import StateBatch
 
     snapshot = ShareSnapshot(0, tuple(StateBatch(o, o, AVAILABLE if o % 2 else ACKNOWLEDGED, 1 + o % 3)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kshare.client import KafkaConnection
+from kshare.clients.connection import KafkaConnection
 from kshare.protocol import messages
 from tests.harness.bad_input import (
     PROXY_LOGGER,

@@ -86,7 +86,7 @@ def test_a_new_owner_fences_the_previous_one(kafka39: KafkaBroker) -> None:
     them committed) and a read_committed replay sees exactly what was committed."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from kshare.share.state_fence import Fenced, PartitionWriter
+    from kshare.share.state.fence import Fenced, PartitionWriter
 
     topic = f"state-{uuid.uuid4().hex[:8]}"
     kafka39.create_topic(topic, 2)
@@ -139,8 +139,9 @@ def test_a_store_claims_partitions_and_fences_the_previous_owner(kafka39: KafkaB
     state; B claims partition 1: it replays what A committed there, A's next write to it fails
     (fenced, and A is told), A's writes to partition 0 go on, and after A releases partition 1 it
     no longer holds that state."""
-    from kshare.share.state_codec import partition_for
-    from kshare.share.state_topic import StateWriteError, TopicStateStore
+    from kshare.share.state.codec import partition_for
+    from kshare.share.state.errors import StateWriteError
+    from kshare.share.state.topic_store import TopicStateStore
     from kshare.share.states import ShareSnapshot
     from kshare.share.store import GroupRecord, SharePartitionKey
 

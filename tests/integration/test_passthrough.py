@@ -31,7 +31,7 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from kshare.client import KafkaConnection
+from kshare.clients.connection import KafkaConnection
 from kshare.protocol import messages
 from kshare.proxy import filters
 from tests.harness import clients

@@ -41,9 +41,9 @@ from typing import Any
 
 import pytest
 
+from kshare.clients.admin import ShareGroupAdmin
 from kshare.proxy.virtual import split_node
-from kshare.share import state_codec as sc
-from kshare.tools.admin_client import ShareGroupAdmin
+from kshare.share.state import codec as sc
 from tests.harness.brokers import KafkaBroker
 from tests.harness.ledgers import (
     GROUP_CONFIGS,

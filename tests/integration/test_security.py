@@ -44,7 +44,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from kshare.client import KafkaConnection
+from kshare.clients.connection import KafkaConnection
 from kshare.protocol import messages
 from kshare.security import AuthenticationFailed, ClientSecurity
 from tests.harness.brokers import KafkaBroker

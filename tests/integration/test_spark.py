@@ -294,7 +294,8 @@ def test_the_query_fails_at_start_on_a_cluster_that_drops_its_metadata(spark, ks
 
 def _start_offset(bootstrap: str, group: str, topic: str) -> int | None:
     """The share-partition start offset of partition 0 (DescribeShareGroupOffsets through kshare)."""
-    from kshare.tools.admin_client import ShareGroupAdmin, parse_bootstrap
+    from kshare.clients.admin import ShareGroupAdmin
+    from kshare.clients.settings import parse_bootstrap
 
     async def ask():
         async with ShareGroupAdmin(parse_bootstrap(bootstrap)) as admin:

@@ -153,7 +153,7 @@ def test_the_state_store_replays_a_last_batch_of_several_records(tansu: TansuBro
     import uvloop
 
     from kshare.security import ClientSecurity
-    from kshare.share.state_topic import TopicStateStore
+    from kshare.share.state.topic_store import TopicStateStore
     from kshare.share.states import ShareSnapshot
     from kshare.share.store import SharePartitionKey
     from kshare.share.upstream_checks import UpstreamChecks, check_upstream

@@ -194,7 +194,7 @@ def test_not_started_and_stopped() -> None:
 
 
 def test_the_clients_layer_imports_neither_proxy_nor_engine() -> None:
-    code = ("import sys, kshare; from kshare import AIOShareConsumer; import kshare.tools.share_member; "
+    code = ("import sys, kshare; from kshare import AIOShareConsumer; import kshare.clients.share_member; "
             "bad = sorted(m for m in sys.modules if m.startswith(('kshare.proxy', 'kshare.share', 'kshare.app'))); "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -15,7 +15,7 @@ from kshare.share.ownership import (
     plan_claims,
     state_partition_of,
 )
-from kshare.share.state_codec import partition_for_group
+from kshare.share.state.codec import partition_for_group
 
 
 def cand(member: str, owned: list[int] | None = None, slot: int = -1, epoch: int = 0) -> Candidate:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+from kshare.clients.share_member import ACCEPT, Acquired
 from kshare.spark.commits import Marker
 from kshare.spark.options import Options
 from kshare.spark.worker import Holding, MemberHost, Tag
-from kshare.tools.share_member import ACCEPT, Acquired
 
 
 class FakeMember:

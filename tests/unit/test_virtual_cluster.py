@@ -17,7 +17,7 @@ from kshare.proxy import rewrite
 from kshare.proxy.server import TopicRegistry
 from kshare.proxy.virtual import ClusterView, Peer, split_node, virtual_node
 from kshare.share.ownership import Candidate, GroupOwnership, Instance, assign
-from kshare.share.state_codec import partition_for_group, state_partition_of
+from kshare.share.state.codec import partition_for_group, state_partition_of
 
 Metadata = messages.message_class("MetadataResponse")
 FindCoordinator = messages.message_class("FindCoordinatorResponse")
