@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..format import COLORS, fmt_num, fmt_ratio, table
 from .common import (
-    Scenario,
     alternate,
     median,
     pct,
+    scenario,
     target,
 )
 
@@ -294,11 +294,7 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="ack",
-    title='ShareAcknowledge round trip with concurrent members',
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    'ShareAcknowledge round trip with concurrent members',
 )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..format import bars, fmt_num, fmt_ratio, fmt_size, table
 from ..procs import load
-from .common import KAFKA4, UPSTREAM, Scenario, alternate, median, per_round, target
+from .common import KAFKA4, UPSTREAM, alternate, median, per_round, scenario, target
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -240,13 +240,9 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 # runs of 1-3 s, 12 configurations a repeat (2 sizes x 3 clients x kshare and native 4.4), alternated; about
 # 6 minutes with 5 repeats
 SIZES = ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 40_000, 1024: 20_000}})
-SCENARIO = Scenario(
-    name="aioconsumer",
-    title="kshare.AIOShareConsumer vs confluent-kafka's ShareConsumer: one consumer's records/s",
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    "kshare.AIOShareConsumer vs confluent-kafka's ShareConsumer: one consumer's records/s",
     needs=frozenset({UPSTREAM, KAFKA4}),
     opt_in=True,  # one figure for the docs rather than a regression watch
     default_repeats=5,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..drain import DrainResult, drain
 from ..format import fmt_num, fmt_ratio, table
-from .common import KAFKA4, UPSTREAM, Scenario, alternate, median
+from .common import KAFKA4, UPSTREAM, alternate, median, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -114,12 +114,9 @@ def section(res: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-SCENARIO = Scenario(
-    name="balance",
-    title="Balance: the drain ratio of share groups' members, kshare vs native Kafka 4.4",
-    run=run,
-    sizes=SIZES,
-    section=section,
+SCENARIO = scenario(
+    __name__,
+    "Balance: the drain ratio of share groups' members, kshare vs native Kafka 4.4",
     needs=frozenset({UPSTREAM, KAFKA4}),
     opt_in=True,  # about 15 minutes with 100-consumer fairness cases
 )

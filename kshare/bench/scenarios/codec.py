@@ -42,7 +42,7 @@ from ...protocol.codegen import codec_for
 from ...protocol.messages import message_class
 from ...protocol.spec import load_spec
 from ..format import fmt_num, table
-from .common import Scenario
+from .common import scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -407,12 +407,9 @@ def section(res: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-SCENARIO = Scenario(
-    name="codec",
-    title="kshare's protocol codec vs kafka-python 3's: messages decoded and encoded per second",
-    run=run,
-    sizes=SIZES,
-    section=section,
+SCENARIO = scenario(
+    __name__,
+    "kshare's protocol codec vs kafka-python 3's: messages decoded and encoded per second",
     needs=frozenset(),
     opt_in=True,
     default_repeats=5,

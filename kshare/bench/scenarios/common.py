@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,3 +85,12 @@ def cache_budget_mb(proxy_args: list[str], default: int) -> int:
         if a.startswith("--record-cache-mb="):
             return int(a.split("=", 1)[1])
     return default
+
+
+def scenario(module: str, title: str, **options: Any) -> Scenario:
+    """The :class:`Scenario` of the scenario module named ``module`` (its ``__name__``), from the names every
+    scenario module defines: ``run``, ``SIZES``, ``section`` and, when it draws one, ``plot``; ``options`` are
+    the other fields (``needs``, ``opt_in``, repeats). Called last in the module, so all of them exist."""
+    m = sys.modules[module]
+    return Scenario(name=module.rpartition(".")[2], title=title, run=m.run, sizes=m.SIZES,
+                    section=getattr(m, "section", None), plot=getattr(m, "plot", None), **options)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ..format import COLORS, fmt_num, fmt_size, table
 from . import passthrough, share
 from .common import (
-    Scenario,
+    scenario,
     target,
 )
 
@@ -123,12 +123,8 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="cpu",
-    title='Proxy CPU per MB/s delivered',
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    'Proxy CPU per MB/s delivered',
     uses_earlier=True,
 )

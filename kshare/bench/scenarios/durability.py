@@ -61,7 +61,7 @@ from ...share.store import GroupRecord, SharePartitionKey
 from .. import clients
 from ..format import fmt_num, fmt_pct, table
 from ..procs import ProxyProcess, cpu_seconds
-from .common import UPSTREAM, Scenario, pct
+from .common import UPSTREAM, pct, scenario
 from .state_store import topic_bytes_on_disk, worst_case_snapshot
 
 if TYPE_CHECKING:
@@ -461,12 +461,9 @@ def section(res: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-SCENARIO = Scenario(
-    name="durability",
-    title="Durable acknowledgements through kshare: latency vs a Produce, state-topic bytes, recovery",
-    run=run,
-    sizes=SIZES,
-    section=section,
+SCENARIO = scenario(
+    __name__,
+    "Durable acknowledgements through kshare: latency vs a Produce, state-topic bytes, recovery",
     needs=frozenset({UPSTREAM}),
     opt_in=True,
     repeats=False,

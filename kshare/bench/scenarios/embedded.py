@@ -17,8 +17,8 @@ from ..format import COLORS, fmt_num, log_label, table
 from ..procs import ProxyProcess
 from .common import (
     KAFKA4,
-    Scenario,
     median,
+    scenario,
     target,
 )
 from .latency import timed_run
@@ -351,13 +351,9 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="embedded",
-    title='kshare on its embedded broker (no --upstream) vs native Kafka 4.4: latency over time, time to ready',
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    'kshare on its embedded broker (no --upstream) vs native Kafka 4.4: latency over time, time to ready',
     needs=frozenset({KAFKA4}),
     opt_in=True,  # 25 minutes of its own
     repeats=False,

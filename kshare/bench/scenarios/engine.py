@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ...share.partition import AcquireMode, FetchedBatch, SharePartition
 from ...share.record_keys import key_hash
 from ..format import fmt_num, table
-from .common import Scenario
+from .common import scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -331,12 +331,9 @@ def section(res: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-SCENARIO = Scenario(
-    name="engine",
-    title="The share-partition engine alone: acquire + accept, key order, memory",
-    run=run,
-    sizes=SIZES,
-    section=section,
+SCENARIO = scenario(
+    __name__,
+    "The share-partition engine alone: acquire + accept, key order, memory",
     needs=frozenset(),
     opt_in=True,
     max_repeats=3,

@@ -23,7 +23,7 @@ from ..three_nodes import ThreeNodeCluster
 from .common import (
     KAFKA3,
     KAFKA4,
-    Scenario,
+    scenario,
     target,
 )
 from .failover_analysis import failover_analysis, log_levels, overlap_max, timeline
@@ -688,13 +688,9 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="failover",
-    title='Failover: three brokers restarted one by one and one killed under share consumers, kshare (Kafka 3.9) vs native Kafka 4.4',
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    'Failover: three brokers restarted one by one and one killed under share consumers, kshare (Kafka 3.9) vs native Kafka 4.4',
     needs=frozenset({KAFKA3, KAFKA4}),
     opt_in=True,  # about 7 minutes: two three-node clusters of their own, one after the other
     repeats=False,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import clients
 from ..format import fmt_num, fmt_ratio, table
-from .common import UPSTREAM, Scenario, alternate, median
+from .common import UPSTREAM, alternate, median, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -217,12 +217,9 @@ def section(res: dict[str, Any]) -> list[str]:
     return out + ["", f"Key-ordered / unordered, records/s: {fmt_ratio(res.get('key_vs_none'))}.", ""]
 
 
-SCENARIO = Scenario(
-    name="key_order",
-    title="Key-ordered sharing end to end: records/s and consumers busy, key-ordered vs unordered",
-    run=run,
-    sizes=SIZES,
-    section=section,
+SCENARIO = scenario(
+    __name__,
+    "Key-ordered sharing end to end: records/s and consumers busy, key-ordered vs unordered",
     needs=frozenset({UPSTREAM}),
     opt_in=True,
 )

@@ -16,10 +16,10 @@ from ..format import COLORS, fmt_num, table
 from .common import (
     KAFKA4,
     UPSTREAM,
-    Scenario,
     alternate,
     median,
     pct,
+    scenario,
     target,
 )
 
@@ -390,12 +390,8 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="latency",
-    title='End-to-end latency at a fixed rate',
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    'End-to-end latency at a fixed rate',
     needs=frozenset({UPSTREAM, KAFKA4}),
 )

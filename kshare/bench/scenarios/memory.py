@@ -14,8 +14,8 @@ from ..format import COLORS, fmt_num, table
 from ..procs import ProxyProcess, cpu_seconds, rss_bytes
 from .common import (
     MEMORY_OVERHEAD_MB,
-    Scenario,
     cache_budget_mb,
+    scenario,
     target,
 )
 
@@ -279,12 +279,8 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="memory",
-    title='Proxy memory with many share-partitions and connections',
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    'Proxy memory with many share-partitions and connections',
     repeats=False,
 )

@@ -9,10 +9,10 @@ from .. import clients
 from ..format import bars, fmt_num, fmt_ratio, fmt_records, fmt_size, table
 from ..procs import cpu_seconds
 from .common import (
-    Scenario,
     alternate,
     median,
     per_round,
+    scenario,
     target,
 )
 
@@ -163,13 +163,9 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="passthrough",
-    title='Pass-through produce and consume: direct, bare relay, kshare',
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    'Pass-through produce and consume: direct, bare relay, kshare',
     # single runs of the same configuration spread +-15 % on the project's shared 2-core machine (the broker,
     # the client and the proxy share 2 cores), and a classic consumer's runs took one of two rates (600,000
     # x 100 B in 2.3 or 3.3 s, direct as well as through the relay or kshare; librdkafka's fetch queue

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ...share.record_keys import batch_keys
 from ...share.records import HEADER_SIZE, split_batches
 from ..format import fmt_num, fmt_size, table
-from .common import Scenario
+from .common import scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -214,12 +214,9 @@ def section(res: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-SCENARIO = Scenario(
-    name="record_keys",
-    title="Record keys read out of fetched batches, per codec",
-    run=run,
-    sizes=SIZES,
-    section=section,
+SCENARIO = scenario(
+    __name__,
+    "Record keys read out of fetched batches, per codec",
     needs=frozenset(),
     opt_in=True,
     max_repeats=3,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..format import fmt_num
 from ..procs import cpu_seconds, load
-from .common import UPSTREAM, Scenario
+from .common import UPSTREAM, scenario
 from .instance_group import Upstream, bootstrap_of, leaders, log, start_service, upstream_of
 
 if TYPE_CHECKING:
@@ -302,13 +302,9 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="scale_out",
-    title="Scale-out: 1-3 kshare proxies as one instance group, throughput and the CPU split",
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    "Scale-out: 1-3 kshare proxies as one instance group, throughput and the CPU split",
     needs=frozenset({UPSTREAM}),
     opt_in=True,  # about 10 minutes
     max_repeats=3,

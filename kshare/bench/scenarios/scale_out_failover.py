@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import clients
 from ..procs import load
-from .common import UPSTREAM, Scenario, target
+from .common import UPSTREAM, scenario, target
 from .instance_group import (
     Upstream,
     bootstrap_of,
@@ -472,13 +472,9 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="scale_out_failover",
-    title="Scale-out failover: one of 3 kshare proxies SIGKILLed under share consumers",
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    "Scale-out failover: one of 3 kshare proxies SIGKILLed under share consumers",
     needs=frozenset({UPSTREAM}),
     opt_in=True,  # 2-3 minutes a run: 7 runs in a full run
     repeats=False,

@@ -14,9 +14,9 @@ from ..format import COLORS, bars, fmt_num, fmt_pct, table
 from .common import (
     KAFKA4,
     UPSTREAM,
-    Scenario,
     alternate,
     median,
+    scenario,
 )
 
 if TYPE_CHECKING:
@@ -330,13 +330,9 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="scaling",
-    title='Scaling past partitions: 5 ms of work per record',
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    'Scaling past partitions: 5 ms of work per record',
     max_repeats=1,  # long runs that alternate anyway
     needs=frozenset({UPSTREAM, KAFKA4}),
 )

@@ -34,7 +34,7 @@ from ...protocol.codes import ApiKey
 from .. import clients
 from ..format import fmt_num, fmt_ratio, fmt_size, table
 from ..procs import ProxyProcess
-from .common import UPSTREAM, Scenario, alternate, median, pct
+from .common import UPSTREAM, alternate, median, pct, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -239,12 +239,9 @@ def section(res: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-SCENARIO = Scenario(
-    name="security",
-    title="What TLS listeners and the authorization check cost",
-    run=run,
-    sizes=SIZES,
-    section=section,
+SCENARIO = scenario(
+    __name__,
+    "What TLS listeners and the authorization check cost",
     needs=frozenset({UPSTREAM}),
     opt_in=True,  # figures for the docs (docs: security), not a regression watch
 )

@@ -20,9 +20,9 @@ from ..procs import _die_with_parent, kshare_env
 from .common import (
     PYSPARK,
     UPSTREAM,
-    Scenario,
     alternate,
     median,
+    scenario,
     target,
 )
 
@@ -455,13 +455,9 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     return fig
 
 
-SCENARIO = Scenario(
-    name="spark",
-    title="The kshare PySpark source vs Spark's own Kafka source: 5 ms of work per record",
-    run=run,
-    sizes=SIZES,
-    section=section,
-    plot=plot,
+SCENARIO = scenario(
+    __name__,
+    "The kshare PySpark source vs Spark's own Kafka source: 5 ms of work per record",
     needs=frozenset({UPSTREAM, PYSPARK}),
     opt_in=True,  # about 25 minutes; needs pyspark, and Spark's Kafka source from Maven Central
 )

@@ -37,7 +37,7 @@ from ...share.state.replay import LoadStats, RecordReplay
 from ...share.states import ShareUpdate, StateBatch
 from ...share.store import SharePartitionKey
 from ..format import fmt_num, fmt_ratio, table
-from .common import Scenario
+from .common import scenario
 from .state_store import worst_case_snapshot
 
 if TYPE_CHECKING:
@@ -144,12 +144,9 @@ def section(res: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-SCENARIO = Scenario(
-    name="state_replay",
-    title="The state store's recovery in memory: state records encoded, decoded and replayed",
-    run=run,
-    sizes=SIZES,
-    section=section,
+SCENARIO = scenario(
+    __name__,
+    "The state store's recovery in memory: state records encoded, decoded and replayed",
     needs=frozenset(),
     opt_in=True,
     max_repeats=3,

@@ -43,7 +43,7 @@ from ...share.states import ShareSnapshot, ShareUpdate, StateBatch
 from ...share.store import SharePartitionKey
 from .. import clients
 from ..format import fmt_num, table
-from .common import UPSTREAM, Scenario
+from .common import UPSTREAM, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -282,12 +282,9 @@ def section(res: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-SCENARIO = Scenario(
-    name="state_store",
-    title="The state store: bytes on the state topic per million accepted records, recovery time",
-    run=run,
-    sizes=SIZES,
-    section=section,
+SCENARIO = scenario(
+    __name__,
+    "The state store: bytes on the state topic per million accepted records, recovery time",
     needs=frozenset({UPSTREAM}),
     opt_in=True,
     repeats=False,
