@@ -295,6 +295,5 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 
 
 SCENARIO = scenario(
-    __name__,
-    'ShareAcknowledge round trip with concurrent members',
+    __name__, 'ShareAcknowledge round trip with concurrent members',
 )

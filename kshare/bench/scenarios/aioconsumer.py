@@ -241,8 +241,7 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 # 6 minutes with 5 repeats
 SIZES = ({"records": {100: 300_000, 1024: 150_000}}, {"records": {100: 40_000, 1024: 20_000}})
 SCENARIO = scenario(
-    __name__,
-    "kshare.AIOShareConsumer vs confluent-kafka's ShareConsumer: one consumer's records/s",
+    __name__, "kshare.AIOShareConsumer vs confluent-kafka's ShareConsumer: one consumer's records/s",
     needs=frozenset({UPSTREAM, KAFKA4}),
     opt_in=True,  # one figure for the docs rather than a regression watch
     default_repeats=5,

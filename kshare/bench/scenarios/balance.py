@@ -115,8 +115,7 @@ def section(res: dict[str, Any]) -> list[str]:
 
 
 SCENARIO = scenario(
-    __name__,
-    "Balance: the drain ratio of share groups' members, kshare vs native Kafka 4.4",
+    __name__, "Balance: the drain ratio of share groups' members, kshare vs native Kafka 4.4",
     needs=frozenset({UPSTREAM, KAFKA4}),
     opt_in=True,  # about 15 minutes with 100-consumer fairness cases
 )

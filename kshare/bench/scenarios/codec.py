@@ -408,9 +408,6 @@ def section(res: dict[str, Any]) -> list[str]:
 
 
 SCENARIO = scenario(
-    __name__,
-    "kshare's protocol codec vs kafka-python 3's: messages decoded and encoded per second",
-    needs=frozenset(),
-    opt_in=True,
-    default_repeats=5,
+    __name__, "kshare's protocol codec vs kafka-python 3's: messages decoded and encoded per second",
+    needs=frozenset(), opt_in=True, default_repeats=5,
 )

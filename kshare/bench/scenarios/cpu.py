@@ -124,7 +124,6 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 
 
 SCENARIO = scenario(
-    __name__,
-    'Proxy CPU per MB/s delivered',
+    __name__, 'Proxy CPU per MB/s delivered',
     uses_earlier=True,
 )

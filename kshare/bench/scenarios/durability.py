@@ -462,9 +462,6 @@ def section(res: dict[str, Any]) -> list[str]:
 
 
 SCENARIO = scenario(
-    __name__,
-    "Durable acknowledgements through kshare: latency vs a Produce, state-topic bytes, recovery",
-    needs=frozenset({UPSTREAM}),
-    opt_in=True,
-    repeats=False,
+    __name__, "Durable acknowledgements through kshare: latency vs a Produce, state-topic bytes, recovery",
+    needs=frozenset({UPSTREAM}), opt_in=True, repeats=False,
 )

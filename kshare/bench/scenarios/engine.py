@@ -332,9 +332,6 @@ def section(res: dict[str, Any]) -> list[str]:
 
 
 SCENARIO = scenario(
-    __name__,
-    "The share-partition engine alone: acquire + accept, key order, memory",
-    needs=frozenset(),
-    opt_in=True,
-    max_repeats=3,
+    __name__, "The share-partition engine alone: acquire + accept, key order, memory",
+    needs=frozenset(), opt_in=True, max_repeats=3,
 )

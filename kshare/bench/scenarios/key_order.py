@@ -218,8 +218,6 @@ def section(res: dict[str, Any]) -> list[str]:
 
 
 SCENARIO = scenario(
-    __name__,
-    "Key-ordered sharing end to end: records/s and consumers busy, key-ordered vs unordered",
-    needs=frozenset({UPSTREAM}),
-    opt_in=True,
+    __name__, "Key-ordered sharing end to end: records/s and consumers busy, key-ordered vs unordered",
+    needs=frozenset({UPSTREAM}), opt_in=True,
 )

@@ -391,7 +391,6 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 
 
 SCENARIO = scenario(
-    __name__,
-    'End-to-end latency at a fixed rate',
+    __name__, 'End-to-end latency at a fixed rate',
     needs=frozenset({UPSTREAM, KAFKA4}),
 )

@@ -280,7 +280,6 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 
 
 SCENARIO = scenario(
-    __name__,
-    'Proxy memory with many share-partitions and connections',
+    __name__, 'Proxy memory with many share-partitions and connections',
     repeats=False,
 )

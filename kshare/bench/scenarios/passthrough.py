@@ -164,8 +164,7 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 
 
 SCENARIO = scenario(
-    __name__,
-    'Pass-through produce and consume: direct, bare relay, kshare',
+    __name__, 'Pass-through produce and consume: direct, bare relay, kshare',
     # single runs of the same configuration spread +-15 % on the project's shared 2-core machine (the broker,
     # the client and the proxy share 2 cores), and a classic consumer's runs took one of two rates (600,000
     # x 100 B in 2.3 or 3.3 s, direct as well as through the relay or kshare; librdkafka's fetch queue

@@ -215,9 +215,6 @@ def section(res: dict[str, Any]) -> list[str]:
 
 
 SCENARIO = scenario(
-    __name__,
-    "Record keys read out of fetched batches, per codec",
-    needs=frozenset(),
-    opt_in=True,
-    max_repeats=3,
+    __name__, "Record keys read out of fetched batches, per codec",
+    needs=frozenset(), opt_in=True, max_repeats=3,
 )

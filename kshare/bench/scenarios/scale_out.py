@@ -303,8 +303,7 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 
 
 SCENARIO = scenario(
-    __name__,
-    "Scale-out: 1-3 kshare proxies as one instance group, throughput and the CPU split",
+    __name__, "Scale-out: 1-3 kshare proxies as one instance group, throughput and the CPU split",
     needs=frozenset({UPSTREAM}),
     opt_in=True,  # about 10 minutes
     max_repeats=3,

@@ -473,8 +473,7 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 
 
 SCENARIO = scenario(
-    __name__,
-    "Scale-out failover: one of 3 kshare proxies SIGKILLed under share consumers",
+    __name__, "Scale-out failover: one of 3 kshare proxies SIGKILLed under share consumers",
     needs=frozenset({UPSTREAM}),
     opt_in=True,  # 2-3 minutes a run: 7 runs in a full run
     repeats=False,

@@ -331,8 +331,7 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 
 
 SCENARIO = scenario(
-    __name__,
-    'Scaling past partitions: 5 ms of work per record',
+    __name__, 'Scaling past partitions: 5 ms of work per record',
     max_repeats=1,  # long runs that alternate anyway
     needs=frozenset({UPSTREAM, KAFKA4}),
 )

@@ -240,8 +240,7 @@ def section(res: dict[str, Any]) -> list[str]:
 
 
 SCENARIO = scenario(
-    __name__,
-    "What TLS listeners and the authorization check cost",
+    __name__, "What TLS listeners and the authorization check cost",
     needs=frozenset({UPSTREAM}),
     opt_in=True,  # figures for the docs (docs: security), not a regression watch
 )

@@ -245,11 +245,9 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 
 
 SCENARIO = scenario(
-    __name__,
-    'One share consumer: kshare (Kafka 3.9) vs native Kafka 4.4 vs a classic consumer direct',
+    __name__, 'One share consumer: kshare (Kafka 3.9) vs native Kafka 4.4 vs a classic consumer direct',
     # one share consumer reads 500,000 x 1 KiB in about a second, and single runs of the same configuration
     # spread over 0.7-1.4x their median (kshare and native alike): with 5 repeats the 1 KiB x 16 ratio's
     # median read 0.96-1.15 from one full run to the next
-    default_repeats=7,
-    needs=frozenset({UPSTREAM, KAFKA4}),
+    default_repeats=7, needs=frozenset({UPSTREAM, KAFKA4}),
 )

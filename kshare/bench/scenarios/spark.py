@@ -456,8 +456,7 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 
 
 SCENARIO = scenario(
-    __name__,
-    "The kshare PySpark source vs Spark's own Kafka source: 5 ms of work per record",
+    __name__, "The kshare PySpark source vs Spark's own Kafka source: 5 ms of work per record",
     needs=frozenset({UPSTREAM, PYSPARK}),
     opt_in=True,  # about 25 minutes; needs pyspark, and Spark's Kafka source from Maven Central
 )

@@ -145,9 +145,6 @@ def section(res: dict[str, Any]) -> list[str]:
 
 
 SCENARIO = scenario(
-    __name__,
-    "The state store's recovery in memory: state records encoded, decoded and replayed",
-    needs=frozenset(),
-    opt_in=True,
-    max_repeats=3,
+    __name__, "The state store's recovery in memory: state records encoded, decoded and replayed",
+    needs=frozenset(), opt_in=True, max_repeats=3,
 )

@@ -283,9 +283,6 @@ def section(res: dict[str, Any]) -> list[str]:
 
 
 SCENARIO = scenario(
-    __name__,
-    "The state store: bytes on the state topic per million accepted records, recovery time",
-    needs=frozenset({UPSTREAM}),
-    opt_in=True,
-    repeats=False,
+    __name__, "The state store: bytes on the state topic per million accepted records, recovery time",
+    needs=frozenset({UPSTREAM}), opt_in=True, repeats=False,
 )
