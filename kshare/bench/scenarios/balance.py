@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..drain import DrainResult, drain
 from ..format import fmt_num, fmt_ratio, table
-from .common import KAFKA4, UPSTREAM, alternate, median, scenario
+from .common import KAFKA4, UPSTREAM, alternate, median, results, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -81,13 +81,11 @@ def run(env: Env, progress: Progress, *, mixes: list[tuple[int, int]], per_membe
                              "max_poll": mpr, **{s: median([x.ratio for x in got[s]]) for s in SYSTEMS},
                              **{f"{s}_busy": min(sum(1 for n in x.per_member if n) for x in got[s]) for s in SYSTEMS}})
     progress.end()
-    return {
-        "config": {"per_member": per_member, "work_ms": work_ms, "max_poll": max_poll, "repeats": repeats},
-        "rows": rows,
-        "fairness": fairness,
-        "samples": [],
-        "targets": [],
-    }
+    return results(
+        {"per_member": per_member, "work_ms": work_ms, "max_poll": max_poll, "repeats": repeats},
+        rows,
+        fairness=fairness,
+    )
 
 
 def section(res: dict[str, Any]) -> list[str]:

@@ -42,7 +42,7 @@ from ...protocol.codegen import codec_for
 from ...protocol.messages import message_class
 from ...protocol.spec import load_spec
 from ..format import fmt_num, table
-from .common import scenario
+from .common import results, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -365,14 +365,12 @@ def run(env: Env | None, progress: Progress, *, seconds: float, scaling_partitio
     grows = scaling(scaling_partitions_per_topic, seconds, repeats)
     progress.step("FetchResponse v16 decode per partition")
     progress.end()
-    return {
-        "config": {"seconds": seconds, "repeats": repeats, "msgspec": msgspec.__version__,
-                   "kafka_python": kafka.__version__},
-        "rows": rows,
-        "scaling": grows,
-        "samples": [],
-        "targets": [],
-    }
+    return results(
+        {"seconds": seconds, "repeats": repeats, "msgspec": msgspec.__version__,
+         "kafka_python": kafka.__version__},
+        rows,
+        scaling=grows,
+    )
 
 
 def _ops(v: float | None) -> str:

@@ -94,3 +94,10 @@ def scenario(module: str, title: str, **options: Any) -> Scenario:
     m = sys.modules[module]
     return Scenario(name=module.rpartition(".")[2], title=title, run=m.run, sizes=m.SIZES,
                     section=getattr(m, "section", None), plot=getattr(m, "plot", None), **options)
+
+
+def results(config: dict[str, Any], rows: list[dict[str, Any]], *, samples: list[Any] | None = None,
+            targets: list[dict[str, Any]] | None = None, **parts: Any) -> dict[str, Any]:
+    """What a scenario's ``run`` returns: ``config`` (what was run), ``rows`` (its main table), the further
+    ``parts`` its section reads, ``samples`` (every measured run) and ``targets`` (:func:`target`)."""
+    return {"config": config, "rows": rows, **parts, "samples": samples or [], "targets": targets or []}

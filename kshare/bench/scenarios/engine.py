@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ...share.partition import AcquireMode, FetchedBatch, SharePartition
 from ...share.record_keys import key_hash
 from ..format import fmt_num, table
-from .common import scenario
+from .common import results, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -295,15 +295,13 @@ def run(env: Env | None, progress: Progress, *, records: int, baseline_records: 
     memory = memory_worst_case(in_flight)
     progress.step("memory")
     progress.end()
-    return {
-        "config": {"records": records, "baseline_records": baseline_records, "key_order_records": key_order_records,
-                   "in_flight": in_flight, "batch": BATCH, "repeats": repeats},
-        "rows": rows,
-        "key_order": key_order,
-        "memory_bytes": memory,
-        "samples": [],
-        "targets": [],
-    }
+    return results(
+        {"records": records, "baseline_records": baseline_records, "key_order_records": key_order_records,
+         "in_flight": in_flight, "batch": BATCH, "repeats": repeats},
+        rows,
+        key_order=key_order,
+        memory_bytes=memory,
+    )
 
 
 def section(res: dict[str, Any]) -> list[str]:

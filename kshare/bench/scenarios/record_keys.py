@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ...share.record_keys import batch_keys
 from ...share.records import HEADER_SIZE, split_batches
 from ..format import fmt_num, fmt_size, table
-from .common import scenario
+from .common import results, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -182,13 +182,11 @@ def run(env: Env | None, progress: Progress, *, seconds: float, batches: int, va
     hashes = hash_costs(hash_keys)
     progress.step("hash candidates")
     progress.end()
-    return {
-        "config": {"seconds": seconds, "batches": batches, "repeats": repeats, "batch_bytes": BATCH_BYTES},
-        "rows": rows,
-        "hashes": hashes,
-        "samples": [],
-        "targets": [],
-    }
+    return results(
+        {"seconds": seconds, "batches": batches, "repeats": repeats, "batch_bytes": BATCH_BYTES},
+        rows,
+        hashes=hashes,
+    )
 
 
 def section(res: dict[str, Any]) -> list[str]:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..format import fmt_num
 from ..procs import cpu_seconds, load
-from .common import UPSTREAM, scenario
+from .common import UPSTREAM, results, scenario
 from .instance_group import Upstream, bootstrap_of, leaders, log, start_service, upstream_of
 
 if TYPE_CHECKING:
@@ -257,16 +257,14 @@ def run(env: Env, progress: Progress, *, records: int, value_size: int, partitio
     base = med.get(1) or med[proxies[0]]
     rows = [{"proxies": n, "records_per_s": m["rate"], "vs_1_proxy": m["rate"] / base["rate"],
              "proxy_cpu_s_per_m": m["cpu_per_m"], "busiest_share": m["max_share"]} for n, m in med.items()]
-    return {
-        "config": {"records": records, "value_size": value_size, "partitions": partitions, "consumers": consumers,
-                   "proxies": proxies, "state_partitions": state_partitions, "repeats": repeats,
-                   "broker_cpu": k3.pid is not None},
-        "rows": rows,
-        "runs": [asdict(r) for r in tput],
-        "medians": {str(n): m for n, m in med.items()},
-        "samples": [],
-        "targets": [],
-    }
+    return results(
+        {"records": records, "value_size": value_size, "partitions": partitions, "consumers": consumers,
+         "proxies": proxies, "state_partitions": state_partitions, "repeats": repeats,
+         "broker_cpu": k3.pid is not None},
+        rows,
+        runs=[asdict(r) for r in tput],
+        medians={str(n): m for n, m in med.items()},
+    )
 
 
 def section(res: dict[str, Any]) -> list[str]:

@@ -37,7 +37,7 @@ from ...share.state.replay import LoadStats, RecordReplay
 from ...share.states import ShareUpdate, StateBatch
 from ...share.store import SharePartitionKey
 from ..format import fmt_num, fmt_ratio, table
-from .common import scenario
+from .common import results, scenario
 from .state_store import worst_case_snapshot
 
 if TYPE_CHECKING:
@@ -121,12 +121,10 @@ def run(env: Env | None, progress: Progress, *, share_partitions: int, inflight:
                      "replay_vs_decode": replay_s / decode_s if decode_s else float("nan"),
                      "replay_us_per_record": replay_s / n * 1e6})
     progress.end()
-    return {
-        "config": {"share_partitions": share_partitions, "inflight": inflight, "updates": updates, "repeats": repeats},
-        "rows": rows,
-        "samples": [],
-        "targets": [],
-    }
+    return results(
+        {"share_partitions": share_partitions, "inflight": inflight, "updates": updates, "repeats": repeats},
+        rows,
+    )
 
 
 def section(res: dict[str, Any]) -> list[str]:

@@ -43,7 +43,7 @@ from ...share.states import ShareSnapshot, ShareUpdate, StateBatch
 from ...share.store import SharePartitionKey
 from .. import clients
 from ..format import fmt_num, table
-from .common import UPSTREAM, scenario
+from .common import UPSTREAM, results, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -240,15 +240,13 @@ def run(env: Env, progress: Progress, *, records: int, share_partitions: list[in
 
     rows, rec = uvloop.run(main())  # the proxy's event loop
     progress.end()
-    return {
-        "config": {"records": records, "share_partitions": share_partitions, "release_rate": release_rate,
-                   "recovery_keys": recovery_keys, "recovery_inflight": recovery_inflight,
-                   "recovery_updates": recovery_updates, "on_disk": data_dir is not None},
-        "rows": rows,
-        "recovery": rec,
-        "samples": [],
-        "targets": [],
-    }
+    return results(
+        {"records": records, "share_partitions": share_partitions, "release_rate": release_rate,
+         "recovery_keys": recovery_keys, "recovery_inflight": recovery_inflight,
+         "recovery_updates": recovery_updates, "on_disk": data_dir is not None},
+        rows,
+        recovery=rec,
+    )
 
 
 def section(res: dict[str, Any]) -> list[str]:
