@@ -54,25 +54,46 @@ class Ledger:
         return len(self.confirmed)
 
 
+class Throttle:
+    """Records/s per consumer once set (None: as fast as it goes), shared by the consumers of a run."""
+
+    def __init__(self) -> None:
+        self.rate: float | None = None
+        self.since = 0.0
+
+    def set(self, rate: float | None) -> None:
+        self.since = time.monotonic()
+        self.rate = rate
+
+
 class AckingConsumer:
-    """A ShareConsumer in explicit mode in its own thread: poll, record, ACCEPT all, commit_sync."""
+    """A ShareConsumer in explicit mode in its own thread: poll, record, ACCEPT all, commit_sync.
+
+    ``throttle``: hold the consumer to the throttle's rate once set. ``commit_callback``: also count a record
+    confirmed when the acknowledgement commit callback lists it (False: ``commit_sync()``'s answer alone).
+    ``config``: further ShareConsumer settings (e.g. a quiet ``error_cb``)."""
 
     def __init__(self, index: int, bootstrap: str, group: str, topic: str, ledger: Ledger, *,
-                 max_poll: int = 100) -> None:
+                 max_poll: int = 100, throttle: Throttle | None = None, commit_callback: bool = True,
+                 poll_s: float = 0.5, error_pause_s: float = 0.1, config: dict[str, Any] | None = None) -> None:
         self.index = index
         self.ledger = ledger
+        self.throttle = throttle
+        self.poll_s, self.error_pause_s = poll_s, error_pause_s
         self.consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "logger": _log,
                                        "share.acknowledgement.mode": "explicit", "max.poll.records": max_poll,
-                                       "socket.timeout.ms": 10000})
-        self.consumer.set_acknowledgement_commit_callback(self._on_commit)
+                                       "socket.timeout.ms": 10000, **(config or {})})
+        if commit_callback:
+            self.consumer.set_acknowledgement_commit_callback(self._on_commit)
         self.consumer.subscribe([topic])
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"acking-{index}", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"acking-{index}", daemon=True)
         self.callback_confirmed: set[tuple[int, int]] = set()
+        self.count_since = 0  # records acknowledged since the throttle was last set
 
     def start(self) -> AckingConsumer:
-        self._thread.start()
+        self.thread.start()
         return self
 
     def _on_commit(self, offsets: dict, exc: Any) -> None:
@@ -86,16 +107,30 @@ class AckingConsumer:
                 self.ledger.failed_acks += sum(len(o) for o in offsets.values())
                 self.ledger.commit_errors[error_name(exc)] += 1
 
+    def _ahead(self, since: float | None) -> tuple[float | None, float]:
+        """(the throttle's ``since`` last seen, seconds this consumer is ahead of the throttle's rate)."""
+        th = self.throttle
+        if th is None or th.rate is None:
+            return since, 0.0
+        if since != th.since:
+            since, self.count_since = th.since, 0
+        return since, since + self.count_since / th.rate - time.monotonic()
+
     def _run(self) -> None:
         c, ledger = self.consumer, self.ledger
+        since = None
         try:
             while not self._stop.is_set():
+                since, ahead = self._ahead(since)
+                if ahead > 0:
+                    time.sleep(min(ahead, 0.5))
+                    continue
                 try:
-                    msgs = c.poll(0.5)
+                    msgs = c.poll(self.poll_s)
                 except KafkaException as exc:
                     with ledger.lock:
                         ledger.poll_errors[error_name(exc)] += 1
-                    time.sleep(0.1)
+                    time.sleep(self.error_pause_s)
                     continue
                 now = time.monotonic()
                 got: dict[int, list[int]] = defaultdict(list)
@@ -115,6 +150,7 @@ class AckingConsumer:
                             ledger.refused += 1
                         continue
                     got[m.partition()].append(m.offset())
+                self.count_since += sum(len(v) for v in got.values())
                 if not got:
                     continue
                 try:
@@ -124,7 +160,7 @@ class AckingConsumer:
                         ledger.commit_errors[error_name(exc)] += 1
                     continue
                 done = time.monotonic()
-                for tp, err in results.items():
+                for tp, err in (results or {}).items():
                     if err is None and tp.partition in got:
                         offs = got[tp.partition]
                         with ledger.lock:
@@ -137,13 +173,20 @@ class AckingConsumer:
             _log.exception("consumer %d failed", self.index)
             self.errors.append(exc)
 
-    def stop(self) -> None:
+    def ask_to_stop(self) -> None:
+        """Let the thread finish its round (stopping many consumers at once: this on each, then close)."""
         self._stop.set()
-        self._thread.join(60)
+
+    def close(self, timeout: float = 60) -> None:
+        self.thread.join(timeout)
         try:
             self.consumer.close()
         except Exception as exc:  # noqa: BLE001
             _log.info("closing consumer %d: %r", self.index, exc)
+
+    def stop(self) -> None:
+        self.ask_to_stop()
+        self.close()
 
 
 def error_name(exc: Any) -> str:

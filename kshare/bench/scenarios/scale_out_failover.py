@@ -29,11 +29,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import clients
@@ -50,6 +49,7 @@ from .instance_group import (
 )
 
 if TYPE_CHECKING:
+    from ..ledgers import AckingConsumer
     from ..runner import Env, Progress
 
 SIZES = (
@@ -59,121 +59,6 @@ SIZES = (
     {"state_partitions": 10, "timeouts": [6000], "variants": ["small"], "many_partitions": 480, "fo_consumers": 3,
      "fo_rate": 5000.0, "fo_pre": 6.0, "fo_post": 10.0, "fo_max_poll": 200, "fo_batch": 50, "acked_cap": 20_000},
 )
-
-
-@dataclass
-class Ledger:
-    deliveries: list[tuple[float, int, int, int, int]] = field(default_factory=list)  # t, consumer, p, offset, count
-    confirmed: dict[tuple[int, int], float] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    commit_errors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    poll_errors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    refused: int = 0
-
-
-class Throttle:
-    """Records/s per consumer once set (None: as fast as it goes)."""
-
-    def __init__(self) -> None:
-        self.rate: float | None = None
-        self.since = 0.0
-
-    def set(self, rate: float | None) -> None:
-        self.since = time.monotonic()
-        self.rate = rate
-
-
-def _err_name(exc: Any) -> str:
-    err = exc.args[0] if exc.args else exc
-    name = getattr(err, "name", None)
-    return name() if callable(name) else type(exc).__name__
-
-
-class AckingConsumer:
-    """A ShareConsumer in explicit mode in a thread: poll, record, ACCEPT all, commit_sync (as
-    tests/integration/test_crash_recovery.py's)."""
-
-    def __init__(self, index: int, bootstrap: str, group: str, topic: str, ledger: Ledger, throttle: Throttle,
-                 max_poll: int) -> None:
-        from confluent_kafka import ShareConsumer
-
-        self.index, self.ledger, self.throttle = index, ledger, throttle
-        self.consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "error_cb": clients._quiet,
-                                       "log_level": 0, "share.acknowledgement.mode": "explicit",
-                                       "max.poll.records": max_poll, "socket.timeout.ms": 10000})
-        self.consumer.subscribe([topic])
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name=f"acking-{index}")
-        self.count_since = 0
-        self.error: BaseException | None = None
-
-    def start(self) -> AckingConsumer:
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        from confluent_kafka import AcknowledgeType, KafkaException
-
-        c, led = self.consumer, self.ledger
-        since = None
-        try:
-            while not self._stop.is_set():
-                th = self.throttle
-                if th.rate is not None:
-                    if since != th.since:
-                        since, self.count_since = th.since, 0
-                    ahead = since + self.count_since / th.rate - time.monotonic()
-                    if ahead > 0:
-                        time.sleep(min(ahead, 0.5))
-                        continue
-                try:
-                    msgs = c.poll(0.2)
-                except KafkaException as exc:
-                    with led.lock:
-                        led.poll_errors[_err_name(exc)] += 1
-                    time.sleep(0.05)
-                    continue
-                now = time.monotonic()
-                got: dict[int, list[int]] = defaultdict(list)
-                for m in msgs:
-                    if m.error() is not None:
-                        with led.lock:
-                            led.poll_errors[m.error().name()] += 1
-                        continue
-                    led.deliveries.append((now, self.index, m.partition(), m.offset(), m.delivery_count() or 0))
-                    try:
-                        c.acknowledge(m, AcknowledgeType.ACCEPT)
-                    except Exception:  # noqa: BLE001 - no longer in flight on the client
-                        led.refused += 1
-                        continue
-                    got[m.partition()].append(m.offset())
-                self.count_since += sum(len(v) for v in got.values())
-                if not got:
-                    continue
-                try:
-                    res = c.commit_sync(15)
-                except KafkaException as exc:
-                    with led.lock:
-                        led.commit_errors[_err_name(exc)] += 1
-                    continue
-                t = time.monotonic()
-                with led.lock:
-                    for tp, err in (res or {}).items():
-                        if err is None and tp.partition in got:
-                            for o in got[tp.partition]:
-                                led.confirmed.setdefault((tp.partition, o), t)
-                        elif err is not None:
-                            led.commit_errors[_err_name(err)] += 1
-        except BaseException as exc:  # noqa: BLE001
-            self.error = exc
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def close(self) -> None:
-        self.thread.join(30)
-        with contextlib.suppress(Exception):
-            self.consumer.close()
 
 
 VARIANTS = {"small": (12, 50_000), "large": (12, 500_000), "many": (None, 50_000)}
@@ -248,6 +133,8 @@ def wait_for(cond, timeout: float, what: str, step: float = 0.1) -> None:
 def failover_run(k3: Upstream, variant: str, session_ms: int, partitions: int, acked: int, consumers: int,
                  rate: float, pre: float, post: float, max_poll: int, state_partitions: int,
                  victim_kind: str, batch: int) -> FailoverRun:
+    from ..ledgers import AckingConsumer, Ledger, Throttle  # confluent-kafka: imported when a run needs it
+
     before = load()
     topic = f"bench-so-fo-{uuid.uuid4().hex[:8]}"
     clients.create_topic(k3.bootstrap, topic, partitions)
@@ -262,9 +149,13 @@ def failover_run(k3: Upstream, variant: str, session_ms: int, partitions: int, a
         boot = bootstrap_of(proxies)
         group = f"bench-so-fo-{uuid.uuid4().hex[:8]}"
         clients.share_group(boot, group)
-        cons = [AckingConsumer(i, boot, group, topic, ledger, throttle, max_poll).start() for i in range(consumers)]
+        # confirmed by commit_sync()'s answer alone, polls of 0.2 s: the throttle holds the rate closely
+        quiet = {"error_cb": clients._quiet, "log_level": 0}
+        cons = [AckingConsumer(i, boot, group, topic, ledger, max_poll=max_poll, throttle=throttle,
+                               commit_callback=False, poll_s=0.2, error_pause_s=0.05, config=quiet).start()
+                for i in range(consumers)]
         t_build = time.monotonic()
-        wait_for(lambda: len(ledger.confirmed) >= acked or any(c.error for c in cons), 900,
+        wait_for(lambda: len(ledger.confirmed) >= acked or any(c.errors for c in cons), 900,
                  f"{acked} records acknowledged", 0.2)
         build_s = time.monotonic() - t_build
         log.info(f"    {len(ledger.confirmed):,} acknowledged in {build_s:.1f} s "
@@ -306,10 +197,10 @@ def failover_run(k3: Upstream, variant: str, session_ms: int, partitions: int, a
         time.sleep(post)
         throttle_end = time.monotonic()
         for c in cons:
-            c.stop()
+            c.ask_to_stop()
         for c in cons:
-            c.close()
-        errors = [repr(c.error) for c in cons if c.error]
+            c.close(30)
+        errors = [repr(e) for c in cons for e in c.errors]
         if errors:
             log.warning(f"    !! consumer errors: {errors}")
         # ---- analysis
@@ -330,20 +221,20 @@ def failover_run(k3: Upstream, variant: str, session_ms: int, partitions: int, a
                     replay["bytes"] += int(m.group(6))
         kp = set(killed_parts)
         dels = ledger.deliveries
-        after_kill = [d for d in dels if d[0] >= t_kill and d[2] in kp]
-        first_any = min((d[0] for d in after_kill), default=None)
-        first_acked = min((d[0] for d in after_kill if (d[2], d[3]) in ledger.confirmed), default=None)
+        after_kill = [d for d in dels if d.at >= t_kill and d.partition in kp]
+        first_any = min((d.at for d in after_kill), default=None)
+        first_acked = min((d.at for d in after_kill if (d.partition, d.offset) in ledger.confirmed), default=None)
         step = 0.5
         t_start = t_kill - pre + 1.0  # the first second of throttling left out (ramp)
         nb = int((throttle_end - t_start) / step)
         total, killed = [0] * nb, [0] * nb
         per_consumer = [[0] * nb for _ in cons]
         for d in dels:
-            i = int((d[0] - t_start) // step)
+            i = int((d.at - t_start) // step)
             if 0 <= i < nb:
                 total[i] += 1
-                per_consumer[d[1]][i] += 1
-                if d[2] in kp:
+                per_consumer[d.consumer][i] += 1
+                if d.partition in kp:
                     killed[i] += 1
         k0 = int((t_kill - t_start) // step)
         pre_rate = sum(total[:k0]) / max(k0 * step, 1e-9)
@@ -359,9 +250,9 @@ def failover_run(k3: Upstream, variant: str, session_ms: int, partitions: int, a
         min_rate = min((total[j] / step for j in range(k0, max(k0 + 1, min(end_i, nb)))), default=0.0)
         seen: dict[tuple[int, int], int] = defaultdict(int)
         for d in dels:
-            seen[(d[2], d[3])] += 1
+            seen[(d.partition, d.offset)] += 1
         redelivered = sum(1 for v in seen.values() if v > 1)
-        after_conf = sum(1 for d in dels if (d[2], d[3]) in ledger.confirmed and d[0] > ledger.confirmed[(d[2], d[3])])
+        after_conf = sum(1 for d in dels if d.at > ledger.confirmed.get((d.partition, d.offset), d.at))
         run = FailoverRun(
             variant, session_ms, partitions, acked_before, victim.name, victim.name == coord, killed_parts, killed_sp,
             pre_rate, pre_killed, max(take_times) if take_times else None, take_lines, dict(replay),
@@ -386,10 +277,10 @@ def failover_run(k3: Upstream, variant: str, session_ms: int, partitions: int, a
         return run
     finally:
         for c in cons:
-            c.stop()
+            c.ask_to_stop()
         for c in cons:
             if c.thread.is_alive():
-                c.close()
+                c.close(30)
         for p in proxies:
             p.stop()
         clients.delete_topic(k3.bootstrap, topic)
