@@ -12,13 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import clients
 from ..format import COLORS, fmt_num, fmt_ratio, table
-from .common import (
-    alternate,
-    median,
-    pct,
-    scenario,
-    target,
-)
+from .common import alternate, median, pct, scenario, target
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress

@@ -6,10 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..format import COLORS, fmt_num, fmt_size, table
 from . import passthrough, share
-from .common import (
-    scenario,
-    target,
-)
+from .common import scenario, target
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress

@@ -15,13 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..format import COLORS, fmt_num, log_label, table
 from ..procs import ProxyProcess
-from .common import (
-    KAFKA4,
-    median,
-    scenario,
-    target,
-)
-from .latency import timed_run
+from .common import KAFKA4, median, scenario, target
+from .latency import latency_cells, timed_run
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -250,20 +245,11 @@ def section(res: dict[str, Any]) -> list[str]:
         ),
         "",
     ]
-    rows = [
-        [
-            names.get(r["system"], r["system"]),
-            fmt_num(r["p50_ms"], 2),
-            fmt_num(r["p99_ms"], 2),
-            fmt_num(r["p999_ms"], 2),
-            fmt_num(r["max_ms"], 1),
-            f"{fmt_num(r.get('window_p50_min_ms'), 2)} - {fmt_num(r.get('window_p50_max_ms'), 2)}",
-            f"{fmt_num(r.get('window_p99_min_ms'), 2)} - {fmt_num(r.get('window_p99_max_ms'), 2)}",
-            f"{fmt_num(r['received'])} / {fmt_num(r['sent'])}",
-            str(r.get("duplicates", 0)),
-        ]
-        for r in res.get("rows", [])
-    ]
+
+    def spread(r: dict[str, Any], q: str) -> str:  # the lowest and highest window's p50 or p99
+        return f"{fmt_num(r.get(f'window_{q}_min_ms'), 2)} - {fmt_num(r.get(f'window_{q}_max_ms'), 2)}"
+
+    rows = [latency_cells(r, names, spread(r, "p50"), spread(r, "p99")) for r in res.get("rows", [])]
     out += table(
         ["system", "p50 ms", "p99 ms", "p99.9 ms", "max ms", f"{window:g} s medians ms", f"{window:g} s p99s ms",
          "received / sent", "duplicates"],

@@ -20,12 +20,7 @@ from ..brokers import KAFKA_3, KAFKA_4
 from ..format import COLORS, fmt_num, table
 from ..procs import BENCH_BROKER_CONFIG, KAFKA4_CONFIG, ProxyProcess
 from ..three_nodes import ThreeNodeCluster
-from .common import (
-    KAFKA3,
-    KAFKA4,
-    scenario,
-    target,
-)
+from .common import KAFKA3, KAFKA4, scenario, target
 from .failover_analysis import failover_analysis, log_levels, overlap_max, timeline
 
 if TYPE_CHECKING:

@@ -13,15 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import clients
 from ..format import COLORS, fmt_num, table
-from .common import (
-    KAFKA4,
-    UPSTREAM,
-    alternate,
-    median,
-    pct,
-    scenario,
-    target,
-)
+from .common import KAFKA4, UPSTREAM, alternate, median, pct, scenario, target
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -321,6 +313,14 @@ def run(
 # -- results.md and the plot ----------------------------------------------------------------------
 
 
+def latency_cells(r: dict[str, Any], names: dict[str, str], *more: str) -> list[str]:
+    """A row of a latency table (this scenario's, the embedded one's): the system, p50, p99, p99.9 and max ms,
+    ``more`` cells, records received / sent and duplicates."""
+    return [names.get(r["system"], r["system"]), fmt_num(r["p50_ms"], 2), fmt_num(r["p99_ms"], 2),
+            fmt_num(r["p999_ms"], 2), fmt_num(r["max_ms"], 1), *more,
+            f"{fmt_num(r['received'])} / {fmt_num(r['sent'])}", str(r.get("duplicates", 0))]
+
+
 def section(res: dict[str, Any]) -> list[str]:
     cfg = res.get("config", {})
     names = {
@@ -328,18 +328,7 @@ def section(res: dict[str, Any]) -> list[str]:
         "kshare": "kshare share consumer (3.9)",
         "native": "native share consumer (4.4)",
     }
-    rows = [
-        [
-            names.get(r["system"], r["system"]),
-            fmt_num(r["p50_ms"], 2),
-            fmt_num(r["p99_ms"], 2),
-            fmt_num(r["p999_ms"], 2),
-            fmt_num(r["max_ms"], 1),
-            f"{fmt_num(r['received'])} / {fmt_num(r['sent'])}",
-            str(r.get("duplicates", 0)),
-        ]
-        for r in res.get("rows", [])
-    ]
+    rows = [latency_cells(r, names) for r in res.get("rows", [])]
     text = [
         f"One producer at {fmt_num(cfg.get('rate'))} records/s ({cfg.get('value_size', 100)} B, linger.ms 5, "
         f"acks=all) and one consumer, each its own process, {cfg.get('seconds', '?')} s per run; latency = "

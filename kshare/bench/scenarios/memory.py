@@ -12,12 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..format import COLORS, fmt_num, table
 from ..procs import ProxyProcess, cpu_seconds, rss_bytes
-from .common import (
-    MEMORY_OVERHEAD_MB,
-    cache_budget_mb,
-    scenario,
-    target,
-)
+from .common import MEMORY_OVERHEAD_MB, cache_budget_mb, scenario, target
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress

@@ -8,13 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..format import bars, fmt_num, fmt_ratio, fmt_records, fmt_size, table
 from ..procs import cpu_seconds
-from .common import (
-    alternate,
-    median,
-    per_round,
-    scenario,
-    target,
-)
+from .common import alternate, median, per_round, scenario, target
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress

@@ -11,13 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import clients
 from ..format import COLORS, bars, fmt_num, fmt_pct, table
-from .common import (
-    KAFKA4,
-    UPSTREAM,
-    alternate,
-    median,
-    scenario,
-)
+from .common import KAFKA4, UPSTREAM, alternate, median, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress

@@ -17,14 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clients, sparkrun
 from ..format import bars, fmt_num, fmt_pct, fmt_ratio, table
 from ..procs import _die_with_parent, kshare_env
-from .common import (
-    PYSPARK,
-    UPSTREAM,
-    alternate,
-    median,
-    scenario,
-    target,
-)
+from .common import PYSPARK, UPSTREAM, alternate, median, scenario, target
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
