@@ -174,6 +174,15 @@ def metadata_response_v12():
     )
 
 
+def share_topics(topic: Any, partition: Any, topics: int, partitions: int,
+                 fields: Callable[[int], dict[str, Any]]) -> list[Any]:
+    """``topics`` topics of a share-group message (by id) with ``partitions`` partitions each, partition ``p``
+    with ``fields(p)``."""
+    return [topic(topic_id=uuid_bytes(), partitions=[partition(partition_index=p, **fields(p))
+                                                     for p in range(partitions)])
+            for _ in range(topics)]
+
+
 def share_fetch_request_v1():
     C = message_class("ShareFetchRequest")
     return C(
@@ -185,24 +194,13 @@ def share_fetch_request_v1():
         max_bytes=52_428_800,
         max_records=500,
         batch_size=500,
-        topics=[
-            C.FetchTopic(
-                topic_id=uuid_bytes(),
-                partitions=[
-                    C.FetchPartition(
-                        partition_index=p,
-                        acknowledgement_batches=[
-                            C.AcknowledgementBatch(
-                                first_offset=b * 500, last_offset=b * 500 + 499, acknowledge_types=[1]
-                            )
-                            for b in range(3)
-                        ],
-                    )
-                    for p in range(3)
-                ],
-            )
-            for _ in range(5)
-        ],
+        topics=share_topics(
+            C.FetchTopic, C.FetchPartition, 5, 3,
+            lambda p: {"acknowledgement_batches": [
+                C.AcknowledgementBatch(first_offset=b * 500, last_offset=b * 500 + 499, acknowledge_types=[1])
+                for b in range(3)
+            ]},
+        ),
         forgotten_topics_data=[],
     )
 
@@ -214,24 +212,14 @@ def share_fetch_response_v1():
         throttle_time_ms=0,
         error_code=0,
         acquisition_lock_timeout_ms=30_000,
-        responses=[
-            C.ShareFetchableTopicResponse(
-                topic_id=uuid_bytes(),
-                partitions=[
-                    C.PartitionData(
-                        partition_index=p,
-                        current_leader=C.LeaderIdAndEpoch(leader_id=p % 3, leader_epoch=12),
-                        records=records,
-                        acquired_records=[
-                            C.AcquiredRecords(first_offset=0, last_offset=29, delivery_count=1),
-                            C.AcquiredRecords(first_offset=30, last_offset=51, delivery_count=2),
-                        ],
-                    )
-                    for p in range(5)
-                ],
-            )
-            for _ in range(2)
-        ],
+        responses=share_topics(
+            C.ShareFetchableTopicResponse, C.PartitionData, 2, 5,
+            lambda p: {"current_leader": C.LeaderIdAndEpoch(leader_id=p % 3, leader_epoch=12), "records": records,
+                       "acquired_records": [
+                           C.AcquiredRecords(first_offset=0, last_offset=29, delivery_count=1),
+                           C.AcquiredRecords(first_offset=30, last_offset=51, delivery_count=2),
+                       ]},
+        ),
         node_endpoints=[C.NodeEndpoint(node_id=i, host=f"broker-{i}.kafka.svc", port=9092) for i in range(3)],
     )
 
