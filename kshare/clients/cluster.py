@@ -17,6 +17,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 
+from ..addresses import parse_hostports
 from ..protocol import messages
 from ..protocol.codes import ApiKey, ErrorCode
 from ..security import AuthenticationFailed, ClientSecurity
@@ -94,32 +95,10 @@ def coordinator_answer(resp: Any, version: int) -> tuple[int, Node, str | None]:
     return resp.error_code, Node(resp.node_id, resp.host, resp.port), getattr(resp, "error_message", None)
 
 
-def host_port(item: str) -> tuple[str, int] | None:
-    """``"h1:9092"`` or ``"[::1]:9092"`` as (host, port); None when it is not HOST:PORT."""
-    host, sep, port = item.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        return None
-    return host.strip("[]"), int(port)
-
-
 def parse_servers(value: str | Iterable[str] | Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
     """``"h1:9092,h2:9092"``, ``["h1:9092", ...]`` or ``[("h1", 9092), ...]`` as (host, port) pairs."""
-    items: list[Any] = value.split(",") if isinstance(value, str) else list(value)
-    out: list[tuple[str, int]] = []
-    for item in items:
-        if isinstance(item, tuple):
-            out.append((str(item[0]), int(item[1])))
-            continue
-        item = item.strip()
-        if not item:
-            continue
-        server = host_port(item)
-        if server is None:
-            raise ValueError(f"bootstrap server '{item}' is not HOST:PORT")
-        out.append(server)
-    if not out:
-        raise ValueError("no bootstrap server given")
-    return out
+    return parse_hostports(value, not_hostport=lambda item: ValueError(f"bootstrap server '{item}' is not HOST:PORT"),
+                           nothing=lambda: ValueError("no bootstrap server given"))
 
 
 class Cluster:

@@ -35,71 +35,60 @@ class MemberError(KafkaError):
     error code of its own (the coded failures are :class:`BrokerResponseError` subclasses)."""
 
 
-class GroupMaxSizeReachedError(BrokerResponseError):
-    errno = ErrorCode.GROUP_MAX_SIZE_REACHED.value
-    message = ErrorCode.GROUP_MAX_SIZE_REACHED.name
+class _ShareGroupError(BrokerResponseError):
+    """An error aiokafka does not know yet, in aiokafka's style: ``errno`` and ``message`` (Kafka's
+    name) both come from the one :class:`ErrorCode` the subclass names, ``class X(_ShareGroupError,
+    code=ErrorCode.Y)``."""
+
+    def __init_subclass__(cls, code: ErrorCode | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.errno = code.value
+            cls.message = code.name
+
+
+class GroupMaxSizeReachedError(_ShareGroupError, code=ErrorCode.GROUP_MAX_SIZE_REACHED):
     description = "The group has reached its maximum size (group.share.max.size for a share group)."
 
 
-class UnknownTopicIdError(BrokerResponseError):
-    errno = ErrorCode.UNKNOWN_TOPIC_ID.value
-    message = ErrorCode.UNKNOWN_TOPIC_ID.name
+class UnknownTopicIdError(_ShareGroupError, code=ErrorCode.UNKNOWN_TOPIC_ID):
     description = "This server does not host this topic ID."
     invalid_metadata = True
 
 
-class FencedMemberEpochError(BrokerResponseError):
-    errno = ErrorCode.FENCED_MEMBER_EPOCH.value
-    message = ErrorCode.FENCED_MEMBER_EPOCH.name
+class FencedMemberEpochError(_ShareGroupError, code=ErrorCode.FENCED_MEMBER_EPOCH):
     description = "The member epoch is fenced by the group coordinator: the member must rejoin."
 
 
-class StaleMemberEpochError(BrokerResponseError):
-    errno = ErrorCode.STALE_MEMBER_EPOCH.value
-    message = ErrorCode.STALE_MEMBER_EPOCH.name
+class StaleMemberEpochError(_ShareGroupError, code=ErrorCode.STALE_MEMBER_EPOCH):
     description = "The member epoch is stale."
 
 
-class InvalidRecordStateError(BrokerResponseError):
-    errno = ErrorCode.INVALID_RECORD_STATE.value
-    message = ErrorCode.INVALID_RECORD_STATE.name
+class InvalidRecordStateError(_ShareGroupError, code=ErrorCode.INVALID_RECORD_STATE):
     description = ("The record state is invalid: the acknowledgement of a delivery was rejected (the "
                    "record's lock ran out, or another member holds it now).")
 
 
-class ShareSessionNotFoundError(BrokerResponseError):
-    errno = ErrorCode.SHARE_SESSION_NOT_FOUND.value
-    message = ErrorCode.SHARE_SESSION_NOT_FOUND.name
+class ShareSessionNotFoundError(_ShareGroupError, code=ErrorCode.SHARE_SESSION_NOT_FOUND):
     description = "The share session was not found: the records it acquired were released."
     retriable = True
 
 
-class InvalidShareSessionEpochError(BrokerResponseError):
-    errno = ErrorCode.INVALID_SHARE_SESSION_EPOCH.value
-    message = ErrorCode.INVALID_SHARE_SESSION_EPOCH.name
+class InvalidShareSessionEpochError(_ShareGroupError, code=ErrorCode.INVALID_SHARE_SESSION_EPOCH):
     description = "The share session epoch is invalid."
     retriable = True
 
 
-class FencedStateEpochError(BrokerResponseError):
-    errno = ErrorCode.FENCED_STATE_EPOCH.value
-    message = ErrorCode.FENCED_STATE_EPOCH.name
+class FencedStateEpochError(_ShareGroupError, code=ErrorCode.FENCED_STATE_EPOCH):
     description = "The share coordinator rejected the request because the share-group state epoch did not match."
 
 
-class ShareSessionLimitReachedError(BrokerResponseError):
-    errno = ErrorCode.SHARE_SESSION_LIMIT_REACHED.value
-    message = ErrorCode.SHARE_SESSION_LIMIT_REACHED.name
+class ShareSessionLimitReachedError(_ShareGroupError, code=ErrorCode.SHARE_SESSION_LIMIT_REACHED):
     description = "The limit of share sessions on the broker (group.share.max.share.sessions) has been reached."
     retriable = True
 
 
-_OURS: dict[int, type[BrokerResponseError]] = {
-    cls.errno: cls
-    for cls in (GroupMaxSizeReachedError, UnknownTopicIdError, FencedMemberEpochError, StaleMemberEpochError,
-                InvalidRecordStateError, ShareSessionNotFoundError, InvalidShareSessionEpochError,
-                FencedStateEpochError, ShareSessionLimitReachedError)
-}
+_OURS: dict[int, type[BrokerResponseError]] = {cls.errno: cls for cls in _ShareGroupError.__subclasses__()}
 
 
 def error_class(code: int) -> type[BrokerResponseError]:

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..addresses import parse_hostports
 from ..security import ClientSecurity
 from .admin import AdminError
-from .cluster import host_port
 
 SUPPORTED_PROPERTIES = ("client.id", "security.protocol", "request.timeout.ms", "default.api.timeout.ms",
                         "sasl.mechanism", "sasl.username", "sasl.password", "sasl.jaas.config",
@@ -121,15 +121,5 @@ def _security(where: str, props: Mapping[str, str]) -> ClientSecurity | None:
 
 def parse_bootstrap(value: str) -> list[tuple[str, int]]:
     """``--bootstrap-server`` (or ``kafka.bootstrap.servers``): ``"h1:9092,h2:9092"`` as (host, port) pairs."""
-    out = []
-    for item in value.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        server = host_port(item)
-        if server is None:
-            raise AdminError(f"--bootstrap-server: '{item}' is not HOST:PORT")
-        out.append(server)
-    if not out:
-        raise AdminError("--bootstrap-server is empty")
-    return out
+    return parse_hostports(value, not_hostport=lambda item: AdminError(f"--bootstrap-server: '{item}' is not HOST:PORT"),
+                           nothing=lambda: AdminError("--bootstrap-server is empty"))

@@ -174,6 +174,16 @@ class _Gen:
         out.append(f"{ind}else:")
         out.append(f"{ind}    {target}, pos = _uvarint(buf, pos)")
 
+    def dec_length(self, n: str, flex: bool, width: int, ind: str, out: list[str]) -> None:
+        """Read a length or count into ``n``: in flexible versions a compact one (an unsigned varint,
+        one more than the value, so that 0 is null), else a signed int of ``width`` bytes (-1: null)."""
+        if flex:
+            self.uvarint(n, ind, out)
+            out.append(f"{ind}{n} -= 1")
+        else:
+            out.append(f"{ind}{n}, = _I{width * 8}.unpack_from(buf, pos)")
+            out.append(f"{ind}pos += {width}")
+
     def flexible(self, f: FieldSpec | None = None) -> bool:
         if f is not None and f.flexible is not None:
             return self.version in f.flexible
@@ -197,12 +207,7 @@ class _Gen:
         flex = self.flexible(f)
         if f.is_array:
             n = self.var("n")
-            if flex:
-                self.uvarint(n, ind, out)
-                out.append(f"{ind}{n} -= 1")
-            else:
-                out.append(f"{ind}{n}, = _I32.unpack_from(buf, pos)")
-                out.append(f"{ind}pos += 4")
+            self.dec_length(n, flex, 4, ind, out)
             out.append(f"{ind}if {n} < 0:")
             if nullable:
                 out.append(f"{ind}    {target} = None")
@@ -249,20 +254,7 @@ class _Gen:
             out.append(f"{ind}pos += {size}")
             return
         n = self.var("n")
-        if t == "string":
-            if flex:
-                self.uvarint(n, ind, out)
-                out.append(f"{ind}{n} -= 1")
-            else:
-                out.append(f"{ind}{n}, = _I16.unpack_from(buf, pos)")
-                out.append(f"{ind}pos += 2")
-        else:  # bytes, records
-            if flex:
-                self.uvarint(n, ind, out)
-                out.append(f"{ind}{n} -= 1")
-            else:
-                out.append(f"{ind}{n}, = _I32.unpack_from(buf, pos)")
-                out.append(f"{ind}pos += 4")
+        self.dec_length(n, flex, 2 if t == "string" else 4, ind, out)  # string; bytes, records
         out.append(f"{ind}if {n} < 0:")
         if nullable or t == "records":
             out.append(f"{ind}    {target} = None")

@@ -190,14 +190,19 @@ def encode_request(
     return out
 
 
-def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> bytearray:
-    """A complete response frame, size prefix included."""
+def _response_into(out: bytearray | SplicedFrame, api_key: int, version: int, correlation_id: int, body: Any) -> None:
+    """Append a response's header and body to ``out``, which starts with the frame's 4-byte size slot."""
     a = api(api_key)
-    out = bytearray(4)
     out += struct.pack(">i", correlation_id)
     if a.response_header_version(version) >= 1:
         out += b"\x00"
     codec_for(a.response, version).encode(body, out)
+
+
+def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> bytearray:
+    """A complete response frame, size prefix included."""
+    out = bytearray(4)
+    _response_into(out, api_key, version, correlation_id, body)
     struct.pack_into(">i", out, 0, len(out) - 4)
     return out
 
@@ -205,12 +210,8 @@ def encode_response(api_key: int, version: int, correlation_id: int, body: Any) 
 def encode_response_pieces(api_key: int, version: int, correlation_id: int, body: Any) -> list:
     """A complete response frame as buffers to write in order: large record data is not copied
     (see codegen.SplicedFrame)."""
-    a = api(api_key)
     out = SplicedFrame(4)
-    out += struct.pack(">i", correlation_id)
-    if a.response_header_version(version) >= 1:
-        out += b"\x00"
-    codec_for(a.response, version).encode(body, out)
+    _response_into(out, api_key, version, correlation_id, body)
     struct.pack_into(">i", out, 0, out.size() - 4)
     return out.pieces()
 

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kshare.addresses import host_port
 from kshare.clients.admin import AdminError
 from kshare.clients.cluster import (
     Node,
     coordinator_answer,
     coordinator_request,
-    host_port,
     metadata_answer,
     metadata_request,
     parse_servers,
