@@ -25,15 +25,8 @@ SIZES = (
 )
 
 
-async def _ack_run(
-    bootstrap: str,
-    topic: str,
-    members: int,
-    acks_per_member: int,
-    batch: int,
-    rate: float = 0.0,
-    seconds: list[float] | None = None,
-) -> list[float]:
+async def _ack_run(bootstrap: str, topic: str, members: int, acks_per_member: int, batch: int,
+                   rate: float = 0.0, seconds: list[float] | None = None) -> list[float]:
     """``members`` members of a fresh group fetch ``batch`` records and acknowledge them in one
     ShareAcknowledge, until the run has ``acks_per_member * members`` round trips. ``rate`` 0: each
     member as fast as it can (a closed loop: the machine's slowest part sets the pace). ``rate`` > 0:
@@ -97,18 +90,9 @@ async def _ack_run(
         await asyncio.gather(*(m.close() for m in ms), return_exceptions=True)
 
 
-def run(
-    env: Env,
-    progress: Progress,
-    *,
-    member_counts: list[int],
-    samples_per_run: int,
-    repeats: int,
-    batch: int = 50,
-    paced_rate: float = 400.0,
-    paced_samples: int = 2000,
-    systems: tuple[str, ...] = ("kshare", "native"),
-) -> dict[str, Any]:
+def run(env: Env, progress: Progress, *, member_counts: list[int], samples_per_run: int, repeats: int,
+        batch: int = 50, paced_rate: float = 400.0, paced_samples: int = 2000,
+        systems: tuple[str, ...] = ("kshare", "native")) -> dict[str, Any]:
     """ShareAcknowledge round trips of 1..N concurrent members, kshare (on 3.9) and native Kafka
     4.4, in two loads: a closed loop (every member as fast as it can) and ``paced_rate`` cycles a
     second shared by the members (0: none)."""

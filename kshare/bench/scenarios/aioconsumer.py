@@ -41,35 +41,53 @@ class Run:
     max_rss_mb: float
 
 
+class Reading:
+    """One consumer reading ``records``: the clocks start at construction, :meth:`got` counts what each poll
+    returned (the first record's time, the deadline), :meth:`end` stops the clocks (before the consumer
+    closes) and :meth:`run` is the :class:`Run` (every record read, or an error)."""
+
+    def __init__(self, who: str, bootstrap: str, records: int, timeout: float) -> None:
+        self.who, self.bootstrap, self.records = who, bootstrap, records
+        self.c0, self.t0 = time.process_time(), time.perf_counter()
+        self.deadline = time.monotonic() + timeout
+        self.n, self.first, self.t1, self.cpu = 0, None, 0.0, 0.0
+
+    def wants_more(self) -> bool:
+        return self.n < self.records
+
+    def got(self, n: int) -> None:
+        self.n += n
+        if self.n and self.first is None:
+            self.first = time.perf_counter()
+        if time.monotonic() > self.deadline:
+            raise TimeoutError(f"{self.who} read {self.n} of {self.records} via {self.bootstrap}")
+
+    def end(self) -> None:
+        self.t1, self.cpu = time.perf_counter(), time.process_time() - self.c0
+
+    def run(self) -> Run:
+        if self.n != self.records:
+            raise RuntimeError(f"{self.who} read {self.n} records, want {self.records}")
+        first = self.first or self.t0
+        return Run(self.t1 - self.t0, first - self.t0, self.t1 - first, self.cpu, _max_rss_mb())
+
+
 def confluent_run(bootstrap: str, topic: str, records: int, timeout: float = 600.0) -> Run:
     from confluent_kafka import ShareConsumer
 
     group = f"bench-aio-c-{uuid.uuid4().hex[:8]}"
     clients.share_group(bootstrap, group)
-    c0 = time.process_time()
-    t0 = time.perf_counter()
+    reading = Reading("confluent ShareConsumer", bootstrap, records, timeout)
     c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "max.poll.records": MAX_POLL_RECORDS,
                        "error_cb": clients._quiet, "log_level": 3})
     c.subscribe([topic])
-    n, first = 0, None
-    deadline = time.monotonic() + timeout
     try:
-        while n < records:
-            for m in c.poll(1.0):
-                if m.error() is None:
-                    n += 1
-            if n and first is None:
-                first = time.perf_counter()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"confluent ShareConsumer read {n} of {records} via {bootstrap}")
-        t1 = time.perf_counter()
-        cpu = time.process_time() - c0
+        while reading.wants_more():
+            reading.got(sum(1 for m in c.poll(1.0) if m.error() is None))
+        reading.end()
     finally:
         c.close()
-    if n != records:
-        raise RuntimeError(f"confluent ShareConsumer read {n} records, want {records}")
-    first = first or t0
-    return Run(t1 - t0, first - t0, t1 - first, cpu, _max_rss_mb())
+    return reading.run()
 
 
 def aio_run(bootstrap: str, topic: str, records: int, *, uvloop: bool = False, timeout: float = 600.0) -> Run:
@@ -79,24 +97,13 @@ def aio_run(bootstrap: str, topic: str, records: int, *, uvloop: bool = False, t
     async def main() -> Run:
         from kshare import AIOShareConsumer
 
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        n, first = 0, None
-        deadline = time.monotonic() + timeout
+        reading = Reading("AIOShareConsumer", bootstrap, records, timeout)
         async with AIOShareConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
                                     max_poll_records=MAX_POLL_RECORDS) as c:
-            while n < records:
-                for rs in (await c.getmany(timeout_ms=1000)).values():
-                    n += len(rs)
-                if n and first is None:
-                    first = time.perf_counter()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"AIOShareConsumer read {n} of {records} via {bootstrap}")
-            t1 = time.perf_counter()
-            cpu = time.process_time() - c0
-        if n != records:
-            raise RuntimeError(f"AIOShareConsumer read {n} records, want {records}")
-        return Run(t1 - t0, (first or t0) - t0, t1 - (first or t0), cpu, _max_rss_mb())
+            while reading.wants_more():
+                reading.got(sum(len(rs) for rs in (await c.getmany(timeout_ms=1000)).values()))
+            reading.end()
+        return reading.run()
 
     if uvloop:
         import uvloop as _uvloop
@@ -109,17 +116,9 @@ def _max_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run(
-    env: Env,
-    progress: Progress,
-    *,
-    records: dict[int, int],
-    repeats: int,
-    partitions: int = 4,
-    client_names: list[str] | None = None,
-    systems: list[str] | None = None,
-    warmup: bool = True,
-) -> dict[str, Any]:
+def run(env: Env, progress: Progress, *, records: dict[int, int], repeats: int, partitions: int = 4,
+        client_names: list[str] | None = None, systems: list[str] | None = None,
+        warmup: bool = True) -> dict[str, Any]:
     names = list(client_names or CLIENTS)
     systems = list(systems or SYSTEMS)
     bootstraps: dict[str, str] = {}

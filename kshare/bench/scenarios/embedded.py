@@ -91,19 +91,9 @@ def _embedded_proxy(env: Env, cache: Path, data: Path, timeout: float) -> tuple[
     }
 
 
-def run(
-    env: Env,
-    progress: Progress,
-    *,
-    rate: float,
-    seconds: float,
-    warmup_s: float,
-    window_s: float = 10.0,
-    restarts: int = 3,
-    size: int = 100,
-    linger_ms: int = 5,
-    start_timeout: float = 900.0,
-) -> dict[str, Any]:
+def run(env: Env, progress: Progress, *, rate: float, seconds: float, warmup_s: float,
+        window_s: float = 10.0, restarts: int = 3, size: int = 100, linger_ms: int = 5,
+        start_timeout: float = 900.0) -> dict[str, Any]:
     """``kshare proxy`` with no ``--upstream`` (``--embedded kafka``, a fresh ``--data-dir`` and an empty
     ``KSHARE_CACHE`` in the results folder): its time to ready, the first time (the jars fetched) and
     after ``restarts`` restarts; then end-to-end latency at ``rate`` for ``warmup_s + seconds``

@@ -170,26 +170,10 @@ def _produce_ids(bootstrap: str, topic: str, n: int, partitions: int, size: int)
         raise KafkaException(f"producing to {topic}: {left} undelivered, errors {failed[:3]}")
 
 
-def _failover_run(
-    system: str,
-    cluster: Any,
-    bootstrap: str,
-    progress: Progress,
-    *,
-    records_before: int,
-    records_during: int,
-    rate: float,
-    partitions: int,
-    consumers: int,
-    work_ms: float,
-    max_poll: int,
-    lock_ms: int,
-    baseline_s: float,
-    settle_s: float,
-    value_size: int,
-    drain_timeout_s: float,
-    check: Any = None,
-) -> dict[str, Any]:
+def _failover_run(system: str, cluster: Any, bootstrap: str, progress: Progress, *, records_before: int,
+                  records_during: int, rate: float, partitions: int, consumers: int, work_ms: float,
+                  max_poll: int, lock_ms: int, baseline_s: float, settle_s: float, value_size: int,
+                  drain_timeout_s: float, check: Any = None) -> dict[str, Any]:
     """One system's run on its started three-node ``cluster``; clients connect to ``bootstrap`` (the
     proxy for kshare, the cluster for native). ``check()`` raises if the proxy is gone."""
     from confluent_kafka.admin import NewTopic
@@ -423,24 +407,10 @@ def _failover_run(
     }
 
 
-def run(
-    env: Env,
-    progress: Progress,
-    *,
-    records_before: int,
-    records_during: int,
-    rate: float,
-    partitions: int = 6,
-    consumers: int = 4,
-    work_ms: float = 6.0,
-    max_poll: int = 100,
-    lock_ms: int = 15_000,
-    baseline_s: float = 15.0,
-    settle_s: float = 5.0,
-    value_size: int = 100,
-    drain_timeout_s: float = 600.0,
-    systems: tuple[str, ...] = ("kshare", "native"),
-) -> dict[str, Any]:
+def run(env: Env, progress: Progress, *, records_before: int, records_during: int, rate: float,
+        partitions: int = 6, consumers: int = 4, work_ms: float = 6.0, max_poll: int = 100,
+        lock_ms: int = 15_000, baseline_s: float = 15.0, settle_s: float = 5.0, value_size: int = 100,
+        drain_timeout_s: float = 600.0, systems: tuple[str, ...] = ("kshare", "native")) -> dict[str, Any]:
     """Three KRaft nodes (replication factor 3, ``min.insync.replicas`` 2) for each system, one after the
     other: Apache Kafka 3.9 with ``kshare proxy --upstream <the three>`` (its own process) and Apache
     Kafka 4.4 with share groups, used directly. A ``partitions``-partition topic with ``records_before``

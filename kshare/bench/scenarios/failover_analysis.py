@@ -16,13 +16,9 @@ def overlap_max(intervals: list[tuple[float, float]], start: float, end: float) 
     return max((min(b, end) - max(a, start) for a, b in intervals if b > start and a < end), default=0.0)
 
 
-def failover_analysis(
-    deliveries: list[tuple[float, int, int]],
-    available: dict[int, float],
-    windows: list[dict[str, Any]],
-    acks: list[tuple[float, float]],
-    t_end: float,
-) -> dict[str, Any]:
+def failover_analysis(deliveries: list[tuple[float, int, int]], available: dict[int, float],
+                      windows: list[dict[str, Any]], acks: list[tuple[float, float]],
+                      t_end: float) -> dict[str, Any]:
     """What a failover run's timeline says.
 
     ``deliveries``: (time, record id, partition) of every delivery, any consumer; ``available``: record

@@ -125,17 +125,8 @@ def _latency_consumer(kind: str, bootstrap: str, topic: str, group: str, ready, 
         out.put(("consumed", seqs.tobytes(), lat.tobytes()))
 
 
-def timed_run(
-    system: str,
-    bootstrap: str,
-    admin_bootstrap: str,
-    rate: float,
-    seconds: float,
-    size: int,
-    skip_s: float,
-    window_s: float = 0.0,
-    linger_ms: int = 5,
-) -> dict[str, Any]:
+def timed_run(system: str, bootstrap: str, admin_bootstrap: str, rate: float, seconds: float, size: int,
+              skip_s: float, window_s: float = 0.0, linger_ms: int = 5) -> dict[str, Any]:
     """One producer and one consumer for ``seconds``; the records of the first ``skip_s`` are left out
     of the figures. With ``window_s``: also ``windows``, the figures of every ``window_s`` of send
     time (record ``i`` was due at ``i / rate``), counted from the end of ``skip_s`` (the skipped
@@ -235,16 +226,8 @@ def latency_windows(seqs: array, lat: array, rate: float, skip: int, window_s: f
     return out
 
 
-def run(
-    env: Env,
-    progress: Progress,
-    *,
-    rate: float,
-    seconds: float,
-    repeats: int,
-    size: int = 100,
-    warmup_s: float = 5.0,
-) -> dict[str, Any]:
+def run(env: Env, progress: Progress, *, rate: float, seconds: float, repeats: int, size: int = 100,
+        warmup_s: float = 5.0) -> dict[str, Any]:
     proxy = env.proxy()
     k4 = env.kafka4()
     systems = {

@@ -95,17 +95,8 @@ async def _memory_load(
         return {"members": all_members, "touched": len(touched), "acquired": acquired}
 
 
-def run(
-    env: Env,
-    progress: Progress,
-    *,
-    groups: int,
-    members: int,
-    partitions: int,
-    records: int,
-    value_size: int = 1024,
-    cache_mb: int = 64,
-) -> dict[str, Any]:
+def run(env: Env, progress: Progress, *, groups: int, members: int, partitions: int, records: int,
+        value_size: int = 1024, cache_mb: int = 64) -> dict[str, Any]:
     budget_mb = cache_budget_mb(env.proxy_args, cache_mb)
     extra = list(env.proxy_args)
     if "--record-cache-mb" not in " ".join(extra):

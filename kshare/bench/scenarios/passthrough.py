@@ -20,16 +20,8 @@ PASSTHROUGH_TARGET = 0.95  # kshare / relay
 SIZES = ({"records": {100: 2_000_000, 1024: 1_000_000}}, {"records": {100: 100_000, 1024: 40_000}})
 
 
-def run(
-    env: Env,
-    progress: Progress,
-    *,
-    records: dict[int, int],
-    repeats: int,
-    partitions: int = 4,
-    configs: list[str] | None = None,
-    warmup: bool = True,
-) -> dict[str, Any]:
+def run(env: Env, progress: Progress, *, records: dict[int, int], repeats: int, partitions: int = 4,
+        configs: list[str] | None = None, warmup: bool = True) -> dict[str, Any]:
     proxy = env.proxy()
     bootstraps = {"direct": env.upstream(), "kshare": proxy.bootstrap}
     pids = {"kshare": proxy.pid}

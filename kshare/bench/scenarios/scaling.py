@@ -26,18 +26,9 @@ SIZES = (
 )
 
 
-def _scale_member(
-    bootstrap: str,
-    group: str,
-    topic: str,
-    work_s: float,
-    max_poll: int,
-    ready: threading.Semaphore,
-    start: threading.Event,
-    stop: threading.Event,
-    times: list[float],
-    errors: list[str],
-) -> None:
+def _scale_member(bootstrap: str, group: str, topic: str, work_s: float, max_poll: int,
+                  ready: threading.Semaphore, start: threading.Event, stop: threading.Event,
+                  times: list[float], errors: list[str]) -> None:
     from confluent_kafka import ShareConsumer
 
     try:
@@ -69,15 +60,8 @@ def _scale_member(
             c.close()
 
 
-def _scale_run(
-    bootstrap: str,
-    admin_bootstrap: str,
-    consumers: int,
-    partitions: int,
-    seconds: float,
-    work_ms: float,
-    max_poll: int,
-) -> dict[str, Any]:
+def _scale_run(bootstrap: str, admin_bootstrap: str, consumers: int, partitions: int, seconds: float,
+               work_ms: float, max_poll: int) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     rate = 1000 / work_ms
@@ -172,16 +156,8 @@ def _scale_run(
     }
 
 
-def run(
-    env: Env,
-    progress: Progress,
-    *,
-    points: list[tuple[int, int]],
-    seconds: float,
-    repeats: int,
-    work_ms: float = 5.0,
-    max_poll: int = 25,
-) -> dict[str, Any]:
+def run(env: Env, progress: Progress, *, points: list[tuple[int, int]], seconds: float, repeats: int,
+        work_ms: float = 5.0, max_poll: int = 25) -> dict[str, Any]:
     proxy = env.proxy()
     k4 = env.kafka4()
     systems = {"kshare": (proxy.bootstrap, env.upstream()), "native": (k4, k4)}

@@ -34,16 +34,8 @@ SIZES = (
 )
 
 
-def run(
-    env: Env,
-    progress: Progress,
-    *,
-    records: dict[int, int],
-    partition_counts: list[int],
-    repeats: int,
-    configs: list[str] | None = None,
-    warmup: int = 1,
-) -> dict[str, Any]:
+def run(env: Env, progress: Progress, *, records: dict[int, int], partition_counts: list[int],
+        repeats: int, configs: list[str] | None = None, warmup: int = 1) -> dict[str, Any]:
     """``warmup``: untimed rounds of every configuration before the first combination is timed.
     The brokers' JITs keep warming for several runs: in one full run, native 4.4 read 100 B x 1 at
     594k rec/s in its single warm-up and 662k, 711k, 841k, 882k in the timed runs after it, so

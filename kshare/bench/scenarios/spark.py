@@ -135,19 +135,9 @@ def _spark_child(env: Env, progress: Progress, plan: dict[str, Any], label: dict
     return session, runs
 
 
-def run(
-    env: Env,
-    progress: Progress,
-    *,
-    seconds: float,
-    repeats: int,
-    pairs: list[tuple[int, int]] | None = None,
-    alone: list[int] | None = None,
-    per_task: int = 500,
-    value_size: int = 100,
-    watch_ms: list[float] | None = None,
-    warmup: bool = True,
-) -> dict[str, Any]:
+def run(env: Env, progress: Progress, *, seconds: float, repeats: int,
+        pairs: list[tuple[int, int]] | None = None, alone: list[int] | None = None, per_task: int = 500,
+        value_size: int = 100, watch_ms: list[float] | None = None, warmup: bool = True) -> dict[str, Any]:
     """The kshare source (``format("kshare")``, through the kshare proxy) against Spark's own Kafka
     source (``format("kafka")``, directly on the fronted Kafka 3.9) in one Spark session, local mode:
     the same topic, a Python UDF of 5 ms per record, a ``foreachBatch`` sink counting rows, the default
