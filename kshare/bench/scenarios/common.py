@@ -1,13 +1,18 @@
-"""What every scenario of ``kshare bench`` shares: its description (:class:`Scenario`), the alternated
-order of configurations, medians, percentiles and the targets' check."""
+"""What every scenario of ``kshare bench`` shares: its description (:class:`Scenario`, built by
+:func:`scenario`) and the shape of its results (:func:`results`), the alternated order of configurations,
+medians, percentiles and the targets' check, and the loops of its clients (a round-robin produce, a
+consumer's records until stopped, a member doing fixed work per record)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import sys
+import threading
+import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,3 +106,41 @@ def results(config: dict[str, Any], rows: list[dict[str, Any]], *, samples: list
     """What a scenario's ``run`` returns: ``config`` (what was run), ``rows`` (its main table), the further
     ``parts`` its section reads, ``samples`` (every measured run) and ``targets`` (:func:`target`)."""
     return {"config": config, "rows": rows, **parts, "samples": samples or [], "targets": targets or []}
+
+
+def produce_round_robin(producer: Any, topic: str, n: int, partitions: int,
+                        value: bytes | Callable[[int], bytes]) -> None:
+    """Hand ``n`` records to a confluent-kafka ``producer``, record ``i`` (``value``, or ``value(i)``) to
+    partition ``i % partitions``; a full queue is served (its delivery reports) and the record offered again.
+    The caller flushes."""
+    for i in range(n):
+        v = value(i) if callable(value) else value
+        while True:
+            try:
+                producer.produce(topic, v, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+
+
+def polled(consumer: Any, stop: threading.Event, timeout: float = 0.1) -> Iterator[Any]:
+    """The records a confluent-kafka consumer polls (errors left out) until ``stop`` is set: the loop of the
+    scenarios' working members."""
+    while not stop.is_set():
+        for m in consumer.poll(timeout):
+            if m.error() is None:
+                yield m
+
+
+def work_member(consumer: Any, start: threading.Event, stop: threading.Event, work_s: float,
+                times: list[float]) -> None:
+    """A subscribed consumer doing ``work_s`` of work per record from ``start`` until ``stop``: when each
+    record's work ended in ``times``. Closes the consumer."""
+    start.wait()
+    try:
+        for _ in polled(consumer, stop):
+            time.sleep(work_s)
+            times.append(time.monotonic())
+    finally:
+        with contextlib.suppress(Exception):
+            consumer.close()

@@ -20,7 +20,7 @@ from ..brokers import KAFKA_3, KAFKA_4
 from ..format import COLORS, fmt_num, table
 from ..procs import BENCH_BROKER_CONFIG, KAFKA4_CONFIG, ProxyProcess
 from ..three_nodes import ThreeNodeCluster
-from .common import KAFKA3, KAFKA4, scenario, target
+from .common import KAFKA3, KAFKA4, produce_round_robin, scenario, target
 from .failover_analysis import failover_analysis, log_levels, overlap_max, timeline
 
 if TYPE_CHECKING:
@@ -158,13 +158,7 @@ def _produce_ids(bootstrap: str, topic: str, n: int, partitions: int, size: int)
                   "batch.size": 16384, "error_cb": clients._quiet, "log_level": 3,
                   "on_delivery": lambda err, _msg: failed.append(err) if err is not None else None})
     pad = b"." * max(0, size - _ID.size)
-    for i in range(n):
-        while True:
-            try:
-                p.produce(topic, _ID.pack(i) + pad, partition=i % partitions)
-                break
-            except BufferError:
-                p.poll(0.05)
+    produce_round_robin(p, topic, n, partitions, lambda i: _ID.pack(i) + pad)
     left = p.flush(300)
     if left or failed:
         raise KafkaException(f"producing to {topic}: {left} undelivered, errors {failed[:3]}")

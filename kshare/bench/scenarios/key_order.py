@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import clients
 from ..format import fmt_num, fmt_ratio, table
-from .common import UPSTREAM, alternate, median, scenario
+from .common import UPSTREAM, alternate, median, polled, scenario, work_member
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -63,15 +63,7 @@ def _member(bootstrap: str, group: str, topic: str, work_s: float, start: thread
     c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "error_cb": clients._quiet,
                        "log_level": 3})
     c.subscribe([topic])
-    start.wait()
-    try:
-        while not stop.is_set():
-            for m in c.poll(0.1):
-                if m.error() is None:
-                    time.sleep(work_s)
-                    times.append(time.monotonic())
-    finally:
-        c.close()
+    work_member(c, start, stop, work_s, times)
 
 
 def _busy_member(bootstrap: str, group: str, topic: str, max_work_s: float, seed: int, start: threading.Event,
@@ -86,14 +78,11 @@ def _busy_member(bootstrap: str, group: str, topic: str, max_work_s: float, seed
     c.subscribe([topic])
     start.wait()
     try:
-        while not stop.is_set():
-            for m in c.poll(0.1):
-                if m.error() is not None:
-                    continue
-                t0 = time.monotonic()
-                time.sleep(rng.uniform(0, max_work_s))
-                done.append((m.key(), m.offset(), t0, time.monotonic()))
-                c.acknowledge(m, AcknowledgeType.ACCEPT)
+        for m in polled(c, stop):
+            t0 = time.monotonic()
+            time.sleep(rng.uniform(0, max_work_s))
+            done.append((m.key(), m.offset(), t0, time.monotonic()))
+            c.acknowledge(m, AcknowledgeType.ACCEPT)
     finally:
         c.close()
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import clients
 from ..procs import load
-from .common import UPSTREAM, scenario, target
+from .common import UPSTREAM, produce_round_robin, scenario, target
 from .instance_group import (
     Upstream,
     bootstrap_of,
@@ -109,13 +109,7 @@ def produce_batched(bootstrap: str, topic: str, n: int, size: int, partitions: i
                      "on_delivery": lambda err, msg: errors.append(err)})
     value = os.urandom(size)
     t0 = time.perf_counter()
-    for i in range(n):
-        while True:
-            try:
-                prod.produce(topic, value, partition=i % partitions)
-                break
-            except BufferError:
-                prod.poll(0.05)
+    produce_round_robin(prod, topic, n, partitions, value)
     left = prod.flush(300)
     if left or errors:
         raise RuntimeError(f"produce to {topic}: {left} undelivered, errors {errors[:3]}")

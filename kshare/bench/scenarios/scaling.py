@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import clients
 from ..format import COLORS, bars, fmt_num, fmt_pct, table
-from .common import KAFKA4, UPSTREAM, alternate, median, scenario
+from .common import KAFKA4, UPSTREAM, alternate, median, produce_round_robin, scenario, work_member
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -47,17 +46,7 @@ def _scale_member(bootstrap: str, group: str, topic: str, work_s: float, max_pol
         ready.release()
         return
     ready.release()
-    start.wait()
-    try:
-        while not stop.is_set():
-            for m in c.poll(0.1):
-                if m.error() is not None:
-                    continue
-                time.sleep(work_s)
-                times.append(time.monotonic())
-    finally:
-        with contextlib.suppress(Exception):
-            c.close()
+    work_member(c, start, stop, work_s, times)
 
 
 def _scale_run(bootstrap: str, admin_bootstrap: str, consumers: int, partitions: int, seconds: float,
@@ -82,14 +71,7 @@ def _scale_run(bootstrap: str, admin_bootstrap: str, consumers: int, partitions:
                 "log_level": 3,
             }
         )
-        value = b"." * 100
-        for i in range(total):
-            while True:
-                try:
-                    p.produce(topic, value, partition=i % partitions)
-                    break
-                except BufferError:
-                    p.poll(0.05)
+        produce_round_robin(p, topic, total, partitions, b"." * 100)
         assert p.flush(120) == 0
         clients.share_group(bootstrap, group)
         ready, start, stop = threading.Semaphore(0), threading.Event(), threading.Event()
