@@ -368,8 +368,7 @@ class ShareGroupAdmin:
                 self._coordinators[group] = node
                 return node
             if code not in _RETRIABLE_COORDINATOR or time.monotonic() >= deadline:
-                raise AdminError(f"cannot find the coordinator of group {group}: {error_name(code)}"
-                                 + (f" ({message})" if message else ""))
+                raise AdminError(f"cannot find the coordinator of group {group}: {_error_text(code, message)}")
             await asyncio.sleep(0.2)
 
     async def _group_request(self, group: str, api_key: int, build: Callable[[int], Any],
@@ -438,11 +437,7 @@ class ShareGroupAdmin:
         if not resp.groups:
             raise AdminError(f"ShareGroupDescribe returned no answer for group {group}")
         g = resp.groups[0]
-        if g.error_code == ErrorCode.GROUP_ID_NOT_FOUND:
-            raise GroupNotFound(group, g.error_message)
-        if g.error_code:
-            raise AdminError(f"cannot describe group {group}: {error_name(g.error_code)}"
-                             + (f" ({g.error_message})" if g.error_message else ""))
+        _raise_group_error(group, g.error_code, g.error_message, "describe group")
         if g.group_state.lower() == "dead":
             raise GroupNotFound(group)
         members = []
@@ -473,8 +468,7 @@ class ShareGroupAdmin:
             raise AdminError(f"DescribeConfigs returned no answer for group {group}")
         r = resp.results[0]
         if r.error_code:
-            raise AdminError(f"cannot describe the configs of group {group}: {error_name(r.error_code)}"
-                             + (f" ({r.error_message})" if r.error_message else ""))
+            raise AdminError(f"cannot describe the configs of group {group}: {_error_text(r.error_code, r.error_message)}")
         out = []
         for c in r.configs:
             source = _CONFIG_SOURCES.get(c.config_source, str(c.config_source)) if version >= 1 else (
@@ -535,17 +529,11 @@ class ShareGroupAdmin:
         if not resp.groups:
             return []
         g = resp.groups[0]
-        if g.error_code == ErrorCode.GROUP_ID_NOT_FOUND:
-            raise GroupNotFound(group, g.error_message)
-        if g.error_code:
-            raise AdminError(f"cannot describe the offsets of group {group}: {error_name(g.error_code)}"
-                             + (f" ({g.error_message})" if g.error_message else ""))
+        _raise_group_error(group, g.error_code, g.error_message, "describe the offsets of group")
         out = []
         for t in g.topics:
             for p in t.partitions:
-                err = None
-                if p.error_code:
-                    err = error_name(p.error_code) + (f" ({p.error_message})" if p.error_message else "")
+                err = _error_text(p.error_code, p.error_message) if p.error_code else None
                 start = p.start_offset if p.start_offset >= 0 else None
                 lag = getattr(p, "lag", -1)
                 out.append(PartitionOffset(
@@ -567,21 +555,14 @@ class ShareGroupAdmin:
                 cls.AlterShareGroupOffsetsRequestPartition(partition_index=p, start_offset=o) for p, o in parts])
             for t, parts in by_topic.items()])
         resp = await self._group_request(group, ApiKey.ALTER_SHARE_GROUP_OFFSETS, lambda v: req, lambda r: r.error_code)
-        if resp.error_code == ErrorCode.NON_EMPTY_GROUP:
-            raise GroupNotEmpty(group)
-        if resp.error_code == ErrorCode.GROUP_ID_NOT_FOUND:
-            raise GroupNotFound(group, resp.error_message)
-        if resp.error_code:
-            raise AdminError(f"cannot reset the offsets of group {group}: {error_name(resp.error_code)}"
-                             + (f" ({resp.error_message})" if resp.error_message else ""))
+        _raise_group_error(group, resp.error_code, resp.error_message, "reset the offsets of group")
         result: dict[tuple[str, int], str | None] = {tp: "no answer" for tp in offsets}
         for t in resp.responses:
             for p in t.partitions:
                 if p.error_code == ErrorCode.NON_EMPTY_GROUP:
                     raise GroupNotEmpty(group)
                 result[(t.topic_name, p.partition_index)] = (
-                    None if p.error_code == ErrorCode.NONE else
-                    error_name(p.error_code) + (f" ({p.error_message})" if p.error_message else ""))
+                    _error_text(p.error_code, p.error_message) if p.error_code else None)
         return result
 
     # -- DeleteShareGroupOffsets ------------------------------------------------------------------
@@ -590,17 +571,10 @@ class ShareGroupAdmin:
         cls = messages.message_class("DeleteShareGroupOffsetsRequest")
         req = cls(group_id=group, topics=[cls.DeleteShareGroupOffsetsRequestTopic(topic_name=t) for t in topics])
         resp = await self._group_request(group, ApiKey.DELETE_SHARE_GROUP_OFFSETS, lambda v: req, lambda r: r.error_code)
-        if resp.error_code == ErrorCode.NON_EMPTY_GROUP:
-            raise GroupNotEmpty(group)
-        if resp.error_code == ErrorCode.GROUP_ID_NOT_FOUND:
-            raise GroupNotFound(group, resp.error_message)
-        if resp.error_code:
-            raise AdminError(f"cannot delete the offsets of group {group}: {error_name(resp.error_code)}"
-                             + (f" ({resp.error_message})" if resp.error_message else ""))
+        _raise_group_error(group, resp.error_code, resp.error_message, "delete the offsets of group")
         result: dict[str, str | None] = {t: "no answer" for t in topics}
         for t in resp.responses:
-            result[t.topic_name] = (None if t.error_code == ErrorCode.NONE else
-                                    error_name(t.error_code) + (f" ({t.error_message})" if t.error_message else ""))
+            result[t.topic_name] = _error_text(t.error_code, t.error_message) if t.error_code else None
         return result
 
     # -- DeleteGroups -----------------------------------------------------------------------------
@@ -610,12 +584,7 @@ class ShareGroupAdmin:
             group, ApiKey.DELETE_GROUPS, lambda v: cls(groups_names=[group]),
             lambda r: r.results[0].error_code if r.results else ErrorCode.NONE)
         code = resp.results[0].error_code if resp.results else ErrorCode.NONE
-        if code == ErrorCode.NON_EMPTY_GROUP:
-            raise GroupNotEmpty(group)
-        if code == ErrorCode.GROUP_ID_NOT_FOUND:
-            raise GroupNotFound(group)
-        if code:
-            raise AdminError(f"cannot delete group {group}: {error_name(code)}")
+        _raise_group_error(group, code, None, "delete group")
 
     # -- ListOffsets ------------------------------------------------------------------------------
     async def list_offsets(self, partitions: Iterable[tuple[str, int]], timestamp: int,
@@ -674,6 +643,22 @@ class ShareGroupAdmin:
                 await asyncio.sleep(0.2)
                 await self.refresh_metadata({t for t, _ in todo})
         return out
+
+
+def _error_text(code: int, message: str | None) -> str:
+    """Kafka's name for error ``code``, with the broker's message when it sent one."""
+    return error_name(code) + (f" ({message})" if message else "")
+
+
+def _raise_group_error(group: str, code: int, message: str | None, doing: str) -> None:
+    """Raise what the group-level error ``code`` of an admin call means (nothing for 0): the group is
+    not empty, or not found, or else ``doing`` (``"delete group"``) failed for that reason."""
+    if code == ErrorCode.NON_EMPTY_GROUP:
+        raise GroupNotEmpty(group)
+    if code == ErrorCode.GROUP_ID_NOT_FOUND:
+        raise GroupNotFound(group, message)
+    if code:
+        raise AdminError(f"cannot {doing} {group}: {_error_text(code, message)}")
 
 
 def _reason(exc: BaseException | None) -> str:

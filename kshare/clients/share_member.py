@@ -559,18 +559,23 @@ class ShareMember:
                 await task
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - it was retrying anyway
                 pass
-        try:
-            if self.epoch > 0:
-                self.epoch = LEAVE_EPOCH
-                await self._heartbeat(None)
-        except (KafkaError, OSError, ConnectionError):
-            pass
+        await self._leave()
         self.epoch, self.assignment = 0, set()
         self._assigned.clear()
         for s in self._sessions.values():
             self._lost(s)
         self.member_id = str(uuid.uuid4())
         self._send_topics = True
+
+    async def _leave(self) -> None:
+        """Tell the coordinator the member leaves (best effort: on a failure it is dropped when its
+        session times out)."""
+        try:
+            if self.epoch > 0:
+                self.epoch = LEAVE_EPOCH
+                await self._heartbeat(None)
+        except (KafkaError, OSError, ConnectionError):
+            pass
 
     async def close(self) -> None:
         """Leave the group; the broker releases whatever is still acquired."""
@@ -579,12 +584,7 @@ class ShareMember:
         self.closed = True
         if self._hb_task is not None:
             self._hb_task.cancel()
-        try:
-            if self.epoch > 0:
-                self.epoch = LEAVE_EPOCH
-                await self._heartbeat(None)
-        except (KafkaError, OSError, ConnectionError):
-            pass
+        await self._leave()
         await self.cluster.close()
 
 

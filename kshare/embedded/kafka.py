@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from . import distribution
+from .process import EmbeddedProcess, terminate
 
 log = logging.getLogger("kshare.embedded")
 
@@ -141,7 +142,7 @@ def download_bar(manifest: distribution.Manifest) -> Iterator[distribution.Progr
         yield lambda n: bar.advance(task, n)
 
 
-class EmbeddedKafka:
+class EmbeddedKafka(EmbeddedProcess):
     """A single-node KRaft Apache Kafka whose data lives in ``data_dir / "embedded-kafka"``."""
 
     kind = "kafka"
@@ -283,20 +284,8 @@ class EmbeddedKafka:
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (a controlled shutdown that keeps every record), SIGKILL after ``timeout``."""
         proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("the embedded Apache Kafka did not stop within %.0f s of SIGTERM: killed", timeout)
-                proc.kill()
-                proc.wait()
+        if terminate(proc, timeout):
+            log.warning("the embedded Apache Kafka did not stop within %.0f s of SIGTERM: killed", timeout)
         if self._lock is not None:
             self._lock.close()
             self._lock = None
-
-    def __enter__(self) -> EmbeddedKafka:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

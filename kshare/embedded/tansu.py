@@ -16,6 +16,8 @@ import tempfile
 import time
 from typing import IO
 
+from .process import EmbeddedProcess, terminate
+
 log = logging.getLogger("kshare.embedded")
 
 
@@ -47,7 +49,7 @@ def _die_with_parent() -> None:
         pass  # not Linux: stop() still ends it on a normal exit
 
 
-class EmbeddedTansu:
+class EmbeddedTansu(EmbeddedProcess):
     """A Tansu broker subprocess on a loopback port."""
 
     kind = "tansu"
@@ -91,20 +93,8 @@ class EmbeddedTansu:
         raise RuntimeError(f"embedded Tansu broker did not listen on {self.bootstrap} within {timeout}s")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, 5)
         self.process = None
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
-
-    def __enter__(self) -> EmbeddedTansu:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -13,6 +13,7 @@ import asyncio
 import heapq
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -35,25 +36,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("kshare.share")
 
 
+@dataclass(slots=True, kw_only=True)
 class PartitionContext:
     """What every share-partition of a service shares: given to each at creation, so a
     share-partition does its own work without going back to the service."""
 
-    __slots__ = ("store", "stats", "clock", "logs", "locks", "dead_letters", "coordinator", "initialise", "owns")
-
-    def __init__(self, *, store: StateStore, stats: ShareStats, clock: Callable[[], int], logs: PartitionLogs,
-                 locks: LockTimers, dead_letters: DeadLetterWriter, coordinator: GroupCoordinator,
-                 initialise: Callable[[SharePartitionState], Awaitable[tuple[int, SharePartition | None]]],
-                 owns: Callable[[SharePartitionKey], bool]) -> None:
-        self.store = store
-        self.stats = stats
-        self.clock = clock
-        self.logs = logs
-        self.locks = locks
-        self.dead_letters = dead_letters
-        self.coordinator = coordinator  # the group's configs (its DLQ topic), looked up when records are archived
-        self.initialise = initialise  # builds the engine from durable state (ShareGroupService._initialise)
-        self.owns = owns  # whether this proxy leads the share-partition (instance groups)
+    store: StateStore
+    stats: ShareStats
+    clock: Callable[[], int]
+    logs: PartitionLogs
+    locks: LockTimers
+    dead_letters: DeadLetterWriter
+    coordinator: GroupCoordinator  # the group's configs (its DLQ topic), looked up when records are archived
+    # builds the engine from durable state (ShareGroupService._initialise)
+    initialise: Callable[[SharePartitionState], Awaitable[tuple[int, SharePartition | None]]]
+    owns: Callable[[SharePartitionKey], bool]  # whether this proxy leads the share-partition (instance groups)
 
 
 class SharePartitionState:

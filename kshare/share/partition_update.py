@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kshare.share.states import ShareUpdate, StateBatch, merge_batches, overlay
+from kshare.share.states import ShareUpdate, StateBatch, clip_batches, merge_batches, overlay
 
 
 def durable_update(changes: list[StateBatch], old_start: int, new_start: int,
@@ -28,7 +28,7 @@ def durable_update(changes: list[StateBatch], old_start: int, new_start: int,
     # Otherwise the new start offset is written and settles everything below it.
     if _covers(batches, old_start, new_start) and durable_state_remains():
         return ShareUpdate(-1, tuple(batches))
-    return ShareUpdate(new_start, tuple(_clip(batches, new_start)))
+    return ShareUpdate(new_start, tuple(clip_batches(batches, new_start)))
 
 
 def _sorted_disjoint(batches: Sequence[StateBatch]) -> bool:
@@ -52,14 +52,3 @@ def _covers(batches: Sequence[StateBatch], first: int, end: int) -> bool:
         if cursor >= end:
             return True
     return cursor >= end
-
-
-def _clip(batches: Sequence[StateBatch], start: int) -> list[StateBatch]:
-    out = []
-    for b in batches:
-        if b.last_offset < start:
-            continue
-        if b.first_offset < start:
-            b = b._replace(first_offset=start)
-        out.append(b)
-    return out

@@ -152,6 +152,18 @@ class ShareSnapshot(NamedTuple):
     state_batches: tuple[StateBatch, ...]
 
 
+def clip_batches(batches: Iterable[StateBatch], start: int) -> list[StateBatch]:
+    """The batches from offset ``start`` on: those wholly below it dropped, one across it cut there."""
+    out = []
+    for b in batches:
+        if b.last_offset < start:
+            continue
+        if b.first_offset < start:
+            b = b._replace(first_offset=start)
+        out.append(b)
+    return out
+
+
 def merge_batches(batches: Iterable[StateBatch]) -> list[StateBatch]:
     """Join contiguous batches with the same state and count (input sorted, non-overlapping)."""
     out: list[StateBatch] = []
@@ -205,13 +217,7 @@ def normalize(snapshot: ShareSnapshot) -> ShareSnapshot:
     if start < 0:
         return ShareSnapshot(start, tuple(batches))
     i = 0
-    kept: list[StateBatch] = []
-    for b in batches:
-        if b.last_offset < start:
-            continue
-        if b.first_offset < start:
-            b = b._replace(first_offset=start)
-        kept.append(b)
+    kept = clip_batches(batches, start)
     while i < len(kept) and kept[i].first_offset == start and kept[i].delivery_state in TERMINAL_STATES:
         start = kept[i].last_offset + 1
         i += 1

@@ -9,7 +9,7 @@ from ...protocol.codes import ApiKey
 from .. import admin
 from ..authorization import Operation
 from ..errors import ErrorCode
-from .common import group_admin_refusal, topic_refusal
+from .common import empty_group_refusal, topic_refusal
 
 if TYPE_CHECKING:
     from ...proxy.connection import ClientConnection
@@ -23,12 +23,9 @@ Response = messages.message_class("AlterShareGroupOffsetsResponse")
 
 async def handle(service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
     version = header.api_version
-    refusal, message = await group_admin_refusal(service, conn, Operation.READ, req.group_id)
+    refusal, message = await empty_group_refusal(service, conn, Operation.READ, req.group_id, must_exist=False)
     if refusal:
         return version, Response(error_code=refusal, error_message=message)
-    group = service.share_group(req.group_id)
-    if group is not None and group.members:
-        return version, Response(error_code=ErrorCode.NON_EMPTY_GROUP, error_message="The group is not empty.")
     responses = []
     for t in req.topics:
         info = await admin.lookup_topic(service, t.topic_name, [p.partition_index for p in t.partitions])

@@ -85,6 +85,23 @@ async def group_admin_refusal(service: ShareGroupService, conn: ClientConnection
     return await group_refusal(service, conn, op, group_id), None
 
 
+async def empty_group_refusal(service: ShareGroupService, conn: ClientConnection, op: Operation, group_id: str,
+                              *, must_exist: bool) -> tuple[int, str | None]:
+    """Why a change to an empty share group's offsets is refused (NONE: it is not), with its
+    message: as :func:`group_admin_refusal`, or the group has members, or (``must_exist``) there is
+    no such group."""
+    refusal, message = await group_admin_refusal(service, conn, op, group_id)
+    if refusal:
+        return refusal, message
+    group = service.share_group(group_id)
+    if group is None:
+        if must_exist:
+            return ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} not found."
+    elif group.members:
+        return ErrorCode.NON_EMPTY_GROUP, "The group is not empty."
+    return ErrorCode.NONE, None
+
+
 def session_key(group_id: str, member_id: str, conn: ClientConnection) -> tuple[str, str, int]:
     """Sessions are per broker; through the proxy a broker is the listener the client used."""
     return (group_id, member_id, -1 if conn.node_id is None else conn.node_id)
