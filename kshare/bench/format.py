@@ -71,6 +71,21 @@ def bars(ax: Any, groups: list[str], series: dict[str, list[float]], ylabel: str
         )
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, fontsize=8)
+    bar_axis(ax, ylabel)
+
+
+def line_axis(ax: Any, xlabel: str, ylabel: str, title: str, legend_size: int = 8) -> None:
+    """A line plot's axis (scales set by the caller): its labels, the title in small print, a light grid at
+    the minor ticks too (log scales), the legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
+def bar_axis(ax: Any, ylabel: str) -> None:
+    """The y axis of a bar plot: its label, a light grid along it, the legend in small print."""
     ax.set_ylabel(ylabel)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)

@@ -11,7 +11,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .. import clients
-from ..format import COLORS, fmt_num, fmt_ratio, table
+from ..format import COLORS, fmt_num, fmt_ratio, line_axis, table
 from .common import alternate, median, pct, scenario, target
 
 if TYPE_CHECKING:
@@ -261,13 +261,10 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
                     and r.get("rate", 0.0) == rate and r["members"] == 1), None)
         if one and rate == target_load:
             ax.axhline(2 * one, color="tab:red", lw=0.8, ls=":", label="target: 2 x kshare p50 of one member")
-        ax.set_title("closed loop" if not rate else f"{rate:,.0f} cycles/s shared by the members", fontsize=10)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("concurrent members")
-        ax.set_ylabel("ShareAcknowledge round trip (ms)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        line_axis(ax, "concurrent members", "ShareAcknowledge round trip (ms)",
+                  "closed loop" if not rate else f"{rate:,.0f} cycles/s shared by the members")
     fig.tight_layout()
     return fig
 

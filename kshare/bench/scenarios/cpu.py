@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..format import COLORS, fmt_num, fmt_size, table
+from ..format import COLORS, bar_axis, fmt_num, fmt_size, table
 from . import passthrough, share
 from .common import scenario, target
 
@@ -114,9 +114,7 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     ax.axhline(35, color="tab:red", ls=":", lw=1, label="target 35")
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("millicores per MB/s")
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    bar_axis(ax, "millicores per MB/s")
     return fig
 
 

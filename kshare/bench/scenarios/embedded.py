@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..format import COLORS, fmt_num, log_label, table
+from ..format import COLORS, fmt_num, line_axis, log_label, table
 from ..procs import ProxyProcess
 from .common import KAFKA4, median, scenario, target
 from .latency import latency_cells, timed_run
@@ -310,11 +310,8 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(log_label))
         ax.yaxis.set_minor_formatter(ticker.FuncFormatter(log_label))
         ax.tick_params(axis="y", which="minor", labelsize=7)
-        ax.set_xlabel("seconds of send time after the warm-up")
-        ax.set_ylabel("end-to-end latency (ms)")
-        ax.set_title(f"{title} at {cfg.get('rate', 0):,.0f} records/s", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        line_axis(ax, "seconds of send time after the warm-up", "end-to-end latency (ms)",
+                  f"{title} at {cfg.get('rate', 0):,.0f} records/s")
     starts = res.get("starts") or []
     axes[2].bar(range(len(starts)), [st.get("ready_s") or 0 for st in starts],
                 color=["tab:orange"] + [COLORS["kshare"]] * (len(starts) - 1))

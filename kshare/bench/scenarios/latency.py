@@ -12,7 +12,7 @@ from array import array
 from typing import TYPE_CHECKING, Any
 
 from .. import clients
-from ..format import COLORS, fmt_num, table
+from ..format import COLORS, fmt_num, line_axis, table
 from .common import KAFKA4, UPSTREAM, alternate, median, pct, scenario, target
 
 if TYPE_CHECKING:
@@ -346,19 +346,12 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
                 label=r["system"],
             )
     ax1.set_xscale("log")
-    ax1.set_xlabel("end-to-end latency (ms)")
-    ax1.set_ylabel("fraction of records")
-    ax1.set_title(f"CDF at {res['config'].get('rate', 0):,.0f} records/s", fontsize=10)
-    ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=8)
+    line_axis(ax1, "end-to-end latency (ms)", "fraction of records",
+              f"CDF at {res['config'].get('rate', 0):,.0f} records/s")
     ax2.set_xscale("log")
     ax2.invert_xaxis()
     ax2.set_yscale("log")
-    ax2.set_xlabel("fraction of records slower (1 - quantile)")
-    ax2.set_ylabel("latency (ms)")
-    ax2.set_title("tail: p99 (0.01) ... p99.99 (0.0001)", fontsize=10)
-    ax2.grid(True, which="both", alpha=0.3)
-    ax2.legend(fontsize=8)
+    line_axis(ax2, "fraction of records slower (1 - quantile)", "latency (ms)", "tail: p99 (0.01) ... p99.99 (0.0001)")
     return fig
 
 

@@ -10,7 +10,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .. import clients
-from ..format import COLORS, fmt_num, table
+from ..format import COLORS, bar_axis, fmt_num, table
 from ..procs import ProxyProcess, cpu_seconds, rss_bytes
 from .common import MEMORY_OVERHEAD_MB, cache_budget_mb, scenario, target
 
@@ -256,12 +256,10 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
         label="kshare_record_cache_bytes",
     )
     ax.axhline(r["rss_limit_mb"], color="tab:red", ls=":", lw=1, label="idle + cache budget + fixed overhead")
-    ax.set_ylabel("MB")
     ax.set_title(
         f"{r['share_partitions_touched']:,} share-partitions, {r['connections']:,} connections", fontsize=10
     )
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    bar_axis(ax, "MB")
     return fig
 
 

@@ -9,7 +9,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .. import clients
-from ..format import COLORS, bars, fmt_num, fmt_pct, table
+from ..format import COLORS, bars, fmt_num, fmt_pct, line_axis, table
 from .common import KAFKA4, UPSTREAM, alternate, median, produce_round_robin, scenario, work_member
 
 if TYPE_CHECKING:
@@ -264,11 +264,7 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
     )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("consumers")
-    ax.set_ylabel("records/s while all are busy")
-    ax.set_title("scaling with 5 ms of work per record", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    line_axis(ax, "consumers", "records/s while all are busy", "scaling with 5 ms of work per record", 7)
     groups = [f"{r['consumers']}/{r['partitions']}" for r in rows]
     bars(
         ax2,
