@@ -155,10 +155,7 @@ class Env:
                 }
             )
             self.relay_bootstrap = f"{h}:{relay_port}"
-            self.progress.note(f"starting Apache Kafka {KAFKA_3} (the fronted cluster)")
-            broker.start()
-            self._k3 = broker
-            self.started["kafka3"] = f"Apache Kafka {KAFKA_3} at {broker.bootstrap} (log {broker.log_path})"
+            self._k3 = self._start(broker, "kafka3", "(the fronted cluster)")
         return self._k3.bootstrap
 
     def upstream_broker(self) -> KafkaBroker | None:
@@ -176,11 +173,15 @@ class Env:
         """Bootstrap of native Apache Kafka 4.4 with share groups (the reference)."""
         if self._k4 is None:
             broker = KafkaBroker(KAFKA_4, share_groups=True, config=KAFKA4_CONFIG)
-            self.progress.note(f"starting Apache Kafka {KAFKA_4} with share groups (the reference)")
-            broker.start()
-            self._k4 = broker
-            self.started["kafka4"] = f"Apache Kafka {KAFKA_4} at {broker.bootstrap} (log {broker.log_path})"
+            self._k4 = self._start(broker, "kafka4", "with share groups (the reference)")
         return self._k4.bootstrap
+
+    def _start(self, broker: KafkaBroker, key: str, role: str) -> KafkaBroker:
+        """Start ``broker``, saying so (``role``: what it is for), and list it in ``started`` under ``key``."""
+        self.progress.note(f"starting Apache Kafka {broker.version} {role}")
+        broker.start()
+        self.started[key] = f"Apache Kafka {broker.version} at {broker.bootstrap} (log {broker.log_path})"
+        return broker
 
     def relay(self) -> Child | None:
         """The bare relay in front of the 3.9 broker (none in front of an ``--upstream`` cluster: its brokers
