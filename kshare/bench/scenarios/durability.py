@@ -61,7 +61,7 @@ from ...share.store import GroupRecord, SharePartitionKey
 from .. import clients
 from ..format import fmt_num, fmt_pct, table
 from ..procs import ProxyProcess, cpu_seconds
-from .common import UPSTREAM, pct, scenario
+from .common import UPSTREAM, pct, results, scenario
 from .state_store import topic_bytes_on_disk, worst_case_snapshot
 
 if TYPE_CHECKING:
@@ -401,18 +401,11 @@ def run(env: Env, progress: Progress, *, samples: int, members: list[int], recor
     # 3. recovery, with proxies of its own
     rec = recovery(env, progress, recovery_groups, recovery_partitions, recovery_inflight, recovery_runs)
     progress.end()
-    return {
-        "config": {"samples": samples, "members": members, "records": records, "release_rate": release_rate,
-                   "volume_partitions": VOLUME_PARTITIONS, "recovery_groups": recovery_groups,
-                   "recovery_partitions": recovery_partitions, "recovery_inflight": recovery_inflight,
-                   "recovery_runs": recovery_runs, "on_disk": data_dir is not None},
-        "rows": latency,
-        "volume": volume,
-        "recovery": rec,
-        "samples": [],
-        "targets": [],
-        "proxy_log_notes": notes,
-    }
+    config = {"samples": samples, "members": members, "records": records, "release_rate": release_rate,
+              "volume_partitions": VOLUME_PARTITIONS, "recovery_groups": recovery_groups,
+              "recovery_partitions": recovery_partitions, "recovery_inflight": recovery_inflight,
+              "recovery_runs": recovery_runs, "on_disk": data_dir is not None}
+    return results(config, latency, volume=volume, recovery=rec, proxy_log_notes=notes)
 
 
 def section(res: dict[str, Any]) -> list[str]:
