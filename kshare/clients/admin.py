@@ -18,6 +18,7 @@ from ..protocol import messages
 from ..protocol.codes import ApiKey, ErrorCode
 from ..security import ClientSecurity
 from .cluster import (
+    Connections,
     Node,
     TopicMeta,
     coordinator_answer,
@@ -240,9 +241,8 @@ class ShareGroupAdmin:
         self.timeout = timeout_ms / 1000.0
         self.brokers: dict[int, Node] = {}
         self.topics: dict[str, TopicMeta] = {}
-        self._conns: dict[int | tuple[str, int], KafkaConnection] = {}
         self._coordinators: dict[str, Node] = {}
-        self._bootstrap_conn: KafkaConnection | None = None
+        self._pool = Connections(self._open)
 
     async def __aenter__(self) -> ShareGroupAdmin:
         await self.connect()
@@ -261,19 +261,14 @@ class ShareGroupAdmin:
             for host, port in self.bootstrap:
                 remaining = deadline - time.monotonic()
                 try:
-                    self._bootstrap_conn = await asyncio.wait_for(
-                        KafkaConnection.open(host, port, self.client_id, timeout=max(0.1, remaining),
-                                             security=self.security),
-                        max(0.1, remaining))
+                    self._pool.bootstrap = await self._open(host, port, max(0.1, remaining))
                     await self.refresh_metadata()
                     return
                 except ProxyUpstreamUnavailable:
                     raise Unreachable(proxy_without_cluster_message(host, port)) from None
                 except (OSError, ConnectionError, TimeoutError) as exc:
                     last = exc
-                    if self._bootstrap_conn is not None:
-                        await self._bootstrap_conn.close()
-                        self._bootstrap_conn = None
+                    await self._pool.drop_bootstrap()
                     # closed without an answer: a TLS listener does that to a plaintext request (asked
                     # once, not on every retry; retrying would only repeat it until the timeout)
                     if (isinstance(exc, ConnectionClosed) and not asked_tls
@@ -286,35 +281,18 @@ class ShareGroupAdmin:
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         raise Unreachable(unreachable_message(self.bootstrap, self.timeout, last))
 
+    async def _open(self, host: str, port: int, timeout: float) -> KafkaConnection:
+        return await asyncio.wait_for(KafkaConnection.open(host, port, self.client_id, timeout=timeout,
+                                                           security=self.security), timeout)
+
     async def close(self) -> None:
-        for conn in list(self._conns.values()):
-            await conn.close()
-        self._conns.clear()
-        if self._bootstrap_conn is not None:
-            await self._bootstrap_conn.close()
-            self._bootstrap_conn = None
+        await self._pool.close()
 
     async def _connection(self, node: Node) -> KafkaConnection:
-        key = (node.host, node.port)
-        conn = self._conns.get(key)
-        if conn is not None and not conn.closed:
-            return conn
-        conn = await asyncio.wait_for(KafkaConnection.open(node.host, node.port, self.client_id,
-                                                           timeout=self.timeout, security=self.security), self.timeout)
-        self._conns[key] = conn
-        return conn
+        return await self._pool.to(node, self.timeout)
 
     async def _any(self) -> KafkaConnection:
-        if self._bootstrap_conn is not None and not self._bootstrap_conn.closed:
-            return self._bootstrap_conn
-        for node in self.brokers.values():
-            try:
-                return await self._connection(node)
-            except (TimeoutError, OSError, ConnectionError):
-                continue
-        await self.connect()
-        assert self._bootstrap_conn is not None
-        return self._bootstrap_conn
+        return await self._pool.any(self.brokers.values(), self.timeout, self.connect)
 
     async def _request(self, conn: KafkaConnection, api_key: int, version: int, body: Any) -> Any:
         try:
@@ -337,7 +315,7 @@ class ShareGroupAdmin:
 
     # -- metadata ---------------------------------------------------------------------------------
     async def refresh_metadata(self, topics: Iterable[str] | None = None) -> dict[str, TopicMeta]:
-        conn = self._bootstrap_conn if self._bootstrap_conn is not None else await self._any()
+        conn = self._pool.bootstrap if self._pool.bootstrap is not None else await self._any()
         version = self._version(conn, ApiKey.METADATA, hi=12)
         names = None if topics is None else sorted(set(topics))
         resp = await self._request(conn, ApiKey.METADATA, version, metadata_request(names))

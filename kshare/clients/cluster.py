@@ -11,7 +11,7 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +101,66 @@ def parse_servers(value: str | Iterable[str] | Iterable[tuple[str, int]]) -> lis
                            nothing=lambda: ValueError("no bootstrap server given"))
 
 
+class Connections:
+    """A client's connections to one cluster: the bootstrap connection, and one per broker address,
+    opened with ``open_connection(host, port, timeout)`` once (by one caller, while others wait)."""
+
+    def __init__(self, open_connection: Callable[[str, int, float], Awaitable[KafkaConnection]]) -> None:
+        self._open = open_connection
+        self.bootstrap: KafkaConnection | None = None
+        self._conns: dict[tuple[str, int], KafkaConnection] = {}
+        self._opening: dict[tuple[str, int], asyncio.Future] = {}
+
+    async def to(self, node: Node, timeout: float) -> KafkaConnection:
+        """The connection to ``node``, opened within ``timeout`` if there is none."""
+        key = (node.host, node.port)
+        conn = self._conns.get(key)
+        if conn is not None and not conn.closed:
+            return conn
+        pending = self._opening.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._opening[key] = fut
+        try:
+            conn = await self._open(node.host, node.port, timeout)
+        except BaseException as exc:
+            fut.set_exception(exc if isinstance(exc, Exception) else KafkaConnectionError(repr(exc)))
+            fut.exception()  # retrieved: no "never retrieved" warning when nobody waited
+            raise
+        finally:
+            self._opening.pop(key, None)
+        self._conns[key] = conn
+        fut.set_result(conn)
+        return conn
+
+    async def any(self, brokers: Iterable[Node], timeout: float,
+                  connect: Callable[[], Awaitable[None]]) -> KafkaConnection:
+        """The bootstrap connection while it is open, else one to the first of ``brokers`` that can
+        be reached, else a new bootstrap connection (``connect``, which sets :attr:`bootstrap`)."""
+        if self.bootstrap is not None and not self.bootstrap.closed:
+            return self.bootstrap
+        for node in list(brokers):
+            try:
+                return await self.to(node, timeout)
+            except (TimeoutError, OSError, ConnectionError, KafkaConnectionError):
+                continue
+        await connect()
+        assert self.bootstrap is not None
+        return self.bootstrap
+
+    async def drop_bootstrap(self) -> None:
+        conn, self.bootstrap = self.bootstrap, None
+        if conn is not None:
+            await conn.close()
+
+    async def close(self) -> None:
+        for conn in list(self._conns.values()):
+            await conn.close()
+        self._conns.clear()
+        await self.drop_bootstrap()
+
+
 class Cluster:
     """Connections and metadata of one cluster. ``timeout_ms`` bounds each request, and the bootstrap
     (retried until then: a server may be starting)."""
@@ -114,10 +174,8 @@ class Cluster:
         self.brokers: dict[int, Node] = {}
         self.topics: dict[str, TopicMeta] = {}
         self.topic_errors: dict[str, tuple[int, str | None]] = {}  # the last Metadata error of a topic asked for
-        self._conns: dict[tuple[str, int], KafkaConnection] = {}
-        self._opening: dict[tuple[str, int], asyncio.Future] = {}
         self._coordinators: dict[str, Node] = {}
-        self._bootstrap_conn: KafkaConnection | None = None
+        self._pool = Connections(self._open)
 
     # -- connections ------------------------------------------------------------------------------
     async def _open(self, host: str, port: int, timeout: float) -> KafkaConnection:
@@ -139,14 +197,12 @@ class Cluster:
             for host, port in self.bootstrap:
                 remaining = max(0.1, deadline - time.monotonic())
                 try:
-                    self._bootstrap_conn = await self._open(host, port, remaining)
+                    self._pool.bootstrap = await self._open(host, port, remaining)
                     await self.refresh_metadata([])
                     return
                 except (OSError, TimeoutError, KafkaConnectionError, KafkaTimeoutError) as exc:
                     last = exc
-                    if self._bootstrap_conn is not None:
-                        await self._bootstrap_conn.close()
-                        self._bootstrap_conn = None
+                    await self._pool.drop_bootstrap()
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
@@ -154,47 +210,14 @@ class Cluster:
         raise KafkaConnectionError(f"cannot reach {servers} within {int(self.timeout * 1000)} ms ({last!r})")
 
     async def close(self) -> None:
-        for conn in list(self._conns.values()):
-            await conn.close()
-        self._conns.clear()
-        if self._bootstrap_conn is not None:
-            await self._bootstrap_conn.close()
-            self._bootstrap_conn = None
+        await self._pool.close()
 
     async def connection(self, node: Node) -> KafkaConnection:
         """The connection to ``node`` (opened once, by one caller, while others wait for it)."""
-        key = (node.host, node.port)
-        conn = self._conns.get(key)
-        if conn is not None and not conn.closed:
-            return conn
-        pending = self._opening.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._opening[key] = fut
-        try:
-            conn = await self._open(node.host, node.port, self.timeout)
-        except BaseException as exc:
-            fut.set_exception(exc if isinstance(exc, Exception) else KafkaConnectionError(repr(exc)))
-            fut.exception()  # retrieved: no "never retrieved" warning when nobody waited
-            raise
-        finally:
-            self._opening.pop(key, None)
-        self._conns[key] = conn
-        fut.set_result(conn)
-        return conn
+        return await self._pool.to(node, self.timeout)
 
     async def _any(self) -> KafkaConnection:
-        if self._bootstrap_conn is not None and not self._bootstrap_conn.closed:
-            return self._bootstrap_conn
-        for node in list(self.brokers.values()):
-            try:
-                return await self.connection(node)
-            except (TimeoutError, OSError, ConnectionError, KafkaConnectionError):
-                continue
-        await self.connect()
-        assert self._bootstrap_conn is not None
-        return self._bootstrap_conn
+        return await self._pool.any(self.brokers.values(), self.timeout, self.connect)
 
     async def request(self, conn: KafkaConnection, api_key: int, version: int, body: Any,
                       timeout: float | None = None) -> Any:
