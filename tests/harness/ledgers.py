@@ -1,5 +1,7 @@
-"""Consumers that record every delivery and every confirmed acknowledgement (a ledger), and the
-checks on a ledger against the durable state (crash recovery, scale-out and broker-roll tests).
+"""What the crash-recovery, scale-out and broker-roll tests do around their ledgers: produce fast,
+read end offsets and SPSOs, crash the proxy once more. The consumers that record every delivery
+and every confirmed acknowledgement (a ledger) and the checks on a ledger are
+:mod:`kshare.bench.ledgers`.
 
 What "confirmed" means: a consumer in explicit mode acknowledges every record it polled (ACCEPT)
 and calls ``commit_sync()``; a record counts as confirmed once librdkafka reported its
@@ -16,14 +18,6 @@ from typing import Any
 
 from confluent_kafka import Producer, TopicPartition
 
-from kshare.bench.ledgers import (  # noqa: F401 - re-exported for the tests
-    AckingConsumer,
-    Delivery,
-    Ledger,
-    Verdict,
-    error_name,
-    judge,
-)
 from kshare.clients.admin import ShareGroupAdmin
 from kshare.clients.connection import KafkaConnection
 from tests.harness.share import quiet_logger, topic_id
@@ -98,11 +92,6 @@ def spso_reached(bootstrap: str, group: str, ends: dict[int, int]) -> bool:
         log.info("describe offsets: %r", exc)
         return False
     return all(spso.get(p) == end for p, end in ends.items())
-
-
-# ------------------------------------------------------------------------------------------------
-# confluent share consumers that record what they got and what was confirmed
-
 
 
 async def topic_id_direct(bootstrap: str, topic: str) -> bytes:

@@ -1,7 +1,7 @@
 """Several kshare proxies as one service (an instance group), for the scale-out tests: three
 ``python -m kshare proxy --instance-group NAME`` child processes (:class:`Member`, a
 :class:`~tests.harness.proxies.KShareProcess` with a metrics port) in front of one broker, the
-consumers and ledger of :mod:`tests.harness.ledgers`, a steady producer, and the checks on the
+consumers and ledger of :mod:`kshare.bench.ledgers`, a steady producer, and the checks on the
 ledger after a fault."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
+from kshare.bench.ledgers import AckingConsumer, Ledger, judge
 from kshare.bench.procs import http_get, proxy_ready
 from kshare.share.state import codec as sc
 from kshare.share.store import SharePartitionKey
@@ -26,9 +27,6 @@ from tests.harness.brokers import KafkaBroker, free_port
 from tests.harness.ledgers import (
     BATCH_RECORDS,
     INFLIGHT_LIMIT,
-    AckingConsumer,
-    Ledger,
-    judge,
     produce_fast,
     topic_id_direct,
 )

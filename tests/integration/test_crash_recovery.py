@@ -47,6 +47,7 @@ from typing import Any
 import pytest
 from confluent_kafka import AcknowledgeType, Producer
 
+from kshare.bench.ledgers import AckingConsumer, Ledger, judge
 from kshare.clients.connection import KafkaConnection
 from kshare.protocol import messages
 from kshare.share.state import codec as sc
@@ -56,11 +57,8 @@ from tests.harness.brokers import KafkaBroker
 from tests.harness.ledgers import (
     GROUP_CONFIGS,
     INFLIGHT_LIMIT,
-    AckingConsumer,
-    Ledger,
     describe_offsets,
     end_offsets,
-    judge,
     offsets_after_one_more_crash,
     produce_fast,
     spso_reached,

@@ -5,7 +5,7 @@ splitting the state topic's partitions through the consumer group ``kshare-insta
 Every test starts its own three proxies (distinct bootstrap, broker-listener and metrics ports),
 with a state topic, instance group, data topic and share group of its own, and consumes with
 librdkafka ``ShareConsumer``s bootstrapped from all three proxies. The consumers and the ledger of
-what was delivered and confirmed are ``tests.harness.ledgers``' (``AckingConsumer``, ``Ledger``,
+what was delivered and confirmed are ``kshare.bench.ledgers``' (``AckingConsumer``, ``Ledger``,
 ``judge``): a record is *confirmed* once librdkafka reported its acknowledgement successful, and a
 confirmed record must never be delivered again, whatever happens to any proxy.
 
@@ -41,14 +41,13 @@ from typing import Any
 
 import pytest
 
+from kshare.bench.ledgers import AckingConsumer, Ledger
 from kshare.clients.admin import ShareGroupAdmin
 from kshare.proxy.virtual import split_node
 from kshare.share.state import codec as sc
 from tests.harness.brokers import KafkaBroker
 from tests.harness.ledgers import (
     GROUP_CONFIGS,
-    AckingConsumer,
-    Ledger,
     describe_offsets,
     end_offsets,
 )

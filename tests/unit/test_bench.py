@@ -1,5 +1,5 @@
 """``kshare bench`` without brokers: option parsing, the report and plots of a synthetic results dict,
-the clear errors when Kafka or matplotlib is missing, and the shim that keeps ``tests.brokers``."""
+the clear errors when Kafka or matplotlib is missing, and that ``tests.harness.brokers`` extends the package's brokers."""
 
 from __future__ import annotations
 
@@ -536,13 +536,13 @@ def test_clear_error_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert "pip install 'kshare[bench]'" in result.output and "Traceback" not in result.output
 
 
-def test_tests_brokers_reexports_the_package() -> None:
-    import tests.brokers as shim
+def test_tests_harness_brokers_reexports_the_package() -> None:
     from kshare.bench import brokers
+    from tests.harness import brokers as harness
 
-    assert shim.KafkaBroker is brokers.KafkaBroker and shim.free_port is brokers.free_port
-    assert shim.ensure_kafka is brokers.ensure_kafka and shim._java is brokers._java
-    assert shim.SecureKafkaBroker.__mro__[1] is brokers.KafkaBroker  # the tests' secure brokers extend it
+    assert harness.KafkaBroker is brokers.KafkaBroker and harness.free_port is brokers.free_port
+    assert harness.ensure_kafka is brokers.ensure_kafka and harness._java is brokers._java
+    assert harness.SecureKafkaBroker.__mro__[1] is brokers.KafkaBroker  # the tests' secure brokers extend it
     assert (Path(brokers.__file__).parent / "kafka" / "pom.xml").is_file()
 
 
