@@ -3,6 +3,9 @@
 * docs/reference/proxy.md's option tables list every option of `kshare proxy` and `kshare ready`,
   each with its environment variable (and its default and choices where the command has them),
   and no option the commands do not have;
+* its table of what the proxy does to each API has one row per entry of
+  `kshare.proxy.filters.INTERCEPTIONS`, saying the downgrade, the handler and whether a response
+  rewrite is there exactly where the table of the code does;
 * every metric `/metrics` exports is in docs/reference/metrics.md's metrics table under the name it
   is exported as (counters with `_total`), and every `kshare_...` metric name the docs mention is
   exported;
@@ -25,6 +28,8 @@ import pytest
 
 from kshare import metrics as metrics_module
 from kshare.cli import main
+from kshare.protocol import messages
+from kshare.proxy import filters
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -147,6 +152,53 @@ def test_the_option_tables_are_found():
     assert {"--metrics-address", "--timeout"} <= set(documented("ready"))
     assert option_rows("| `--a X` | `E` |\n| --- | --- |\n| `-h`, `--help` | |\n| `x.y` | 1 |") == {
         "--a": ["`--a X`", "`E`"], "-h": ["`-h`, `--help`", ""], "--help": ["`-h`, `--help`", ""]}
+
+
+# -- interceptions ----------------------------------------------------------------------------------
+
+INTERCEPTIONS_HEADING = "## What the proxy does to each API"
+
+
+def interception_rows() -> dict[int, list[str]]:
+    """API key -> the cells (request, served, response) of its row in docs/reference/proxy.md."""
+    out: dict[int, list[str]] = {}
+    for cells in table_rows(section(PROXY_MD.read_text(), INTERCEPTIONS_HEADING)):
+        match = re.fullmatch(r"(\w+) \((\d+)\)", cells[0])
+        if match is None:
+            continue  # the header
+        key = int(match.group(2))
+        assert key not in out, f"API key {key} has two rows"
+        assert messages.apis()[key].name == match.group(1), f"API key {key} is not {match.group(1)}"
+        out[key] = cells[1:]
+    return out
+
+
+def test_the_interception_table_is_the_codes():
+    rows = interception_rows()
+    assert len(rows) > 10  # the table was found
+    wrong = [f"{filters.api_name(k)}: no row" for k in sorted(set(filters.INTERCEPTIONS) - set(rows))]
+    wrong += [f"{filters.api_name(k)}: a row, but not in INTERCEPTIONS" for k in sorted(set(rows) - set(filters.INTERCEPTIONS))]
+    for key, entry in filters.INTERCEPTIONS.items():
+        if key not in rows:
+            continue
+        request, served, response = rows[key]
+        name = filters.api_name(key)
+        if (entry.downgrade is None) != (not request):
+            wrong.append(f"{name}: the request column should {'be empty' if entry.downgrade is None else 'say the downgrade'}")
+        elif entry.downgrade is not None and f"as v{entry.downgrade.version}" not in request:
+            wrong.append(f"{name}: the downgrade is to v{entry.downgrade.version}")
+        if (entry.served is None) != (not served):
+            wrong.append(f"{name}: the served column should {'be empty' if entry.served is None else 'name the handler'}")
+        elif entry.served is not None:
+            handler = entry.served.by.removeprefix("kshare.share.handlers.").removeprefix("kshare.proxy.server.")
+            if f"`{handler}`" not in served:
+                wrong.append(f"{name}: served by `{handler}`")
+            if entry.served.some != served.startswith("some"):
+                wrong.append(f"{name}: {'only some requests are' if entry.served.some else 'every request is'} served")
+        if (entry.response is None) != (not response):
+            wrong.append(f"{name}: the response column should {'be empty' if entry.response is None else 'say the rewrite'}")
+    assert not wrong, "docs/reference/proxy.md's interception table and kshare.proxy.filters.INTERCEPTIONS differ:\n" + \
+        "\n".join(wrong)
 
 
 # -- metrics ----------------------------------------------------------------------------------------
