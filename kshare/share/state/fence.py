@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 log = logging.getLogger("kshare.share")
@@ -83,20 +84,21 @@ def quiet_sender_stops() -> None:
         sender_log.addFilter(_SENDER_FILTER)
 
 
+@dataclass(eq=False)
 class PartitionWriter:
-    def __init__(self, bootstrap: list[str], topic: str, partition: int, transactional_id: str, *,
-                 write_timeout_s: float = 30.0, transaction_timeout_ms: int = 60_000,
-                 producer_config: dict[str, Any] | None = None) -> None:
-        self.bootstrap = bootstrap
-        self.topic = topic
-        self.partition = partition
-        self.transactional_id = transactional_id
-        self.write_timeout_s = write_timeout_s
-        self.transaction_timeout_ms = transaction_timeout_ms
-        self.producer_config = dict(producer_config or {})
-        self.fenced = False
-        self._producer: Any = None
-        self._lock = asyncio.Lock()  # one transaction at a time
+    """Writes one state-topic partition through its own transactional producer (``transactional_id``)."""
+
+    bootstrap: list[str]
+    topic: str
+    partition: int
+    transactional_id: str
+    _: KW_ONLY
+    write_timeout_s: float = 30.0
+    transaction_timeout_ms: int = 60_000
+    producer_config: dict[str, Any] | None = None  # extra AIOKafkaProducer settings
+    fenced: bool = field(default=False, init=False)
+    _producer: Any = field(default=None, init=False, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)  # one transaction at a time
 
     async def start(self) -> None:
         """Take the partition over: from now on the previous owner's writes are refused."""
@@ -114,7 +116,7 @@ class PartitionWriter:
             max_batch_size=512 * 1024,
             max_request_size=1024 * 1024,
             request_timeout_ms=int(self.write_timeout_s * 1000),
-            **self.producer_config,
+            **(self.producer_config or {}),
         )
         try:
             await self._producer.start()  # InitProducerId: fences the previous owner
