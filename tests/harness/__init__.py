@@ -13,6 +13,7 @@ The launcher, clients and brokers the bench runs too live in the package (:mod:`
 ``share``           share groups: the proxy with share groups in a thread (fixture ``kshare39``), producing,
                     confluent share consumers, raw ShareGroupHeartbeat/ShareFetch/ShareAcknowledge clients
 ``java``            Apache Kafka's Java KafkaShareConsumer (tests/java driver)
+``state``           the state-topic tests: ``run`` (uvloop), ``update``, a replaying store (``replayed``)
 ``ledgers``         around the ledgers of :mod:`kshare.bench.ledgers`: producing, end offsets, SPSOs, crashes
 ``scale_out``       three proxies as one service (an instance group), for the scale-out tests
 ``security``        kshare in front of a secured broker, and what native Kafka answers without ACLs

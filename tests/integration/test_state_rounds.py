@@ -20,15 +20,10 @@ from kshare.share.state.rounds import Round
 from kshare.share.state.topic_store import TopicStateStore
 from kshare.share.states import ShareSnapshot, ShareUpdate, StateBatch, apply_update, normalize
 from kshare.share.store import SharePartitionKey
-
-from .test_state_topic import replayed, run
+from tests.harness.state import assert_replays_to, replayed, run, update
 
 AVAILABLE, ACKED, ARCHIVED = 0, 2, 4
 TOPIC_ID = bytes.fromhex("0f3c2a1b4d5e6f708192a3b4c5d6e7f8")
-
-
-def update(start: int, *batches: tuple[int, int, int, int]) -> ShareUpdate:
-    return ShareUpdate(start, tuple(StateBatch(*b) for b in batches))
 
 
 async def until(cond, timeout: float = 10.0) -> None:
@@ -92,9 +87,7 @@ def test_rounds_of_different_share_partitions_overlap(kafka39, topic_name) -> No
                 assert got[other] == expected[other]
         finally:
             await store.close()
-        fresh = await replayed(bs, topic_name)
-        assert fresh.share_partitions() == got
-        assert fresh.load_stats.skipped == 0
+        await assert_replays_to(bs, topic_name, got)
 
     run(main())
 

@@ -9,10 +9,8 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
 
 import pytest
-import uvloop
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from kshare.share.partition import FetchedBatch, SharePartition
@@ -22,15 +20,11 @@ from kshare.share.state.topic_admin import ALTERNATIVE_TOPIC
 from kshare.share.state.topic_store import TopicStateStore
 from kshare.share.states import ShareSnapshot, ShareUpdate, StateBatch
 from kshare.share.store import GroupRecord, SharePartitionKey
+from tests.harness.state import assert_replays_to, replayed, run, update
 
-T = TypeVar("T")
 AVAILABLE, ACQUIRED, ACKED, ARCHIVED = 0, 1, 2, 4
 TOPIC_ID = bytes.fromhex("9df82025324d4da6bf8c25bad9c4ce08")
 KEY = SharePartitionKey("my-share-group", TOPIC_ID, 0)
-
-
-def run(coro: Awaitable[T]) -> T:
-    return uvloop.run(coro)  # type: ignore[arg-type]
 
 
 class Clock:
@@ -39,14 +33,6 @@ class Clock:
 
     def __call__(self) -> int:
         return self.now
-
-
-async def replayed(bootstrap: str, topic: str, **kwargs: Any) -> TopicStateStore:
-    """A NEW store instance that replayed the topic (closed again: only its loaded state is used)."""
-    store = TopicStateStore(bootstrap, topic=topic, prune_interval_s=3600, **kwargs)
-    await store.start()
-    await store.close()
-    return store
 
 
 async def read_topic(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | None, bytes | None]]:
@@ -86,10 +72,6 @@ async def log_start_offsets(bootstrap: str, topic: str, partitions: int) -> dict
         return {tp.partition: off for tp, off in (await consumer.beginning_offsets(tps)).items()}
     finally:
         await consumer.stop()
-
-
-def update(start: int, *batches: tuple[int, int, int, int]) -> ShareUpdate:
-    return ShareUpdate(start, tuple(StateBatch(*b) for b in batches))
 
 
 # -- seed 001: the worked example, step by step through the topic --------------------------------
@@ -679,9 +661,7 @@ def test_failed_write_rolls_back_and_resyncs(kafka39, topic_name) -> None:
             assert expected[KEY] == ShareSnapshot(0, (StateBatch(0, 0, 0, 1), StateBatch(1, 1, 0, 2)))
         finally:
             await store.close()
-        fresh = await replayed(bs, topic_name)
-        assert fresh.share_partitions() == expected
-        assert fresh.load_stats.skipped == 0
+        await assert_replays_to(bs, topic_name, expected)
 
     run(main())
 

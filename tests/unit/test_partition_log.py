@@ -54,6 +54,14 @@ class FakeUpstream:
         self.fetches: list[tuple[int, int, str]] = []  # offset, max wait, lane
         self._arrived = asyncio.Event()
 
+    @classmethod
+    def holding(cls, batches: int, count: int = 1, *, payload: int = 40) -> FakeUpstream:
+        """A log of ``batches`` batches of ``count`` records each, with nothing between them."""
+        up = cls()
+        for _ in range(batches):
+            up.append(count, payload=payload)
+        return up
+
     def append(self, count: int = 1, *, payload: int = 40, gap: int = 0, ts: int | None = None) -> None:
         base = self.end + gap
         stamp = ts if ts is not None else int(time.monotonic() * 1000)
@@ -185,9 +193,7 @@ def test_reads_return_the_logs_batches_byte_for_byte() -> None:
 
 def test_read_limits_bytes_and_until() -> None:
     async def main() -> None:
-        up = FakeUpstream()
-        for _ in range(20):
-            up.append(payload=40)
+        up = FakeUpstream.holding(20, payload=40)
         plog = make_log(up)
         await plog.read(0, 1 << 20)
         size = len(up.batches[0][2])
@@ -227,9 +233,7 @@ def test_appended_fetches_join_one_run_and_reads_cross_touching_runs() -> None:
 
 def test_overlapping_fetches_keep_one_copy_of_each_batch() -> None:
     async def main() -> None:
-        up = FakeUpstream()
-        for _ in range(30):
-            up.append()
+        up = FakeUpstream.holding(30)
         plog = make_log(up)
         size = len(up.batches[0][2])
         await plog.read(10, 10 * size)  # 10..19
@@ -245,9 +249,7 @@ def test_overlapping_fetches_keep_one_copy_of_each_batch() -> None:
 
 def test_eviction_drops_the_oldest_never_what_was_just_fetched() -> None:
     async def main() -> None:
-        up = FakeUpstream()
-        for _ in range(200):
-            up.append(payload=100)
+        up = FakeUpstream.holding(200, payload=100)
         size = len(up.batches[0][2]) + pl.BATCH_OVERHEAD
         plog = make_log(up, budget_bytes=50 * size, fetch_bytes=1 << 20)
         await plog.read(0, 1 << 20)  # all 200 fetched at once: kept although over budget
@@ -273,9 +275,7 @@ def test_eviction_drops_the_least_recently_used_stretch_first() -> None:
     lowest batches went first, and one consumer re-reading 16 partitions found one read in eight
     evicted before it got there)."""
     async def main() -> None:
-        up = FakeUpstream()
-        for _ in range(100):
-            up.append(payload=100)
+        up = FakeUpstream.holding(100, payload=100)
         size = len(up.batches[0][2])
         plog = make_log(up, budget_bytes=1 << 20, fetch_bytes=30 * size)
         await plog.read(70, 1 << 20, later=[])  # the end: 70..99
@@ -534,9 +534,7 @@ def test_many_logs_stay_within_one_budget_least_recently_used_first() -> None:
         pool = pl.CachePool(budget)
         logs = []
         for i in range(400):
-            up = FakeUpstream()
-            for _ in range(20):
-                up.append(count=10, payload=8000)
+            up = FakeUpstream.holding(20, count=10, payload=8000)
             plog = PartitionLog(up, TopicInfo(f"t{i}", bytes([i % 256]) * 16, [1]), 0, False,  # type: ignore[arg-type]
                                 fetch_bytes=64 << 10, budget_bytes=budget // 4, pool=pool)
             plog.last_used = float(i)
@@ -555,9 +553,7 @@ def test_many_logs_stay_within_one_budget_least_recently_used_first() -> None:
 
 def test_a_read_in_a_gap_is_served_from_the_cache_next_time() -> None:
     async def main() -> None:
-        up = FakeUpstream()
-        for _ in range(5):
-            up.append()
+        up = FakeUpstream.holding(5)
         up.append(gap=3)  # offsets 5-7 missing upstream (compacted)
         up.append()
         plog = make_log(up)
@@ -996,9 +992,7 @@ def test_kafka_never_gets_a_long_wait_for_data_it_has() -> None:
 @pytest.mark.parametrize("budget", [1, 10_000])
 def test_out_of_range_reports_the_log_start(budget: int) -> None:
     async def main() -> None:
-        up = FakeUpstream()
-        for _ in range(10):
-            up.append()
+        up = FakeUpstream.holding(10)
         up.start = 5
         plog = make_log(up, budget_bytes=budget)
         read = await plog.read(2, 1 << 20)

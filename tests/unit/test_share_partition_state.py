@@ -57,12 +57,23 @@ def update(start: int) -> ShareUpdate:
     return ShareUpdate(start, ())
 
 
+def queue_of_held_store() -> tuple[HeldStore, WriteQueue, list[int]]:
+    """A write queue on a store that answers when told; ``failed`` gets a 1 at each failure."""
+    store, failed = HeldStore(), []
+    return store, WriteQueue(KEY, "share-partition g t-0", store, ShareStats(), lambda: failed.append(1)), failed
+
+
+async def under_way(q: WriteQueue, write: ShareUpdate) -> asyncio.Future:
+    """``write`` put and its write under way (the store holds it)."""
+    fut = q.put(write)
+    await asyncio.sleep(0)
+    return fut
+
+
 def test_writes_queued_behind_one_under_way_go_out_together_in_order():
     async def main() -> None:
-        store, failed = HeldStore(), []
-        q = WriteQueue(KEY, "share-partition g t-0", store, ShareStats(), lambda: failed.append(1))
-        first = q.put(update(1))
-        await asyncio.sleep(0)  # its write is under way
+        store, q, failed = queue_of_held_store()
+        first = await under_way(q, update(1))
         second, third = q.put(update(2)), q.put(update(3))
         assert second is third  # one write carries both
         barrier = q.put(None)
@@ -80,10 +91,8 @@ def test_writes_queued_behind_one_under_way_go_out_together_in_order():
 
 def test_a_failed_write_fails_what_is_queued_behind_it_and_the_owner_rebuilds():
     async def main() -> None:
-        store, failed = HeldStore(), []
-        q = WriteQueue(KEY, "share-partition g t-0", store, ShareStats(), lambda: failed.append(1))
-        first = q.put(update(1))
-        await asyncio.sleep(0)  # its write is under way
+        store, q, failed = queue_of_held_store()
+        first = await under_way(q, update(1))
         second = q.put(update(2))
         await store.answer(RuntimeError("broker gone"))
         for fut in (first, second):
@@ -99,10 +108,8 @@ def test_a_failed_write_fails_what_is_queued_behind_it_and_the_owner_rebuilds():
 
 def test_a_write_behind_a_failed_gate_is_not_written():
     async def main() -> None:
-        store, failed = HeldStore(), []
-        q = WriteQueue(KEY, "share-partition g t-0", store, ShareStats(), lambda: failed.append(1))
-        blocker = q.put(update(1))
-        await asyncio.sleep(0)  # its write is under way
+        store, q, failed = queue_of_held_store()
+        blocker = await under_way(q, update(1))
         gate = asyncio.get_running_loop().create_future()
         q.gate(gate)  # dead letters the next write waits for
         gated = q.put(update(2))
