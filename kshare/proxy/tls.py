@@ -19,6 +19,8 @@ import os
 import ssl
 from dataclasses import dataclass
 
+from .loop_reports import demote_reports
+
 log = logging.getLogger("kshare.proxy")
 
 WATCH_INTERVAL_S = 5.0
@@ -92,23 +94,14 @@ def quiet_hang_ups(loop: asyncio.AbstractEventLoop) -> None:
     broker) makes uvloop report "Fatal error on SSL protocol" with a traceback at ERROR (its SSL
     protocol writes to the transport it is closing). Nothing was lost and nobody is to blame:
     those reports go to DEBUG, everything else to the loop's previous handler."""
-    previous = loop.get_exception_handler()
-    if getattr(previous, "quiets_hang_ups", False):
-        return
+    demote_reports(loop, "TLS hang-ups", _hang_up, log)
 
-    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
-        exc = context.get("exception")
-        if str(context.get("message", "")).startswith("Fatal error on SSL") and isinstance(
-                exc, (RuntimeError, ConnectionError, ssl.SSLError, OSError)):
-            log.debug("%s: %r (a TLS peer hung up)", context.get("message"), exc)
-            return
-        if previous is not None:
-            previous(loop, context)
-        else:
-            loop.default_exception_handler(context)
 
-    handler.quiets_hang_ups = True  # type: ignore[attr-defined]
-    loop.set_exception_handler(handler)
+def _hang_up(context: dict) -> str | None:
+    if str(context.get("message", "")).startswith("Fatal error on SSL") and isinstance(
+            context.get("exception"), (RuntimeError, ConnectionError, ssl.SSLError, OSError)):
+        return "a TLS peer hung up"
+    return None
 
 
 def upstream_context(ca: str | None = None, cert: str | None = None, key: str | None = None,

@@ -21,6 +21,8 @@ import logging
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+from ...proxy.loop_reports import demote_reports
+
 log = logging.getLogger("kshare.share")
 
 
@@ -39,21 +41,10 @@ def expect_fencing(loop: asyncio.AbstractEventLoop) -> None:
     """
     from aiokafka.errors import ProducerFenced
 
-    previous = loop.get_exception_handler()
-    if getattr(previous, "expects_fencing", False):
-        return
+    def after_fencing(context: dict[str, Any]) -> str | None:
+        return "after a fencing" if isinstance(context.get("exception"), ProducerFenced) else None
 
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if isinstance(context.get("exception"), ProducerFenced):
-            log.debug("after a fencing: %s (%r)", context.get("message"), context.get("exception"))
-            return
-        if previous is not None:
-            previous(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    handler.expects_fencing = True  # type: ignore[attr-defined]
-    loop.set_exception_handler(handler)
+    demote_reports(loop, "fencing", after_fencing, log)
 
 
 class _SenderStopped(logging.Filter):
