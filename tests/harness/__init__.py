@@ -19,6 +19,7 @@ The launcher, clients and brokers the bench runs too live in the package (:mod:`
 ``security``        kshare in front of a secured broker, and what native Kafka answers without ACLs
 ``bad_input``       raw frames and connections, well-behaved traffic beside them, the proxy's log checks
 ``clients``         the client libraries the pass-through tests drive (confluent-kafka, kafka-python, ...)
+``properties``      the hypothesis settings of the stateful property tests (``stateful_settings``)
 ``codec_messages``  random protocol messages drawn from the specs (hypothesis)
 ``drain``           a share group draining a topic (:mod:`kshare.bench.drain`)
 ``cluster``         multi-node Apache Kafka clusters

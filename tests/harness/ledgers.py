@@ -1,13 +1,7 @@
 """What the crash-recovery, scale-out and broker-roll tests do around their ledgers: produce fast,
 read end offsets and SPSOs, crash the proxy once more. The consumers that record every delivery
-and every confirmed acknowledgement (a ledger) and the checks on a ledger are
-:mod:`kshare.bench.ledgers`.
-
-What "confirmed" means: a consumer in explicit mode acknowledges every record it polled (ACCEPT)
-and calls ``commit_sync()``; a record counts as confirmed once librdkafka reported its
-acknowledgement as successful (``commit_sync()`` returned ``None`` for its partition, or the
-acknowledgement commit callback listed its offset with no error). A confirmed record must never
-be delivered again.
+and every confirmed acknowledgement (a ledger), the checks on a ledger and what "confirmed" means
+are :mod:`kshare.bench.ledgers`'.
 """
 
 from __future__ import annotations

@@ -111,14 +111,8 @@ def test_failed_round_while_later_rounds_are_in_flight(kafka39, topic_name) -> N
     k1, k2 = SharePartitionKey("g", TOPIC_ID, 1), SharePartitionKey("g", TOPIC_ID, 2)
 
     async def main() -> None:
-        store = TopicStateStore(
-            bs,
-            topic=topic_name,
-            partitions=1,
-            prune_interval_s=3600,
-            snapshot_slack_bytes=None,
-            write_timeout_s=10,
-        )
+        store = TopicStateStore(bs, topic=topic_name, partitions=1, prune_interval_s=3600,
+                                snapshot_slack_bytes=None, write_timeout_s=10)
         await store.start()
         try:
             await store.write([(k1, ShareSnapshot(0, ())), (k2, ShareSnapshot(0, ()))])

@@ -20,16 +20,15 @@ and at the end that draining with one member finishes every record (nothing is l
 
 from __future__ import annotations
 
-import os
 from array import array
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kshare.share.partition import FetchedBatch, SharePartition
 from kshare.share.states import AcknowledgeType, RecordState, ShareSnapshot, ShareUpdate, replay
+from tests.harness.properties import stateful_settings
 
 MEMBERS = ("a", "b", "c")
 NO_KEY = -1
@@ -261,12 +260,7 @@ class KeyOrderMachine(RuleBasedStateMachine):
         assert self.sp.start_offset >= self.log.end, f"stuck: {self.sp!r}"
 
 
-KeyOrderMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("KSHARE_PROPERTY_EXAMPLES", "150")),
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+KeyOrderMachine.TestCase.settings = stateful_settings(examples=150, steps=40)
 TestKeyOrder = KeyOrderMachine.TestCase
 
 

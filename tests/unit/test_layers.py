@@ -168,25 +168,25 @@ def test_no_cycle_between_packages() -> None:
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A package ``kshare`` of ``files`` (path: text); a folder without an ``__init__.py`` in
+    ``files`` gets an empty one."""
     root = tmp_path / "kshare"
     for name, text in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    for folder in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        (folder / "__init__.py").touch()
     return root
 
 
 def test_checker_finds_upward_imports_anywhere_in_a_module(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
-        "__init__.py": "",
-        "proxy/__init__.py": "",
         "proxy/config.py": "from ..share.config import Limits\n",
         "proxy/server.py": "def f():\n    from kshare.share import service\n",
         "proxy/typing_only.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import kshare.share.service\n",
-        "share/__init__.py": "",
         "share/config.py": "from ..proxy import server\nfrom kshare.protocol import codes\n",
         "share/service.py": "",
-        "protocol/__init__.py": "",
         "protocol/codes.py": "",
     })
     bad = upward_imports(all_imports(root), LAYER_OF_UNIT)
@@ -200,11 +200,8 @@ def test_checker_finds_upward_imports_anywhere_in_a_module(tmp_path: Path) -> No
 
 def test_checker_finds_cycles_between_packages_of_one_layer(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
-        "__init__.py": "",
         "spark/__init__.py": "from ..tools import groups\n",
-        "tools/__init__.py": "",
         "tools/groups.py": "def f():\n    from ..bench import runner\n",
-        "bench/__init__.py": "",
         "bench/runner.py": "import kshare.spark\n",
         "cli.py": "from kshare import tools\n",
     })
@@ -222,6 +219,6 @@ def test_checker_finds_cycles_between_packages_of_one_layer(tmp_path: Path) -> N
     ("from kshare.share import service", "kshare.share.service"),
 ])
 def test_imports_resolve_to_modules(tmp_path: Path, source: str, target: str) -> None:
-    root = _tree(tmp_path, {"__init__.py": "", "app.py": "", "cli.py": source + "\n", "proxy/config.py": "",
+    root = _tree(tmp_path, {"app.py": "", "cli.py": source + "\n", "proxy/config.py": "",
                             "share/service.py": ""})
     assert [i.target for i in imports_of(root / "cli.py", root)] == [target]

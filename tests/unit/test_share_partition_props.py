@@ -11,15 +11,14 @@ durable writes, and that replaying the writes gives the engine's snapshot.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kshare.share.partition import AcquiredRange, FetchedBatch, SharePartition
 from kshare.share.states import ShareSnapshot, ShareUpdate, StateBatch, replay
+from tests.harness.properties import stateful_settings
 
 AVAILABLE, ACQUIRED, ACKED, ARCHIVED = 0, 1, 2, 4
 TERMINAL = (ACKED, ARCHIVED)
@@ -618,11 +617,5 @@ class EngineVersusModel(RuleBasedStateMachine):
             assert ranges[0].state not in TERMINAL
 
 
-# A few seconds in CI; KSHARE_PROPERTY_EXAMPLES=2000 for a deeper local run.
-EngineVersusModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("KSHARE_PROPERTY_EXAMPLES", "60")),
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+EngineVersusModel.TestCase.settings = stateful_settings(examples=60, steps=30)
 TestEngineVersusModel = EngineVersusModel.TestCase
