@@ -317,6 +317,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.ending = True
         self.frames.stop()
         if not self.order:
+            # requests read ahead of the bad one in this same read (acks=0 Produce owes nothing)
+            # still go to the broker, as they would had they come in a read of their own
+            self.flush_upstream()
             self.close()
             return
         asyncio.get_running_loop().call_later(_REJECT_ANSWER_TIMEOUT, self.close)
