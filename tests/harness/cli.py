@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kshare.bench.procs import _die_with_parent, free_port, port_open
+from kshare.embedded.process import terminate
 
 log = logging.getLogger("kshare.tests.cli")
 
@@ -89,6 +90,8 @@ class KshareProxy:
     def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.metrics_port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.metrics_address = f"127.0.0.1:{self.metrics_port}"
         self.args = ["proxy", "--port", str(self.port), "--broker-port-base", "0",
                      "--metrics-port", str(self.metrics_port), *args]
         self.env = env or user_env()
@@ -98,14 +101,6 @@ class KshareProxy:
         self.process: subprocess.Popen | None = None
         self.children: dict[int, bytes] = {}  # what it started (the embedded broker): pid -> command line
         self.started_at = 0.0
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def metrics_address(self) -> str:
-        return f"127.0.0.1:{self.metrics_port}"
 
     def url(self, path: str) -> str:
         return f"http://{self.metrics_address}{path}"
@@ -172,13 +167,7 @@ class KshareProxy:
         if self.process is None:
             return
         self._note_children()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        terminate(self.process, 15)
         for pid, cmd in self.children.items():
             if _cmdline(pid) == cmd:  # the same process still running: the proxy left it behind
                 with contextlib.suppress(OSError):

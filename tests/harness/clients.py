@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -101,6 +102,16 @@ def confluent_produce(
     return done
 
 
+def polled(consumer, done: Callable[[], bool], timeout: float, interval: float) -> Iterator:
+    """What a confluent consumer's polls give (messages and errors), every ``interval`` seconds
+    until ``done()`` or ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        msg = consumer.poll(interval)
+        if msg is not None:
+            yield msg
+
+
 def confluent_consume(bootstrap: str, topic: str, group: str, n: int, **conf: object) -> Consumed:
     """Subscribe in consumer group ``group`` and read ``n`` records (offsets committed)."""
     from confluent_kafka import Consumer
@@ -122,12 +133,8 @@ def confluent_consume(bootstrap: str, topic: str, group: str, n: int, **conf: ob
     )
     consumer.subscribe([topic])
     out: list[Rec] = []
-    deadline = time.monotonic() + CONSUME_TIMEOUT
     try:
-        while len(out) < n and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
+        for msg in polled(consumer, lambda: len(out) >= n, CONSUME_TIMEOUT, 0.2):
             assert msg.error() is None, msg.error()
             out.append(
                 Rec(

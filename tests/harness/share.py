@@ -617,6 +617,30 @@ async def topic_id(conn: KafkaConnection, topic: str, *, attempts: int = 50) -> 
     raise AssertionError(f"no topic id for {topic}")
 
 
+class Joining:
+    """A new member heartbeating with its own ShareGroupHeartbeats until assigned a partition, refused,
+    or out of time: what the raw clients' joins (blocking or asyncio) do between two heartbeats."""
+
+    def __init__(self, topic: str, timeout: float) -> None:
+        self.member, self.epoch = str(uuid.uuid4()), 0
+        self.topics: list[str] | None = [topic]  # subscribed on the first heartbeat only
+        self.deadline = time.monotonic() + timeout
+
+    def coordinator_not_ready(self, r: Any) -> bool:
+        """The answer asks to try again (the coordinator is loading or elsewhere) and there is time."""
+        return r.error_code in COORDINATOR_NOT_READY and time.monotonic() < self.deadline
+
+    def outcome(self, r: Any) -> tuple[str, int, Any] | None:
+        """(member id, epoch, answer) once assigned, refused or out of time; else None (heartbeat
+        again, as the member the answer names)."""
+        if r.error_code or (r.assignment is not None and r.assignment.topic_partitions):
+            return self.member, r.member_epoch, r
+        if time.monotonic() > self.deadline:
+            return self.member, r.member_epoch, r
+        self.member, self.epoch, self.topics = r.member_id or self.member, r.member_epoch, None
+        return None
+
+
 class Raw:
     """Hand-built share-group requests on one connection."""
 

@@ -19,12 +19,13 @@ from confluent_kafka import Consumer, KafkaError, Producer
 
 from kshare.protocol import messages
 from tests.harness.brokers import KafkaBroker
+from tests.harness.clients import polled
 from tests.harness.security import (
     NATIVE_SHARE_AUTH_ERRORS,
     set_earliest,
     share_poll,
 )
-from tests.harness.share import COORDINATOR_NOT_READY, NONE
+from tests.harness.share import NONE, Joining
 from tests.harness.tls import TlsMaterial
 
 # ------------------------------------------------------------------------------------------------
@@ -53,12 +54,8 @@ def _consume(conf: dict[str, Any], topic: str, group: str, n: int, timeout: floa
     consumer.subscribe([topic])
     values: list[bytes] = []
     errors: list[KafkaError] = []
-    deadline = time.monotonic() + timeout
     try:
-        while len(values) < n and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
+        for msg in polled(consumer, lambda: len(values) >= n, timeout, 0.5):
             if msg.error() is not None:
                 errors.append(msg.error())
                 if msg.error().code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED):
@@ -159,20 +156,11 @@ class RawClient:
 
     def join(self, group: str, topic: str, timeout: float = 30.0) -> tuple[str, int, Any]:
         """Heartbeat as a new member until assigned a partition (or an error): (member, epoch, last answer)."""
-        member = str(uuid.uuid4())
-        epoch = 0
-        deadline = time.monotonic() + timeout
-        topics: list[str] | None = [topic]
+        joining = Joining(topic, timeout)
         while True:
-            r = self.heartbeat(group, member, epoch, topics)
-            if r.error_code in COORDINATOR_NOT_READY and time.monotonic() < deadline:
-                time.sleep(0.2)
-                continue
-            if r.error_code or (r.assignment is not None and r.assignment.topic_partitions):
-                return member, r.member_epoch, r
-            if time.monotonic() > deadline:
-                return member, r.member_epoch, r
-            member, epoch, topics = r.member_id or member, r.member_epoch, None
+            r = self.heartbeat(group, joining.member, joining.epoch, joining.topics)
+            if not joining.coordinator_not_ready(r) and (outcome := joining.outcome(r)) is not None:
+                return outcome
             time.sleep(0.2)
 
     def share_fetch(self, group: str, member: str, session_epoch: int, tid: bytes, partition: int = 0) -> Any:

@@ -62,9 +62,9 @@ from tests.harness.security import (
     start_secure_kshare,
 )
 from tests.harness.share import (
-    COORDINATOR_NOT_READY,
     NONE,
     ConsumerLoop,
+    Joining,
     Raw,
     acquired,
     partitions,
@@ -187,19 +187,13 @@ async def _sasl_plain_error(address: str, tls: TlsMaterial, user: str, password:
 
 async def _join(raw: Raw, group: str, topic: str, timeout: float = 30.0) -> tuple[str, int, Any]:
     """Heartbeat as a new member until assigned (or refused): (member id, epoch, last answer)."""
-    member, epoch, topics = str(uuid.uuid4()), 0, [topic]
-    deadline = time.monotonic() + timeout
+    joining = Joining(topic, timeout)
     while True:
-        r = await raw.hb(group, member, epoch, topics)
-        if r.error_code in COORDINATOR_NOT_READY and time.monotonic() < deadline:
+        r = await raw.hb(group, joining.member, joining.epoch, joining.topics)
+        if joining.coordinator_not_ready(r):
             await raw.find_coordinator(group)
-            await asyncio.sleep(0.3)
-            continue
-        if r.error_code or (r.assignment is not None and r.assignment.topic_partitions):
-            return member, r.member_epoch, r
-        if time.monotonic() > deadline:
-            return member, r.member_epoch, r
-        member, epoch, topics = r.member_id or member, r.member_epoch, None
+        elif (outcome := joining.outcome(r)) is not None:
+            return outcome
         await asyncio.sleep(0.3)
 
 

@@ -48,18 +48,14 @@ from tests.harness.share import (
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
     ConsumerLoop,
-    HolderProcess,
     Raw,
     ShareProxyThread,
-    Transactions,
     acknowledger,
     assert_each_once,
     newcomer_gets,
     partitions,
     poll_until,
     produce,
-    produce_poison_bad_good,
-    quiet_logger,
     read_plain,
     records_of,
     share_group,
@@ -164,7 +160,7 @@ def test_delivery_limit_archives_to_dead_letter_topic(kafka39, kshare39, topic_n
         "errors.deadletterqueue.topic.name": dlq,
         "errors.deadletterqueue.copy.record.enable": "true",
     })
-    produce_poison_bad_good(kshare39.bootstrap, topic_name)
+    share.produce_poison_bad_good(kshare39.bootstrap, topic_name)
     seen: list[tuple[bytes, int]] = []
     action = acknowledger(seen, release={b"poison"}, reject={b"bad"})
     loop = ConsumerLoop("c", kshare39.bootstrap, group, topic_name, explicit=True, action=action).start()
@@ -363,7 +359,7 @@ def test_killed_consumer_records_return_when_its_connection_drops(kafka39, kshar
         "share.heartbeat.interval.ms": 500,
     })
     produce(kshare39.bootstrap, topic_name, values("r", 5), per_batch=5)
-    with HolderProcess(kshare39.bootstrap, group, topic_name) as holder:
+    with share.HolderProcess(kshare39.bootstrap, group, topic_name) as holder:
         held = {v for _, v, _ in holder.held}
         assert held
         taker = ConsumerLoop("taker", kshare39.bootstrap, group, topic_name, explicit=True).start()
@@ -392,7 +388,7 @@ def test_read_committed_never_delivers_aborted_records(kafka39, kshare39, topic_
     share_group(kshare39.bootstrap, group, **{"share.isolation.level": "read_committed"})
     uncommitted_group = group + "-ru"
     share_group(kshare39.bootstrap, uncommitted_group)
-    tx = Transactions(kshare39.bootstrap, topic_name, flush_each_record=True)
+    tx = share.Transactions(kshare39.bootstrap, topic_name, flush_each_record=True)
     tx.txn(values("c", 5), True)
     tx.txn(values("a", 5), False)
     tx.txn(values("d", 5), True)
@@ -548,7 +544,7 @@ class ClassicGroup:
 
     def __init__(self, bootstrap: str, group_id: str, topic: str) -> None:
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id,
-                                  "auto.offset.reset": "earliest", "logger": quiet_logger()})
+                                  "auto.offset.reset": "earliest", "logger": share.quiet_logger()})
         self.topic = topic
 
     def __enter__(self) -> ClassicGroup:

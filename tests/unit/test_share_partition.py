@@ -7,10 +7,7 @@ import pytest
 from kshare.share.errors import ErrorCode
 from kshare.share.partition import AcquiredRange, FetchedBatch, SharePartition
 from kshare.share.states import (
-    TRANSITIONS,
     AcquireMode,
-    Event,
-    RecordState,
     ShareSnapshot,
     ShareUpdate,
     StateBatch,
@@ -56,17 +53,6 @@ def redeliver(sp: SharePartition, member: str, batches: list[FetchedBatch], time
             sp.acknowledge(member, [(r.first_offset, r.last_offset, RELEASE) for r in got.records]).error_code
             == 0
         )
-
-
-# ---------------------------------------------------------------- the transition table
-
-
-def test_transition_table_is_the_only_source_of_truth() -> None:
-    # Terminal states have no way out; Available only leaves by acquisition or skipping.
-    assert not [key for key in TRANSITIONS if key[0] in (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)]
-    assert {e for s, e in TRANSITIONS if s == RecordState.AVAILABLE} == {Event.ACQUIRE, Event.SKIP}
-    assert TRANSITIONS[(RecordState.ACQUIRED, Event.RELEASE)].at_limit == RecordState.ARCHIVED
-    assert TRANSITIONS[(RecordState.ACQUIRED, Event.REJECT)].target == RecordState.ARCHIVED
 
 
 # ---------------------------------------------------------------- acknowledgement validation

@@ -196,10 +196,9 @@ class Model:
                 lo = max(lo, self.spso)
                 hi = b.last_offset if lso is None else min(b.last_offset, lso - 1)
                 expected = b.last_offset + 1 if expected is None else max(expected, b.last_offset + 1)
-                if lo > hi:
-                    continue
-                if skip:
+                if skip and lo <= hi:  # aborted or control records in range: archived, never acquired
                     self._skip(lo, hi)
+                if skip or lo > hi:
                     continue
                 if budget <= 0:
                     break
