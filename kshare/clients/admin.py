@@ -18,11 +18,10 @@ from ..protocol import messages
 from ..protocol.codes import ApiKey, ErrorCode
 from ..security import ClientSecurity
 from .cluster import (
-    Connections,
+    RETRIABLE_COORDINATOR,
+    ClusterClient,
     Node,
     TopicMeta,
-    coordinator_answer,
-    coordinator_request,
     metadata_answer,
     metadata_request,
 )
@@ -34,8 +33,6 @@ GROUP_RESOURCE = 32  # ConfigResource.Type.GROUP
 _CONFIG_SOURCES = {5: "default", 8: "dynamic", 4: "static broker", 1: "dynamic topic"}
 EARLIEST, LATEST = -2, -1  # ListOffsets timestamps
 
-_RETRIABLE_COORDINATOR = {ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                          ErrorCode.NOT_COORDINATOR}
 _RETRIABLE_PARTITION = {ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.NOT_LEADER_OR_FOLLOWER,
                         ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH}
 
@@ -230,26 +227,12 @@ class PartitionOffset:
 # the client
 
 
-class ShareGroupAdmin:
+class ShareGroupAdmin(ClusterClient):
     """Admin calls for share groups.  ``timeout_ms`` bounds each call (including its retries)."""
 
     def __init__(self, bootstrap: list[tuple[str, int]], *, client_id: str = "kshare-groups",
                  timeout_ms: int = 30000, security: ClientSecurity | None = None) -> None:
-        self.bootstrap = bootstrap
-        self.client_id = client_id
-        self.security = security
-        self.timeout = timeout_ms / 1000.0
-        self.brokers: dict[int, Node] = {}
-        self.topics: dict[str, TopicMeta] = {}
-        self._coordinators: dict[str, Node] = {}
-        self._pool = Connections(self._open)
-
-    async def __aenter__(self) -> ShareGroupAdmin:
-        await self.connect()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        super().__init__(bootstrap, client_id=client_id, timeout_ms=timeout_ms, security=security)
 
     # -- connections ------------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -281,19 +264,6 @@ class ShareGroupAdmin:
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         raise Unreachable(unreachable_message(self.bootstrap, self.timeout, last))
 
-    async def _open(self, host: str, port: int, timeout: float) -> KafkaConnection:
-        return await asyncio.wait_for(KafkaConnection.open(host, port, self.client_id, timeout=timeout,
-                                                           security=self.security), timeout)
-
-    async def close(self) -> None:
-        await self._pool.close()
-
-    async def _connection(self, node: Node) -> KafkaConnection:
-        return await self._pool.to(node, self.timeout)
-
-    async def _any(self) -> KafkaConnection:
-        return await self._pool.any(self.brokers.values(), self.timeout, self.connect)
-
     async def _request(self, conn: KafkaConnection, api_key: int, version: int, body: Any) -> Any:
         try:
             return await asyncio.wait_for(conn.request(api_key, version, body), self.timeout)
@@ -304,8 +274,7 @@ class ShareGroupAdmin:
         except (OSError, ConnectionError) as exc:
             raise AdminError(f"lost the connection to {conn.host}:{conn.port} ({_reason(exc)})") from None
 
-    @staticmethod
-    def _version(conn: KafkaConnection, api_key: int, hi: int | None = None) -> int:
+    def _version(self, conn: KafkaConnection, api_key: int, hi: int | None = None) -> int:
         try:
             return conn.best_version(api_key, hi=hi)
         except ConnectionError:
@@ -336,18 +305,13 @@ class ShareGroupAdmin:
     async def coordinator(self, group: str, *, fresh: bool = False) -> Node:
         if not fresh and group in self._coordinators:
             return self._coordinators[group]
-        deadline = time.monotonic() + self.timeout
-        while True:
-            conn = await self._any()
-            version = self._version(conn, ApiKey.FIND_COORDINATOR)
-            resp = await self._request(conn, ApiKey.FIND_COORDINATOR, version, coordinator_request(version, group))
-            code, node, message = coordinator_answer(resp, version)
-            if code == ErrorCode.NONE:
-                self._coordinators[group] = node
-                return node
-            if code not in _RETRIABLE_COORDINATOR or time.monotonic() >= deadline:
-                raise AdminError(f"cannot find the coordinator of group {group}: {_error_text(code, message)}")
-            await asyncio.sleep(0.2)
+        return await self._find_coordinator(group)
+
+    async def _send(self, conn: KafkaConnection, api_key: int, version: int, body: Any) -> Any:
+        return await self._request(conn, api_key, version, body)
+
+    def _coordinator_error(self, group: str, code: int, message: str | None) -> Exception:
+        return AdminError(f"cannot find the coordinator of group {group}: {_error_text(code, message)}")
 
     async def _group_request(self, group: str, api_key: int, build: Callable[[int], Any],
                              error_of: Callable[[Any], int], hi: int | None = None) -> Any:
@@ -357,14 +321,14 @@ class ShareGroupAdmin:
         while True:
             node = await self.coordinator(group, fresh=fresh)
             try:
-                conn = await self._connection(node)
+                conn = await self.connection(node)
             except (TimeoutError, OSError, ConnectionError) as exc:
                 raise Unreachable(f"cannot reach the coordinator {node.host}:{node.port} of group {group} "
                                   f"({_reason(exc)})") from None
             version = self._version(conn, api_key, hi=hi)
             resp = await self._request(conn, api_key, version, build(version))
             code = error_of(resp)
-            if code in _RETRIABLE_COORDINATOR and time.monotonic() < deadline:
+            if code in RETRIABLE_COORDINATOR and time.monotonic() < deadline:
                 fresh = code == ErrorCode.NOT_COORDINATOR or code == ErrorCode.COORDINATOR_NOT_AVAILABLE
                 await asyncio.sleep(0.2)
                 continue
@@ -380,7 +344,7 @@ class ShareGroupAdmin:
         errors = []
         for node in list(self.brokers.values()):
             try:
-                conn = await self._connection(node)
+                conn = await self.connection(node)
             except (TimeoutError, OSError, ConnectionError) as exc:
                 errors.append(f"{node.host}:{node.port}: {_reason(exc)}")
                 continue
@@ -389,7 +353,7 @@ class ShareGroupAdmin:
                       types_filter=["share"] if version >= 5 else [])
             resp = await self._request(conn, ApiKey.LIST_GROUPS, version, req)
             if resp.error_code:
-                if resp.error_code in _RETRIABLE_COORDINATOR:
+                if resp.error_code in RETRIABLE_COORDINATOR:
                     continue
                 errors.append(f"{node.host}:{node.port}: {error_name(resp.error_code)}")
                 continue
@@ -469,7 +433,7 @@ class ShareGroupAdmin:
             resp = await self._request(conn, ApiKey.INCREMENTAL_ALTER_CONFIGS, version, req)
             r = resp.responses[0] if resp.responses else None
             code = r.error_code if r is not None else -1
-            if code in _RETRIABLE_COORDINATOR and time.monotonic() < deadline:
+            if code in RETRIABLE_COORDINATOR and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
                 continue
             if code:
@@ -585,7 +549,7 @@ class ShareGroupAdmin:
                 if node is None:
                     retry.extend(tps)
                     continue
-                conn = await self._connection(node)
+                conn = await self.connection(node)
                 version = self._version(conn, ApiKey.LIST_OFFSETS, hi=7)
                 if timestamp >= 0:
                     version = max(version, 1)

@@ -13,7 +13,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 
@@ -161,27 +161,85 @@ class Connections:
         await self.drop_bootstrap()
 
 
-class Cluster:
+class ClusterClient:
+    """What :class:`Cluster` and the share-group admin client (:mod:`kshare.clients.admin`) share:
+    the bootstrap servers, the brokers and topics last read, known coordinators and one connection
+    per broker. Each says itself how it reaches the bootstrap (``connect``) and what a failure is."""
+
+    def __init__(self, bootstrap: list[tuple[str, int]], *, client_id: str, timeout_ms: int,
+                 security: ClientSecurity | None) -> None:
+        self.bootstrap = bootstrap
+        self.client_id = client_id
+        self.security = security
+        self.timeout = timeout_ms / 1000.0  # bounds each request, and the bootstrap
+        self.brokers: dict[int, Node] = {}
+        self.topics: dict[str, TopicMeta] = {}
+        self._coordinators: dict[str, Node] = {}
+        self._pool = Connections(self._open)
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        raise NotImplementedError
+
+    async def _open(self, host: str, port: int, timeout: float) -> KafkaConnection:
+        return await asyncio.wait_for(KafkaConnection.open(host, port, self.client_id, timeout=timeout,
+                                                           security=self.security), timeout)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def connection(self, node: Node) -> KafkaConnection:
+        """The connection to ``node`` (opened once, by one caller, while others wait for it)."""
+        return await self._pool.to(node, self.timeout)
+
+    async def _any(self) -> KafkaConnection:
+        return await self._pool.any(self.brokers.values(), self.timeout, self.connect)
+
+    # -- what each client says in its own words ----------------------------------------------------
+    def _version(self, conn: KafkaConnection, api_key: int, hi: int | None = None) -> int:
+        return conn.best_version(api_key, hi=hi)
+
+    async def _send(self, conn: KafkaConnection, api_key: int, version: int, body: Any) -> Any:
+        raise NotImplementedError
+
+    def _coordinator_error(self, group: str, code: int, message: str | None) -> Exception:
+        raise NotImplementedError
+
+    async def _find_coordinator(self, group: str) -> Node:
+        """FindCoordinator, asked again while the cluster says the coordinator is loading or moving."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            conn = await self._any()
+            version = self._version(conn, ApiKey.FIND_COORDINATOR)
+            resp = await self._send(conn, ApiKey.FIND_COORDINATOR, version, coordinator_request(version, group))
+            code, node, message = coordinator_answer(resp, version)
+            if code == ErrorCode.NONE:
+                self._coordinators[group] = node
+                return node
+            if code not in RETRIABLE_COORDINATOR or time.monotonic() >= deadline:
+                raise self._coordinator_error(group, code, message)
+            await asyncio.sleep(0.2)
+
+
+class Cluster(ClusterClient):
     """Connections and metadata of one cluster. ``timeout_ms`` bounds each request, and the bootstrap
     (retried until then: a server may be starting)."""
 
     def __init__(self, bootstrap: list[tuple[str, int]], *, client_id: str = "kshare",
                  timeout_ms: int = 30000, security: ClientSecurity | None = None) -> None:
-        self.bootstrap = bootstrap
-        self.client_id = client_id
-        self.security = security
-        self.timeout = timeout_ms / 1000.0
-        self.brokers: dict[int, Node] = {}
-        self.topics: dict[str, TopicMeta] = {}
+        super().__init__(bootstrap, client_id=client_id, timeout_ms=timeout_ms, security=security)
         self.topic_errors: dict[str, tuple[int, str | None]] = {}  # the last Metadata error of a topic asked for
-        self._coordinators: dict[str, Node] = {}
-        self._pool = Connections(self._open)
 
     # -- connections ------------------------------------------------------------------------------
     async def _open(self, host: str, port: int, timeout: float) -> KafkaConnection:
         try:
-            return await asyncio.wait_for(KafkaConnection.open(host, port, self.client_id, timeout=timeout,
-                                                               security=self.security), timeout)
+            return await super()._open(host, port, timeout)
         except AuthenticationFailed as exc:
             raise error_for(ErrorCode.SASL_AUTHENTICATION_FAILED, f"{host}:{port}", str(exc)) from None
         except ssl.SSLError as exc:
@@ -208,16 +266,6 @@ class Cluster:
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         servers = ",".join(f"{h}:{p}" for h, p in self.bootstrap)
         raise KafkaConnectionError(f"cannot reach {servers} within {int(self.timeout * 1000)} ms ({last!r})")
-
-    async def close(self) -> None:
-        await self._pool.close()
-
-    async def connection(self, node: Node) -> KafkaConnection:
-        """The connection to ``node`` (opened once, by one caller, while others wait for it)."""
-        return await self._pool.to(node, self.timeout)
-
-    async def _any(self) -> KafkaConnection:
-        return await self._pool.any(self.brokers.values(), self.timeout, self.connect)
 
     async def request(self, conn: KafkaConnection, api_key: int, version: int, body: Any,
                       timeout: float | None = None) -> Any:
@@ -258,17 +306,10 @@ class Cluster:
     async def coordinator(self, group: str) -> Node:
         """The group's coordinator (asked again while the cluster says it is loading or moving)."""
         node = self._coordinators.get(group)
-        if node is not None:
-            return node
-        deadline = time.monotonic() + self.timeout
-        while True:
-            conn = await self._any()
-            version = conn.best_version(ApiKey.FIND_COORDINATOR)
-            resp = await self.request(conn, ApiKey.FIND_COORDINATOR, version, coordinator_request(version, group))
-            code, node, message = coordinator_answer(resp, version)
-            if code == ErrorCode.NONE:
-                self._coordinators[group] = node
-                return node
-            if code not in RETRIABLE_COORDINATOR or time.monotonic() >= deadline:
-                raise error_for(code, f"FindCoordinator for group {group}", message)
-            await asyncio.sleep(0.2)
+        return node if node is not None else await self._find_coordinator(group)
+
+    async def _send(self, conn: KafkaConnection, api_key: int, version: int, body: Any) -> Any:
+        return await self.request(conn, api_key, version, body)
+
+    def _coordinator_error(self, group: str, code: int, message: str | None) -> Exception:
+        return error_for(code, f"FindCoordinator for group {group}", message)
