@@ -25,8 +25,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "kshare"
 LAYERS: dict[str, tuple[str, ...]] = {
     # the codec, the specs' generated names, and helpers that need nothing of kshare
     "protocol": ("kshare.protocol", "kshare.addresses"),
-    # kshare's own Kafka clients, and how they authenticate (kshare.client: the old import path)
-    "client": ("kshare.clients", "kshare.client", "kshare.security"),
+    # kshare's own Kafka clients, and how they authenticate
+    "client": ("kshare.clients", "kshare.security"),
     # the wire-protocol proxy
     "proxy": ("kshare.proxy",),
     # the share-group engine, served on the proxy
