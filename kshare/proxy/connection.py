@@ -129,6 +129,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                 last = ConnectionError("closed at once")
                 continue
             self.upstream, self.upstream_addr = upstream, (host, port)
+            self.proxy.brokers.attached(self)  # on a stand-in (its broker refused): moved back later
             self.proxy.upstream_reached()
             if not self.closed and self.transport is not None:
                 self.transport.resume_reading()
@@ -201,6 +202,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             if upstream.closed:  # closed before it was ours
                 continue
             self.upstream, self.upstream_addr, self.reattaching = upstream, (host, port), False
+            self.proxy.brokers.attached(self)
             backlog, self._backlog = self._backlog, []
             if backlog and upstream.transport is not None:
                 upstream.transport.writelines(backlog)

@@ -28,6 +28,11 @@ UNSUPPORTED_VERSION = ErrorCode.UNSUPPORTED_VERSION.value
 # servers (connection, ApiVersions, Metadata) after this many seconds, then backs off to the cap.
 REPROBE_FIRST_DELAY = 0.5
 REPROBE_MAX_DELAY = 2.0
+# While a broker's listener has client connections served through another broker (it refused
+# them), the proxy asks the broker itself (connection, ApiVersions) after this many seconds, then
+# backs off to the cap; the first answer moves those connections back to it.
+HOME_PROBE_FIRST_DELAY = 0.25
+HOME_PROBE_MAX_DELAY = 1.0
 
 
 def _ignore(api_key: int, seconds: float) -> None:
@@ -79,6 +84,15 @@ class BrokerMap:
         # brokers that left the cluster's metadata (restarting, failed): their listeners stay open
         # and their clients are served through the other brokers until they return
         self.away: set[int] = set()
+        # Client connections of broker N's listener served through another broker because N refused
+        # them (a restart: its port closed for a few seconds). The cluster's metadata may name N all
+        # along (a broker restarting faster than its session times out is never fenced), so its
+        # return cannot wait for ``expose``: while any is here, N itself is asked until it answers,
+        # then they move back to it. Otherwise they would stay on the stand-in, which answers
+        # NOT_LEADER_OR_FOLLOWER (naming N) to every Produce for what N leads again, until something
+        # closed the connection: a producer's stall of tens of seconds (issue 40).
+        self.standing_in: dict[int, set[ClientConnection]] = {}
+        self._homing: dict[int, asyncio.Task] = {}
         self._lock = asyncio.Lock()
 
     def upstream_candidates(self, node_id: int | None) -> list[tuple[str, int]]:
@@ -93,11 +107,66 @@ class BrokerMap:
         away, then any other. Another broker answers what it does not lead as Kafka does
         (NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR), and the client learns the new leaders from Metadata."""
         own = self.upstream.get(node_id) if node_id is not None else None
-        others = [a for n, a in self.upstream.items() if n != node_id and n not in self.away]
+        others = [a for n, a in self.upstream.items() if n != node_id and not self.unreachable(n)]
         others += [a for a in self.proxy.config.upstream if a not in others and a != own]
         if own is None:
             return others
-        return others + [own] if node_id in self.away else [own, *others]
+        # a broker known to refuse comes last: a client does not wait out its connect timeout (a
+        # host that is down drops the connection attempt) when another broker answers at once
+        return others + [own] if self.unreachable(node_id) else [own, *others]
+
+    def unreachable(self, node_id: int | None) -> bool:
+        """Whether broker ``node_id`` left the metadata or refused a connection not yet answered again."""
+        if node_id in self.away:
+            return True
+        task = self._homing.get(node_id) if node_id is not None else None
+        return task is not None and not task.done()
+
+    def attached(self, conn: ClientConnection) -> None:
+        """``conn`` (a client connection of a broker's listener) has a new upstream connection: to
+        its own broker, or to a stand-in, in which case it moves back once its broker answers."""
+        node = conn.node_id
+        own = self.upstream.get(node) if node is not None else None
+        if node is None or own is None:
+            return
+        if conn.upstream_addr == own:
+            self.detached(conn)
+            return
+        self.standing_in.setdefault(node, set()).add(conn)
+        task = self._homing.get(node)
+        if task is None or task.done():
+            self._homing[node] = asyncio.get_running_loop().create_task(self._await_home(node))
+
+    def detached(self, conn: ClientConnection) -> None:
+        """``conn`` closed, or is back on its own broker."""
+        if conn.node_id is not None:
+            waiting = self.standing_in.get(conn.node_id)
+            if waiting is not None:
+                waiting.discard(conn)
+
+    async def _await_home(self, node_id: int) -> None:
+        """Ask broker ``node_id`` until it answers, then move its listener's connections back to it."""
+        delay = HOME_PROBE_FIRST_DELAY
+        timeout = min(self.proxy.config.upstream_connect_timeout, 2.0)
+        while self.standing_in.get(node_id):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, HOME_PROBE_MAX_DELAY)
+            addr = self.upstream.get(node_id)
+            if addr is None or node_id in self.away:
+                continue  # out of the metadata: ``expose`` moves them back when it is named again
+            try:
+                # an answer, not just a connection: a restarting Kafka accepts connections (its port
+                # is bound early) before it reads requests
+                await asyncio.wait_for(self.proxy.ask_versions(*addr), timeout)
+            except Exception as exc:  # noqa: BLE001 - any failure is "not yet"; the probe must not die
+                log.debug("broker %d at %s:%d does not answer yet: %s", node_id, *addr, describe_error(exc))
+                continue
+            waiting = self.standing_in.pop(node_id, set())
+            log.info("broker %d answers again: %d client connection(s) of its listener move back to it",
+                     node_id, len(waiting))
+            for conn in waiting:
+                conn.rehome()
+            return
 
     async def expose(self, node_id: int, host: str, port: int) -> tuple[str, int]:
         """Record broker ``node_id`` at ``host:port`` upstream; return the address clients should use."""
@@ -139,6 +208,8 @@ class BrokerMap:
                         "through the other brokers until it is back", node_id)
 
     async def close(self) -> None:
+        for task in self._homing.values():
+            task.cancel()
         for server in self.listeners.values():
             server.close()
         self.listeners.clear()
@@ -276,6 +347,7 @@ class Proxy:
 
     def client_closed(self, conn: ClientConnection) -> None:
         self.connections.discard(conn)
+        self.brokers.detached(conn)
         for listener in self.disconnect_listeners:
             try:
                 listener(conn)
@@ -341,6 +413,12 @@ class Proxy:
                     continue
                 self.upstream_reached(f"{host}:{port} answered the proxy's probe")
                 return
+
+    async def ask_versions(self, host: str, port: int) -> None:
+        """Connect (ApiVersions answered) and close; raises if the broker does not answer."""
+        conn = await KafkaConnection.open(host, port, timeout=self.config.upstream_connect_timeout,
+                                          security=self.config.upstream_security)
+        await conn.close()
 
     async def _ask(self, host: str, port: int) -> None:
         """Connect (ApiVersions) and ask for Metadata of no topic; raises if the broker does not answer."""

@@ -1,0 +1,92 @@
+"""A client connection of a restarted broker's listener goes back to that broker once it answers.
+
+Slow (~30 s: a 2-broker Kafka 3.9 cluster, one broker restarted). While broker N is down, a client
+connection to the proxy's listener for N is served through another broker (a stand-in, which answers
+what it does not lead as Kafka does: NOT_LEADER_OR_FOLLOWER). When N is back it must move back to N,
+whether or not the proxy saw N leave the cluster's metadata: a restart of a few seconds need not show
+in any Metadata answer a client happens to ask for. Before, it moved back only then, and a producer
+kept getting NOT_LEADER_OR_FOLLOWER for the partitions N led again, from the stand-in, until something
+closed its connection: up to 28 s of stall in ``kshare bench --only failover`` (issue 40), and
+for good when nothing did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from confluent_kafka.admin import AdminClient
+
+from kshare.clients.connection import KafkaConnection
+from kshare.protocol import messages
+from tests.harness.cluster import KafkaCluster
+from tests.harness.proxies import ProxyThread
+
+PRODUCE = 0
+NONE, NOT_LEADER_OR_FOLLOWER = 0, 6
+
+
+def _one_record_batch() -> bytes:
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+    builder.append(int(time.time() * 1000), b"k", b"v", [])
+    builder.close()
+    return bytes(builder.buffer())
+
+
+def _wait_leader(bootstrap: str, topic: str, leader: int, timeout: float = 60.0) -> None:
+    """Until the cluster itself (not through the proxy: no Metadata may pass it) names ``leader``."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            md = admin.list_topics(topic=topic, timeout=5)
+            if md.topics[topic].partitions[0].leader == leader:
+                return
+        except Exception:  # noqa: BLE001 - a node still starting
+            pass
+        assert time.monotonic() < deadline, f"partition 0 of {topic} not led by node {leader} after {timeout} s"
+        time.sleep(0.2)
+
+
+def test_a_connection_served_through_another_broker_moves_back_when_its_broker_returns() -> None:
+    topic = f"broker-return-{uuid.uuid4().hex[:8]}"
+    Produce = messages.message_class("ProduceRequest")
+
+    def produce() -> object:
+        partition = Produce.PartitionProduceData(index=0, records=_one_record_batch())
+        return Produce(transactional_id=None, acks=1, timeout_ms=5000,
+                       topic_data=[Produce.TopicProduceData(name=topic, partition_data=[partition])])
+
+    with KafkaCluster() as cluster, ProxyThread(cluster.controller.bootstrap) as proxy:
+        cluster.create_topic(topic, [[2]])  # partition 0 on node 2 only
+        ports = proxy.call(lambda: dict(proxy.proxy.brokers.ports))
+        listener2 = (proxy.config.advertised, ports[2])
+        cluster.broker.stop()  # SIGTERM: node 2's port is closed
+
+        async def connect() -> KafkaConnection:
+            # node 2 refuses: the proxy serves this connection through node 1
+            return await KafkaConnection.open(*listener2, client_id="kshare-broker-return-test")
+
+        conn = asyncio.run_coroutine_threadsafe(connect(), proxy.loop).result(30)
+        try:
+            version = min(conn.versions[PRODUCE][1], 9)
+            stand_in = asyncio.run_coroutine_threadsafe(conn.request(PRODUCE, version, produce()), proxy.loop).result(30)
+            assert stand_in.responses[0].partition_responses[0].error_code == NOT_LEADER_OR_FOLLOWER
+
+            cluster.broker.start()
+            _wait_leader(cluster.bootstrap, topic, 2)
+            t_back = time.monotonic()
+            errors = []
+            while True:  # as a producer retries: the same connection, a short backoff
+                answer = asyncio.run_coroutine_threadsafe(conn.request(PRODUCE, version, produce()),
+                                                          proxy.loop).result(30)
+                errors.append(answer.responses[0].partition_responses[0].error_code)
+                if errors[-1] == NONE or time.monotonic() - t_back > 15:
+                    break
+                time.sleep(0.2)
+        finally:
+            asyncio.run_coroutine_threadsafe(conn.close(), proxy.loop).result(10)
+    assert errors[-1] == NONE, f"still {errors[-1]} 15 s after node 2 led partition 0 again ({len(errors)} tries)"
