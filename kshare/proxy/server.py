@@ -93,6 +93,9 @@ class BrokerMap:
         # closed the connection: a producer's stall of tens of seconds (issue 40).
         self.standing_in: dict[int, set[ClientConnection]] = {}
         self._homing: dict[int, asyncio.Task] = {}
+        # brokers an operator was told are gone (one WARNING when a broker goes, however it is
+        # noticed -- a refused connection or the metadata -- and one when it is back)
+        self._told_gone: set[int] = set()
         self._lock = asyncio.Lock()
 
     def upstream_candidates(self, node_id: int | None) -> list[tuple[str, int]]:
@@ -135,7 +138,21 @@ class BrokerMap:
         self.standing_in.setdefault(node, set()).add(conn)
         task = self._homing.get(node)
         if task is None or task.done():
+            self._went(node, "refused a connection (restarting or failed)")
             self._homing[node] = asyncio.get_running_loop().create_task(self._await_home(node))
+
+    def _went(self, node_id: int, how: str) -> None:
+        if node_id not in self._told_gone:
+            self._told_gone.add(node_id)
+            log.warning("broker %d %s: its clients are served through the other brokers until it is back",
+                        node_id, how)
+
+    def _back(self, node_id: int, how: str) -> None:
+        if node_id in self._told_gone:
+            self._told_gone.discard(node_id)
+            log.warning("broker %d %s", node_id, how)
+        else:
+            log.info("broker %d %s", node_id, how)
 
     def detached(self, conn: ClientConnection) -> None:
         """``conn`` closed, or is back on its own broker."""
@@ -162,8 +179,7 @@ class BrokerMap:
                 log.debug("broker %d at %s:%d does not answer yet: %s", node_id, *addr, describe_error(exc))
                 continue
             waiting = self.standing_in.pop(node_id, set())
-            log.info("broker %d answers again: %d client connection(s) of its listener move back to it",
-                     node_id, len(waiting))
+            self._back(node_id, f"answers again: {len(waiting)} client connection(s) of its listener move back to it")
             for conn in waiting:
                 conn.rehome()
             return
@@ -172,7 +188,7 @@ class BrokerMap:
         """Record broker ``node_id`` at ``host:port`` upstream; return the address clients should use."""
         if node_id in self.away:
             self.away.discard(node_id)
-            log.warning("broker %d is back in the cluster metadata at %s:%d", node_id, host, port)
+            self._back(node_id, f"is back in the cluster metadata at {host}:{port}")
             for conn in list(self.proxy.connections):
                 if conn.node_id == node_id and conn.upstream_addr != (host, port):
                     conn.rehome()
@@ -204,8 +220,7 @@ class BrokerMap:
             # and share sessions, served through the other brokers); a broker removed for good is
             # simply never named again, and its listener costs nothing
             self.away.add(node_id)
-            log.warning("broker %d left the cluster metadata (restarting or failed): its clients are served "
-                        "through the other brokers until it is back", node_id)
+            self._went(node_id, "left the cluster metadata (restarting or failed)")
 
     async def close(self) -> None:
         for task in self._homing.values():

@@ -13,18 +13,21 @@ for good when nothing did.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 
+import pytest
 from confluent_kafka.admin import AdminClient
 
 from kshare.clients.connection import KafkaConnection
 from kshare.protocol import messages
+from kshare.protocol.codes import ApiKey, ErrorCode
 from tests.harness.cluster import KafkaCluster
 from tests.harness.proxies import ProxyThread
 
-PRODUCE = 0
-NONE, NOT_LEADER_OR_FOLLOWER = 0, 6
+PRODUCE = ApiKey.PRODUCE
+NONE, NOT_LEADER_OR_FOLLOWER = ErrorCode.NONE, ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
 def _one_record_batch() -> bytes:
@@ -51,7 +54,9 @@ def _wait_leader(bootstrap: str, topic: str, leader: int, timeout: float = 60.0)
         time.sleep(0.2)
 
 
-def test_a_connection_served_through_another_broker_moves_back_when_its_broker_returns() -> None:
+def test_a_connection_served_through_another_broker_moves_back_when_its_broker_returns(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kshare.proxy")
     topic = f"broker-return-{uuid.uuid4().hex[:8]}"
     Produce = messages.message_class("ProduceRequest")
 
@@ -90,3 +95,9 @@ def test_a_connection_served_through_another_broker_moves_back_when_its_broker_r
         finally:
             asyncio.run_coroutine_threadsafe(conn.close(), proxy.loop).result(10)
     assert errors[-1] == NONE, f"still {errors[-1]} 15 s after node 2 led partition 0 again ({len(errors)} tries)"
+    # an operator sees the broker go and come back: one WARNING each, however the proxy noticed
+    told = [r.getMessage() for r in caplog.records
+            if r.name == "kshare.proxy" and r.levelno == logging.WARNING and r.getMessage().startswith("broker 2 ")]
+    assert len(told) == 2, told
+    assert "refused a connection" in told[0] or "left the cluster metadata" in told[0], told
+    assert "answers again" in told[1] or "is back in the cluster metadata" in told[1], told
