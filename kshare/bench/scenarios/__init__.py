@@ -38,6 +38,7 @@ _MODULES = (
     "spark",
     "failover",
     "aioconsumer",
+    "aio100",
     # figures for the docs, only when named
     "durability",
     "state_store",
