@@ -6,7 +6,7 @@ partitions, through kshare (in front of Kafka 3.9) and on native Kafka 4.4, side
 
 Each run is a process of its own (``python -m kshare.bench.scenarios.aio100 <json>``) holding only
 the consumers, so that its CPU time (user + system, every thread, from ``getrusage``) and its RSS
-(``/proc/self/status``, and the peak ``ru_maxrss``) are the consumers' alone: brokers, proxy and this
+(``/proc/self/status``: ``VmRSS`` and its peak ``VmHWM``) are the consumers' alone: brokers, proxy and this
 process are elsewhere. The process reports its figures as one JSON line.
 
 The records are produced in batches of about 550 (64 KiB producer batches), so that a whole topic
@@ -44,12 +44,22 @@ PRODUCER_BATCH_BYTES = 64 * 1024
 # -- the consumer process ----------------------------------------------------------------------------
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024.0
     return float("nan")
+
+
+def _rss_mb() -> float:
+    return _status_mb("VmRSS:")
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak RSS since its exec (``VmHWM``; ``ru_maxrss`` would be the bench's, whose
+    fork it began as, when that was larger)."""
+    return _status_mb("VmHWM:")
 
 
 def _cpu_s() -> float:
@@ -98,7 +108,7 @@ class _Clock:
             "rss_start_mb": self.rss0,
             "rss_read_mb": rss_read,
             "rss_end_mb": _rss_mb(),
-            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            "max_rss_mb": _peak_rss_mb(),
             "threads": threading.active_count(),
         }
 
