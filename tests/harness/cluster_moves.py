@@ -1,0 +1,354 @@
+"""Moving partitions of a multi-node cluster as an operator does, and a load to move them under.
+
+``reassign`` runs Apache Kafka's own ``kafka-reassign-partitions`` (``ReassignPartitionsCommand``
+from the cluster's release: an AlterPartitionReassignments through Kafka's Java AdminClient;
+confluent-kafka has no call for it) and ``in_progress`` its ``--list`` (ListPartitionReassignments);
+``elect_preferred`` is confluent-kafka's ElectLeaders. All of them talk to the cluster directly,
+never through kshare.
+
+:class:`MovesLoad` is what the faults happen under (``tests/integration/test_cluster_moves.py``):
+an idempotent acks=all producer writing through kshare at a steady rate (plus bursts), confluent
+``ShareConsumer`` loops draining through kshare, and the timeline both leave, analysed by the
+failover benchmark's pure analysis (:func:`kshare.bench.scenarios.failover_analysis.failover_analysis`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import ElectionType, KafkaException, Producer, TopicPartition
+
+from kshare.bench.brokers import _java, ensure_kafka
+from kshare.bench.scenarios.failover_analysis import failover_analysis
+from kshare.bench.three_nodes import ThreeNodeCluster
+from tests.harness.share import ConsumerLoop, quiet_logger
+
+log = logging.getLogger("kshare.tests.cluster_moves")
+
+Part = tuple[str, int]  # (topic, partition)
+
+REASSIGN = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
+
+
+def kafka_tool(cluster: ThreeNodeCluster, main_class: str, *args: str, timeout: float = 180.0) -> str:
+    """Run one of Apache Kafka's command-line tools (of the cluster's release) against the cluster;
+    its output (AssertionError with it if it exits non-zero)."""
+    cmd = [
+        _java(),
+        "-Xmx128m",
+        "-XX:TieredStopAtLevel=1",
+        "-XX:+UseSerialGC",
+        "-Dlog4j.configuration=",
+        "-cp",
+        str(ensure_kafka(cluster.version) / "*"),
+        main_class,
+        "--bootstrap-server",
+        cluster.bootstrap,
+        *args,
+    ]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{main_class} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}"
+    return proc.stdout
+
+
+def assignment(
+    cluster: ThreeNodeCluster, topics: Iterable[str]
+) -> dict[Part, tuple[list[int], int, list[int]]]:
+    """(topic, partition) -> (replicas, leader, in-sync replicas) as the cluster's metadata says now."""
+    md = cluster.admin().list_topics(timeout=10)
+    return {
+        (t, p): (list(pm.replicas), pm.leader, list(pm.isrs))
+        for t in topics
+        for p, pm in md.topics[t].partitions.items()
+    }
+
+
+def reassign(cluster: ThreeNodeCluster, moves: Mapping[Part, list[int]]) -> None:
+    """AlterPartitionReassignments: each partition's replicas become ``moves[part]`` (in that
+    order: the first is the preferred leader), by ``kafka-reassign-partitions --execute``."""
+    doc = {
+        "version": 1,
+        "partitions": [{"topic": t, "partition": p, "replicas": r} for (t, p), r in moves.items()],
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(doc, f)
+    try:
+        out = kafka_tool(cluster, REASSIGN, "--reassignment-json-file", f.name, "--execute")
+    finally:
+        Path(f.name).unlink()
+    assert "Successfully started" in out, out
+
+
+def in_progress(cluster: ThreeNodeCluster) -> list[str]:
+    """The reassignments the cluster has in progress (``kafka-reassign-partitions --list``: one
+    line per partition after its header)."""
+    out = kafka_tool(cluster, REASSIGN, "--list")
+    lines = [line for line in out.splitlines() if line.strip()]
+    if any("No partition reassignments found" in line for line in lines):
+        return []
+    return [line for line in lines if ":" in line and "Current partition reassignments" not in line] or lines
+
+
+def wait_reassigned(
+    cluster: ThreeNodeCluster, moves: Mapping[Part, list[int]], timeout: float = 120.0, *, listed: bool = True
+) -> float:
+    """Until every moved partition has exactly its new replicas, all in sync, and (``listed``) the
+    cluster lists no reassignment in progress; seconds it took."""
+    t0 = time.monotonic()
+    topics = {t for t, _ in moves}
+    while True:
+        try:
+            now = assignment(cluster, topics)
+            done = all(now[k][0] == r and sorted(now[k][2]) == sorted(r) for k, r in moves.items())
+        except Exception:  # noqa: BLE001 - a metadata request that failed: ask again
+            done = False
+        if done:
+            break
+        assert time.monotonic() - t0 < timeout, f"reassignment not done after {timeout:.0f} s: {now}"
+        time.sleep(0.2)
+    if listed:
+        left = in_progress(cluster)
+        assert left == [], left
+    return time.monotonic() - t0
+
+
+def elect_preferred(cluster: ThreeNodeCluster, parts: Iterable[Part]) -> dict[Part, str | None]:
+    """ElectLeaders(PREFERRED) for ``parts``: each partition's error (None: its preferred replica
+    was elected; ``ELECTION_NOT_NEEDED``: it led already)."""
+    admin = cluster.admin()  # kept until the answer is in
+    # (confluent-kafka 2.16 refuses request_timeout/operation_timeout here: "takes at most 4 arguments")
+    res = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(t, p) for t, p in parts]).result(40)
+    out: dict[Part, str | None] = {}
+    for tp, err in res.items():
+        if isinstance(err, KafkaException):
+            err = err.args[0]
+        out[(tp.topic, tp.partition)] = None if err is None else err.name()
+    return out
+
+
+def wait_leaders(cluster: ThreeNodeCluster, wanted: Mapping[Part, int], timeout: float = 60.0) -> float:
+    """Until every partition of ``wanted`` is led by the node it names; seconds it took."""
+    t0 = time.monotonic()
+    topics = {t for t, _ in wanted}
+    while True:
+        try:
+            now = assignment(cluster, topics)
+            if all(now[k][1] == n for k, n in wanted.items()):
+                return time.monotonic() - t0
+        except Exception:  # noqa: BLE001 - a metadata request that failed: ask again
+            pass
+        assert time.monotonic() - t0 < timeout, f"leaders not {dict(wanted)} after {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+# ------------------------------------------------------------------------------------------------
+# the load
+
+
+class MovesLoad:
+    """A producer through kshare (idempotent, acks=all, round robin over ``partitions``; ``rate``
+    records a second, plus what :meth:`burst` asks for) and ``consumers`` confluent ShareConsumer
+    loops through kshare; every record's id is in its value (``%08d|`` and padding to ``size``).
+
+    Records of the producer's delivery reports are what the cluster acknowledged: each must be
+    delivered, at the (partition, offset) the report gave."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        *,
+        partitions: int,
+        rate: float,
+        size: int = 256,
+        consumers: int = 3,
+        process_s: float = 0.003,
+        max_poll_records: int = 100,
+    ) -> None:
+        self.bootstrap, self.topic, self.group = bootstrap, topic, group
+        self.partitions, self.rate, self.size = partitions, rate, size
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "logger": quiet_logger(),
+            }
+        )
+        self.sent: list[float] = []  # record id -> produce() time
+        self.reported: dict[int, tuple[float, int, int]] = {}  # id -> (report time, partition, offset)
+        self.failed: list[str] = []
+        self._burst = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="moves-producer", daemon=True)
+        self.loops = [
+            ConsumerLoop(
+                f"c{i}",
+                bootstrap,
+                group,
+                topic,
+                process_s=process_s,
+                **{"max.poll.records": max_poll_records},
+            )
+            for i in range(consumers)
+        ]
+        self.consumers_started: float | None = None
+        self.windows: list[dict[str, Any]] = []
+
+    def value(self, i: int) -> bytes:
+        return (b"%08d|" % i).ljust(self.size, b".")
+
+    # producing
+
+    def _send(self) -> None:
+        i = len(self.sent)
+        self.sent.append(time.monotonic())
+        self.producer.produce(
+            self.topic,
+            self.value(i),
+            partition=i % self.partitions,
+            on_delivery=lambda err, msg, i=i: self._report(i, err, msg),
+        )
+
+    def _run(self) -> None:
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            with self._lock:
+                burst, self._burst = min(self._burst, 500), max(0, self._burst - 500)
+            for _ in range(burst):
+                try:
+                    self._send()
+                except BufferError:  # the producer's queue is full: let it drain
+                    self.producer.poll(0.1)
+                    self.sent.pop()
+            if time.monotonic() >= next_t:
+                self._send()
+                next_t += 1 / self.rate
+            self.producer.poll(min(0.01, max(0.0, next_t - time.monotonic())))
+        self.producer.flush(120)
+
+    def _report(self, i: int, err: Any, msg: Any) -> None:
+        if err is None:
+            self.reported[i] = (time.monotonic(), msg.partition(), msg.offset())
+        else:
+            self.failed.append(f"record {i}: {err}")
+
+    def start_producer(self) -> MovesLoad:
+        self._thread.start()
+        return self
+
+    def burst(self, n: int) -> None:
+        """Produce ``n`` more records as fast as the producer takes them."""
+        with self._lock:
+            self._burst += n
+
+    def stop_producer(self) -> None:
+        self._stop.set()
+        self._thread.join(150)
+        assert not self._thread.is_alive(), "the producer did not finish flushing"
+
+    def wait_reported(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.reported) < n:
+            assert time.monotonic() < deadline, (
+                f"{len(self.reported)} of {n} records acknowledged by the cluster"
+            )
+            time.sleep(0.1)
+
+    # consuming
+
+    def start_consumers(self) -> MovesLoad:
+        self.consumers_started = time.monotonic()
+        for lp in self.loops:
+            lp.start()
+        return self
+
+    def deliveries(self) -> list[tuple[float, int, int, int, bytes]]:
+        """(time, record id, partition, offset, value) of every delivery, any consumer."""
+        out = []
+        for lp in self.loops:
+            with lp.lock:
+                got = list(lp.received)
+            out += [(g.at, int(g.value[:8]), g.partition, g.offset, g.value) for g in got]
+        return sorted(out)
+
+    def undelivered(self) -> set[int]:
+        return set(self.reported) - {rid for _, rid, *_ in self.deliveries()}
+
+    def wait_delivered(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while missing := self.undelivered():
+            assert time.monotonic() < deadline, (
+                f"{len(missing)} of {len(self.reported)} acknowledged records never delivered "
+                f"(e.g. {sorted(missing)[:5]}); consumer errors {[lp.errors for lp in self.loops]}"
+            )
+            time.sleep(0.5)
+
+    # faults and what they did
+
+    def fault(self, name: str, partitions: Iterable[int] = ()) -> float:
+        """Mark a fault (or a step of one) happening now: its window runs until the next one."""
+        now = time.monotonic()
+        if self.windows:
+            self.windows[-1]["end"] = now
+        self.windows.append(
+            {"name": name, "start": now, "end": None, "signal": now, "partitions": sorted(set(partitions))}
+        )
+        return now
+
+    def analysis(self, t_end: float) -> dict[str, Any]:
+        assert self.consumers_started is not None
+        for w in self.windows:
+            if w["end"] is None:
+                w["end"] = t_end
+        available = {i: max(t, self.consumers_started) for i, (t, _p, _o) in self.reported.items()}
+        acks = [(self.sent[i], t) for i, (t, _p, _o) in self.reported.items()]
+        res = failover_analysis(
+            [(t, rid, p) for t, rid, p, _o, _v in self.deliveries()], available, self.windows, acks, t_end
+        )
+        res["longest_stall_s"] = max((b - a for a, b in res["stalls"]), default=0.0)
+        return res
+
+    def misplaced(self) -> list[tuple[int, tuple[int, int], tuple[int, int], bytes]]:
+        """Deliveries whose (partition, offset) is not where the producer's report put the record,
+        or whose value is not the record's: what a stale replica serving old or other data would give."""
+        out = []
+        for _t, rid, p, o, v in self.deliveries():
+            rep = self.reported.get(rid)
+            if rep is not None and ((p, o) != rep[1:] or v != self.value(rid)):
+                out.append((rid, (p, o), rep[1:], v[:16]))
+        return out
+
+
+def report(test: str, res: dict[str, Any], extra: Mapping[str, object] = ()) -> str:
+    """The per-fault figures of a run, printed (``pytest -s``) and returned."""
+    rows = [
+        f"[{test}] {res['records']} records acknowledged by the cluster, {res['delivered']} delivered, "
+        f"{res['lost']} lost, {res['deliveries']} deliveries ({res['redeliveries']} redeliveries), "
+        f"longest stall {res['longest_stall_s']:.1f} s, producer's longest gap {res['producer_longest_gap_s']:.1f} s"
+    ]
+    rows += [f"[{test}]   {k}: {v}" for k, v in dict(extra).items()]
+    for w in res["windows"]:
+        rows.append(
+            f"[{test}]   {w['name']:<28} {w['end'] - w['start']:6.1f} s: first record "
+            f"{w.get('first_record_s', float('nan')):.2f} s after, of its partitions "
+            f"{w.get('first_record_of_its_partitions_s', float('nan')):.2f} s; "
+            f"{w['deliveries']} deliveries, {w['redeliveries']} redeliveries, "
+            f"longest stall {w['longest_stall_s']:.1f} s, "
+            f"producer longest wait {w['producer_longest_wait_s']:.1f} s"
+        )
+    text = "\n".join(rows)
+    print(text, flush=True)
+    log.info("%s", text)
+    return text
