@@ -1,5 +1,5 @@
 """How kshare's own connections to the cluster authenticate: TLS and SASL (PLAIN, SCRAM-SHA-256/512,
-OAUTHBEARER with a token file).
+OAUTHBEARER with a token file or a token provider).
 
 One :class:`ClientSecurity` serves both kinds of clients kshare runs: its own pipelined
 ``KafkaConnection`` (SaslHandshake + SaslAuthenticate, below) and aiokafka's producers, consumers
@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import inspect
 import os
 import secrets
 import ssl
@@ -35,6 +36,9 @@ class ClientSecurity:
     username: str | None = None
     password: str | None = None
     oauth_token_file: str | None = None  # OAUTHBEARER: read at every authentication (tokens rotate)
+    # OAUTHBEARER: an object with a ``token()`` coroutine (aiokafka's ``AbstractTokenProvider``), asked at
+    # every authentication, and optionally ``extensions()`` (SASL extensions, RFC 7628)
+    oauth_token_provider: Any = None
 
     @property
     def protocol(self) -> str:
@@ -50,7 +54,8 @@ class ClientSecurity:
         if self.sasl_mechanism:
             out["sasl_mechanism"] = self.sasl_mechanism
             if self.sasl_mechanism == "OAUTHBEARER":
-                out["sasl_oauth_token_provider"] = _aiokafka_token_provider(self.oauth_token_file or "")
+                out["sasl_oauth_token_provider"] = (self.oauth_token_provider if self.oauth_token_provider is not None
+                                                    else _aiokafka_token_provider(self.oauth_token_file or ""))
             else:
                 out["sasl_plain_username"] = self.username
                 out["sasl_plain_password"] = self.password
@@ -84,10 +89,47 @@ class ClientSecurity:
             server_final = await step(scram.client_final(server_first))
             scram.verify(server_final)
         elif mech == "OAUTHBEARER":
-            token = _TokenFile(self.oauth_token_file or "").read()
-            await step(f"n,,\x01auth=Bearer {token}\x01\x01".encode())
+            challenge = await step(oauthbearer_first_message(*await self._oauth_token()))
+            if challenge:
+                # RFC 7628 3.2.2: a refused token is answered with an error (JSON) instead of success; the
+                # client sends a lone %x01 and the server then fails the exchange with its reason
+                detail = challenge.decode(errors="replace")
+                try:
+                    await step(b"\x01")
+                except AuthenticationFailed as exc:
+                    raise AuthenticationFailed(f"{exc} ({detail})") from None
+                raise AuthenticationFailed(f"SASL OAUTHBEARER authentication failed: {detail}")
         else:
             raise AuthenticationFailed(f"unsupported SASL mechanism {mech}")
+
+    async def _oauth_token(self) -> tuple[str, dict[str, str]]:
+        """The token and SASL extensions for one OAUTHBEARER authentication: the provider's (its
+        ``token()`` awaited now: a provider refreshes an expiring token itself), else the token file's."""
+        provider = self.oauth_token_provider
+        if provider is None:
+            return _TokenFile(self.oauth_token_file or "").read(), {}
+        token = provider.token()
+        if inspect.isawaitable(token):
+            token = await token
+        extensions = provider.extensions() if hasattr(provider, "extensions") else {}
+        if inspect.isawaitable(extensions):
+            extensions = await extensions
+        return str(token), dict(extensions or {})
+
+
+def oauthbearer_first_message(token: str, extensions: dict[str, str] | None = None) -> bytes:
+    """The OAUTHBEARER client's initial response (RFC 7628 3.1, as Kafka reads it): the GS2 header
+    ``n,,``, then ``auth=Bearer <token>`` and each SASL extension as ``key=value``, each followed
+    by %x01, and a final %x01. Keys are ALPHA only and ``auth`` is reserved (RFC 7628 3.1); values
+    are printable ASCII, space, tab, CR and LF."""
+    parts = [f"auth=Bearer {token}"]
+    for key, value in (extensions or {}).items():
+        if not key.isascii() or not key.isalpha() or key == "auth":
+            raise ValueError(f"SASL extension name {key!r} must be ASCII letters only, and not 'auth'")
+        if any(not (0x20 <= ord(ch) <= 0x7E or ch in "\t\r\n") for ch in value):
+            raise ValueError(f"SASL extension {key} has a character RFC 7628 does not allow")
+        parts.append(f"{key}={value}")
+    return ("n,,\x01" + "".join(p + "\x01" for p in parts) + "\x01").encode()
 
 
 class Scram:

@@ -156,7 +156,10 @@ class AIOShareConsumer:
 
     Security options as aiokafka's: ``security_protocol`` (PLAINTEXT, SSL, SASL_PLAINTEXT,
     SASL_SSL), ``ssl_context`` (a default context for SSL without one), ``sasl_mechanism`` (PLAIN,
-    SCRAM-SHA-256, SCRAM-SHA-512), ``sasl_plain_username`` / ``sasl_plain_password``.
+    SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER), ``sasl_plain_username`` / ``sasl_plain_password``,
+    ``sasl_oauth_token_provider`` (OAUTHBEARER: an object whose ``token()`` coroutine returns the
+    token, as aiokafka's ``AbstractTokenProvider``; awaited at every authentication, that is on every
+    new connection; its ``extensions()``, if any, are sent as SASL extensions).
     """
 
     def __init__(
@@ -179,6 +182,7 @@ class AIOShareConsumer:
         sasl_mechanism: str = "PLAIN",
         sasl_plain_username: str | None = None,
         sasl_plain_password: str | None = None,
+        sasl_oauth_token_provider: Any = None,
     ) -> None:
         if not group_id:
             raise ValueError("group_id is required: a share consumer is a member of a share group")
@@ -201,7 +205,7 @@ class AIOShareConsumer:
         self._value_deserializer = value_deserializer
         self._callback = acknowledgement_callback
         self._security = _security(security_protocol, ssl_context, sasl_mechanism, sasl_plain_username,
-                                   sasl_plain_password)
+                                   sasl_plain_password, sasl_oauth_token_provider)
         self._topics: list[str] = list(dict.fromkeys(topics))
         self._member: ShareMember | None = None
         self._held: list[_Held] = []
@@ -757,7 +761,7 @@ def _batch_count(counts: list[tuple[int, int, int]], first: int, last: int) -> i
 
 
 def _security(protocol: str, context: ssl.SSLContext | None, mechanism: str, username: str | None,
-              password: str | None) -> ClientSecurity | None:
+              password: str | None, token_provider: Any = None) -> ClientSecurity | None:
     protocol = protocol.upper()
     if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
         raise ValueError(f"security_protocol must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, not {protocol!r}")
@@ -767,8 +771,13 @@ def _security(protocol: str, context: ssl.SSLContext | None, mechanism: str, use
     if not protocol.startswith("SASL_"):
         return ClientSecurity(ssl=tls) if tls is not None else None
     mechanism = mechanism.upper()
-    if mechanism not in MECHANISMS or mechanism == "OAUTHBEARER":
-        raise ValueError(f"sasl_mechanism must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, not {mechanism!r}")
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"sasl_mechanism must be PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER, not {mechanism!r}")
+    if mechanism == "OAUTHBEARER":
+        if not callable(getattr(token_provider, "token", None)):
+            raise ValueError("SASL OAUTHBEARER needs sasl_oauth_token_provider: an object with an async token() "
+                             "method (aiokafka.abc.AbstractTokenProvider)")
+        return ClientSecurity(ssl=tls, sasl_mechanism=mechanism, oauth_token_provider=token_provider)
     if username is None or password is None:
         raise ValueError(f"SASL {mechanism} needs sasl_plain_username and sasl_plain_password")
     return ClientSecurity(ssl=tls, sasl_mechanism=mechanism, username=username, password=password)
