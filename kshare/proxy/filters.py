@@ -10,7 +10,8 @@ only its header read, unless its API key is in ``INTERCEPTIONS``. An entry says,
   ``Proxy.serve``, which refuses an API not declared here; the share layer registers its own
   (the proxy does not import it), and ``by`` names the handler;
 * ``response``: forwarded, but the response is decoded and rewritten (broker addresses, topic
-  ids, advertised versions) or only read (the topics DeleteTopics deleted). ``from_version``
+  ids, advertised versions) or only read (``only_reads``: the topics DeleteTopics deleted,
+  CreateTopics created, CreatePartitions grew; the client gets the broker's bytes). ``from_version``
   skips versions that carry nothing to rewrite.
 
 Forwarded untouched but read: every request's header (API key, version, correlation id), a
@@ -44,11 +45,13 @@ JOIN_GROUP = ApiKey.JOIN_GROUP.value
 LIST_GROUPS = ApiKey.LIST_GROUPS.value
 SASL_HANDSHAKE = ApiKey.SASL_HANDSHAKE.value
 API_VERSIONS = ApiKey.API_VERSIONS.value
+CREATE_TOPICS = ApiKey.CREATE_TOPICS.value
 DELETE_TOPICS = ApiKey.DELETE_TOPICS.value
 DESCRIBE_CONFIGS = ApiKey.DESCRIBE_CONFIGS.value
 SASL_AUTHENTICATE = ApiKey.SASL_AUTHENTICATE.value
 DELETE_GROUPS = ApiKey.DELETE_GROUPS.value
 INCREMENTAL_ALTER_CONFIGS = ApiKey.INCREMENTAL_ALTER_CONFIGS.value
+CREATE_PARTITIONS = ApiKey.CREATE_PARTITIONS.value
 DESCRIBE_CLUSTER = ApiKey.DESCRIBE_CLUSTER.value
 SHARE_GROUP_HEARTBEAT = ApiKey.SHARE_GROUP_HEARTBEAT.value
 SHARE_GROUP_DESCRIBE = ApiKey.SHARE_GROUP_DESCRIBE.value
@@ -89,6 +92,9 @@ class ResponseFilter:
     # The rewrite needs the request too (given as a fourth argument). Such requests are decoded
     # before they are forwarded, in an instance group only (where the answer depends on them).
     reads_request: bool = False
+    # The rewrite only reads the answer (e.g. the topics DeleteTopics deleted): the client gets
+    # the broker's own bytes, not a re-encoding of what the codec's spec of the message covers.
+    only_reads: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +139,11 @@ INTERCEPTIONS: dict[int, Interception] = {
         served=Served("kshare.proxy.server.Proxy.api_versions_fallback", newer_than_codec=True),
         response=ResponseFilter(rewrite.rewrite_api_versions),
     ),
-    # not rewritten: read for the topics deleted (the share layer forgets them at once)
-    DELETE_TOPICS: Interception(response=ResponseFilter(rewrite.note_deleted_topics)),
+    # not rewritten: read for the topics deleted (the share layer forgets them at once) and the
+    # topics created or grown (it looks for their partitions at once, not at its next refresh)
+    DELETE_TOPICS: Interception(response=ResponseFilter(rewrite.note_deleted_topics, only_reads=True)),
+    CREATE_TOPICS: Interception(response=ResponseFilter(rewrite.note_created_topics, only_reads=True)),
+    CREATE_PARTITIONS: Interception(response=ResponseFilter(rewrite.note_created_partitions, only_reads=True)),
     DESCRIBE_CONFIGS: Interception(served=Served(_SHARE + "group_configs.DescribeConfigs", some=True)),
     DELETE_GROUPS: Interception(served=Served(_SHARE + "delete_groups", some=True)),
     INCREMENTAL_ALTER_CONFIGS: Interception(

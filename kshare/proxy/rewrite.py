@@ -44,6 +44,13 @@ async def rewrite_metadata(proxy: Proxy, body: Any, version: int) -> None:
                 topic.topic_id = synthetic_topic_id(topic.name)
             if topic.name and topic.topic_id != ZERO_UUID:
                 proxy.topics.learn(topic.name, topic.topic_id)
+    if proxy.topic_change_listeners:
+        # The partition counts the cluster has now: a client's Metadata can be the first to show
+        # partitions added (or a topic created) elsewhere, before the share layer's next refresh.
+        counts = {t.name: len(t.partitions) for t in body.topics if t.error_code == 0 and t.name}
+        if counts:
+            for listener in proxy.topic_change_listeners:
+                listener(counts)
     view = proxy.view
     if view is not None:
         _virtualize_metadata(proxy, view, body, version)
@@ -58,6 +65,27 @@ def note_deleted_topics(proxy: Proxy, body: Any, version: int) -> None:
     if deleted:
         for listener in proxy.topic_deletion_listeners:
             listener(deleted)
+
+
+def note_created_topics(proxy: Proxy, body: Any, version: int) -> None:
+    """CreateTopics goes through unchanged; the topics it created are told to
+    ``proxy.topic_change_listeners`` with their partition counts (-1 where the answer, before v5,
+    does not say), so share groups subscribed to them get their partitions at once."""
+    created = {t.name: (t.num_partitions if version >= 5 else -1) for t in body.topics if t.error_code == 0}
+    _tell_topic_change(proxy, created)
+
+
+def note_created_partitions(proxy: Proxy, body: Any, version: int) -> None:
+    """CreatePartitions goes through unchanged; the topics it grew are told to
+    ``proxy.topic_change_listeners`` (count -1: more partitions than known, the answer does not
+    say how many), so their new share-partitions start at once, not at the next refresh."""
+    _tell_topic_change(proxy, {r.name: -1 for r in body.results if r.error_code == 0})
+
+
+def _tell_topic_change(proxy: Proxy, counts: dict[str, int]) -> None:
+    if counts:
+        for listener in proxy.topic_change_listeners:
+            listener(counts)
 
 
 def _every_listener(view: ClusterView, brokers: Any, broker_ids: Any) -> list[tuple[Any, int, str, int]]:

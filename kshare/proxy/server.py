@@ -256,6 +256,9 @@ class Proxy:
         self.disconnect_listeners: list[Callable[[ClientConnection], None]] = []
         # called with the (name, topic id) pairs a DeleteTopics answer says were deleted
         self.topic_deletion_listeners: list[Callable[[list[tuple[str | None, bytes | None]]], None]] = []
+        # called with {topic: partition count} the cluster was seen to have (-1: more than known)
+        # in a CreateTopics, CreatePartitions or Metadata answer on its way to a client
+        self.topic_change_listeners: list[Callable[[dict[str, int]], None]] = []
         # why the cluster could not be reached, while it cannot (for readiness and for clients)
         self.upstream_error: str | None = None
         # set while client connections cannot reach the cluster (since when, why): readiness

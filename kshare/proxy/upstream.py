@@ -211,7 +211,11 @@ class UpstreamConnection(asyncio.BufferedProtocol):
             client._spawn(self._finish_rewrite(slot, f, body, frame))
         else:
             f.rewrite(client.proxy, body, slot.version)
-            self._store_rewritten(slot, body, frame)
+            if f.only_reads:
+                slot.data = frame
+                client.flush()
+            else:
+                self._store_rewritten(slot, body, frame)
 
     async def _finish_rewrite(self, slot: Slot, f: filters.ResponseFilter, body: Any, frame: bytes) -> None:
         try:

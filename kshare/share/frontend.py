@@ -37,6 +37,9 @@ class Frontend(Protocol):
     disconnect_listeners: list[Callable[[ClientConnection], None]]
     # called with the (name, topic id) pairs a DeleteTopics answer says were deleted
     topic_deletion_listeners: list[Callable[[list[tuple[str | None, bytes | None]]], None]]
+    # called with {topic: partition count} seen in CreateTopics, CreatePartitions or Metadata
+    # answers to clients (-1: more partitions than known)
+    topic_change_listeners: list[Callable[[dict[str, int]], None]]
 
     def serve(self, api_key: int, min_version: int, max_version: int, handler: Handler,
               applies: Callable[[Any, Any], bool] | None = None) -> None:

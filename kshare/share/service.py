@@ -36,6 +36,7 @@ from .states import ShareSnapshot
 from .stats import ShareStats
 from .store import GroupRecord, SharePartitionKey, StateStore
 from .tasks import shared_task
+from .topic_watch import TopicWatch
 from .upstream import EARLIEST, LATEST, TopicInfo, UpstreamCluster
 from .upstream_checks import check_upstream
 from .write_queue import WriteFailed, gathering_writes
@@ -90,6 +91,8 @@ class ShareGroupService(InstanceGroupMember):
         self.peers: PeerClient | None = None
         self._remote_configs: dict[str, float] = {}  # group id -> when its configs were last asked
         self._asking_configs: dict[str, asyncio.Task] = {}  # group id -> the question in flight
+        self._topic_watch = TopicWatch()  # topics seen changed, looked up before the next refresh
+        self._topics_wakeup = asyncio.Event()
         self._started_topics: set[tuple[str, str]] = set()  # (group, topic) whose first initialisation was logged
         self._ownership_lock = asyncio.Lock()  # ownership changes one at a time (maps, fencings)
         # whether a client may do what it asks, as the cluster decides (asked as the client)
@@ -412,6 +415,7 @@ class ShareGroupService(InstanceGroupMember):
         """Serve the share-group APIs on the proxy (and advertise them in ApiVersions)."""
         proxy.disconnect_listeners.append(self.connection_closed)
         proxy.topic_deletion_listeners.append(self.topics_deleted)
+        proxy.topic_change_listeners.append(self.topics_changed)
         for h in HANDLERS:
             lo, hi = h.VERSIONS
 
@@ -448,16 +452,37 @@ class ShareGroupService(InstanceGroupMember):
                 pass
 
     async def _refresh_topics(self) -> None:
-        """Follow topic changes (new topics, partitions, deletions) for assignments."""
+        """Follow topic changes (new topics, partitions, deletions) for assignments: every 5 s, and
+        at once (every 0.25 s until seen) for topics a client's answer showed changed
+        (``topics_changed``)."""
+        swept = time.monotonic()
         while True:
-            await asyncio.sleep(1.0)
-            self.partition_logs.sweep()
             try:
-                await self.upstream.refresh_metadata(max_age=5.0)
+                await asyncio.wait_for(self._topics_wakeup.wait(), timeout=0.25 if self._topic_watch else 1.0)
+            except TimeoutError:
+                pass
+            self._topics_wakeup.clear()
+            if time.monotonic() - swept >= 1.0:
+                swept = time.monotonic()
+                self.partition_logs.sweep()
+            try:
+                await self.upstream.refresh_metadata(max_age=0.0 if self._topic_watch else 5.0)
             except Exception as exc:  # noqa: BLE001
                 log.debug("metadata refresh failed: %r", exc)
                 continue
+            self._topic_watch.refreshed(self._known_partitions, time.monotonic())
             self._reassign()
+
+    def _known_partitions(self, topic: str) -> int:
+        info = self.upstream.topics.get(topic)
+        return info.partitions if info is not None else 0
+
+    def topics_changed(self, counts: dict[str, int]) -> None:
+        """A CreateTopics, CreatePartitions or Metadata answer to a client showed these partition
+        counts (-1: more than known): look the topics up now if that is more than kshare knows, so
+        a group reading them gets the new partitions at its members' next heartbeat."""
+        if self._topic_watch.seen(counts, self._known_partitions, time.monotonic()):
+            self._topics_wakeup.set()
 
     def _reassign(self) -> None:
         for group_id in self.coordinator.refresh_topics():

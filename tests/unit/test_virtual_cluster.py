@@ -40,6 +40,7 @@ class _Proxy:
         self.view = view
         self.brokers = _Brokers()
         self.topics = TopicRegistry()
+        self.topic_change_listeners: list = []
 
 
 def roundtrip(api_key: int, version: int, body):
@@ -103,6 +104,16 @@ def test_metadata_is_untouched_without_a_view() -> None:
     asyncio.run(rewrite.rewrite_metadata(_Proxy(None), body, 12))
     assert [(b.node_id, b.host, b.port) for b in body.brokers] == [(1, "me.example", 9301), (2, "me.example", 9302)]
     assert [p.leader_id for p in body.topics[0].partitions] == [1, 2, 1, 2]
+
+
+def test_metadata_tells_the_partition_counts_it_shows() -> None:
+    # what the share layer reads to look up at once a topic grown elsewhere (TopicWatch)
+    proxy = _Proxy(None)
+    told: list[dict[str, int]] = []
+    proxy.topic_change_listeners.append(told.append)
+    body = metadata([1, 2], {"t": (uuid.uuid4().bytes, 4), "u": (uuid.uuid4().bytes, 1)}, 12)
+    asyncio.run(rewrite.rewrite_metadata(proxy, body, 12))
+    assert told == [{"t": 4, "u": 1}]
 
 
 def test_a_peer_without_a_listener_for_a_broker_leaves_the_partition_here() -> None:
