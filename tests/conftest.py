@@ -12,6 +12,10 @@ Fixtures
 ``kafka44_secure``  the same with Apache Kafka 4.4.0 and share groups, one per session
                  (``broker.client_config("alice", "SASL_SSL")``, ``broker.grant("alice", "topic", t, "READ")``;
                  session-wide: use unique topic and group names, revoke what you grant)
+``cluster3``     Apache Kafka 3.9.2 as three KRaft nodes (broker + controller each, replication factor 3,
+                 ``min.insync.replicas`` 2), one per session; tests restart and kill its nodes and leave
+                 them running  -> tests.harness.cluster.ThreeNodeCluster. ``KSHARE_THREE_NODES=0``
+                 skips the tests that need it (they run by default, in CI too)
 ``kshare39``     kshare (a ``ShareProxyThread``) in front of ``kafka39``, one per test module -> tests.harness.share
 ``spark_cluster`` the session's one Spark cluster (``SparkSessions``)   -> tests.harness.spark_cluster
 ``upstream``     parametrized over ``kafka39`` and ``tansu`` (test ids ``[kafka39]`` / ``[tansu]``)
@@ -29,6 +33,7 @@ run (``python -m tests.harness.brokers fetch``) so no Maven download happens ins
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,6 +41,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.harness.brokers import KAFKA3_VERSION, KAFKA4_VERSION, KafkaBroker, SecureKafkaBroker, TansuBroker
+from tests.harness.cluster import ThreeNodeCluster
 from tests.harness.share import kshare39  # noqa: F401 - fixture: kshare in front of kafka39, per module
 from tests.harness.spark_cluster import spark_cluster  # noqa: F401 - fixture: one Spark cluster per session
 from tests.harness.tls import TlsMaterial, make_tls
@@ -85,6 +91,26 @@ def kafka39() -> Iterator[KafkaBroker]:
 def kafka4() -> Iterator[KafkaBroker]:
     """Apache Kafka 4.4 with share groups (share.version of the release, 2 on 4.4), shared by the session."""
     yield from _session_broker("kafka4", KafkaBroker(KAFKA4_VERSION, share_groups=True))
+
+
+@pytest.fixture(scope="session")
+def cluster3() -> Iterator[ThreeNodeCluster]:
+    """Three KRaft nodes, started on first use; each test leaves every node running (in sync
+    and preferred leaders back is up to the next test to wait for, if it needs it)."""
+    if os.environ.get("KSHARE_THREE_NODES", "1") == "0":
+        pytest.skip("KSHARE_THREE_NODES=0: the three-node cluster tests are skipped")
+    with ThreeNodeCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(autouse=True)
+def _revive_cluster_nodes(request: pytest.FixtureRequest) -> None:
+    """Start again a node of the session's three-node cluster that an earlier test left stopped."""
+    if "cluster3" in request.fixturenames:
+        cluster = request.getfixturevalue("cluster3")
+        for node_id, node in cluster.nodes.items():
+            if not node.running:
+                cluster.start_node(node_id)
 
 
 @pytest.fixture(scope="session")

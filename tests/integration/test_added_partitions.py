@@ -15,19 +15,16 @@ right after CreatePartitions met such a broker in most runs (through kshare 5 of
 5): a test that did not look at the delivery reports then waited 90 s for records that were never
 written, and read as kshare never reading the new partitions (their high watermark stayed 0).
 
-On the session's single Kafka 3.9 broker, and (opt-in, ``KSHARE_FAILOVER_TESTS=1``, like
-``test_broker_roll``) on three KRaft nodes with replication factor 3, where the new partitions'
-leaders are spread over the brokers.
+On the session's single Kafka 3.9 broker, and on the session's three KRaft nodes (``cluster3``)
+with replication factor 3, where the new partitions' leaders are spread over the brokers.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
@@ -141,14 +138,6 @@ def test_added_partitions_are_read_from_their_beginning(kafka39: KafkaBroker, ks
     kafka39.create_topic(topic_name, BEFORE)
     _added_partitions_are_read(kshare39, topic_name, f"added-{uuid.uuid4().hex[:8]}",
                                kafka39.bootstrap if added == "on the cluster" else None)
-
-
-@pytest.fixture(scope="module")
-def cluster3() -> Iterator[ThreeNodeCluster]:
-    if not os.environ.get("KSHARE_FAILOVER_TESTS"):
-        pytest.skip("set KSHARE_FAILOVER_TESTS=1 to run the three-node tests (issue 40)")
-    with ThreeNodeCluster() as cluster:
-        yield cluster
 
 
 @pytest.mark.timeout(300)
