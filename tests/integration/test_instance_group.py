@@ -81,40 +81,60 @@ def test_three_members_split_then_one_leaves(kafka39: KafkaBroker) -> None:
 
 
 def test_a_new_owner_fences_the_previous_one(kafka39: KafkaBroker) -> None:
-    """Two writers of one state partition with the same transactional id, as an old and a new
-    owner: once the new one started, the old one's writes are refused by the broker (nothing of
-    them committed) and a read_committed replay sees exactly what was committed."""
+    """Two claims of one state partition with the same transactional id, as an old and a new
+    owner, each writing through a pipelined producer of its own: once the new one claimed, the
+    old one's writes are refused by the partition's leader (it learns it was fenced, and its
+    renewal is refused by the coordinator too), and a replay sees exactly what was acknowledged,
+    each owner's records after its claim record."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from kshare.share.state.fence import Fenced, PartitionWriter
+    from kshare.share.state.claims import decode_claim, is_claim
+    from kshare.share.state.fence import Fenced, PartitionClaim
+    from kshare.share.state.pipelined_producer import PipelinedProducer
 
     topic = f"state-{uuid.uuid4().hex[:8]}"
     kafka39.create_topic(topic, 2)
     txid = f"kshare-test.{topic}.1"
 
-    async def main() -> list[bytes]:
-        old = PartitionWriter([kafka39.bootstrap], topic, 1, txid, write_timeout_s=20)
-        new = PartitionWriter([kafka39.bootstrap], topic, 1, txid, write_timeout_s=20)
-        await old.start()
+    async def write(claim: PartitionClaim, value: bytes) -> int:
+        fut = claim.producer.enqueue(topic, value=value, key=b"k", partition=1)
         try:
-            assert len(await old.write([(b"k", b"old-1"), (b"k", b"old-2")])) == 2
+            return (await fut).offset
+        except Exception as exc:
+            claim.write_failed(exc)
+            raise
+
+    async def main() -> list[bytes]:
+        producers = [PipelinedProducer([kafka39.bootstrap], topic, claims=True, request_timeout_s=20) for _ in range(2)]
+        for p in producers:
+            await p.start()
+        old, new = (PartitionClaim([kafka39.bootstrap], topic, 1, txid, p, ownership_epoch=e, timeout_s=20)
+                    for p, e in zip(producers, (1, 2), strict=True))
+        try:
+            await old.start()
+            await write(old, b"old-1")
+            await write(old, b"old-2")
             await new.start()  # takes the partition over
+            assert new.producer_id == old.producer_id and new.producer_epoch == old.producer_epoch + 1
             try:
-                await old.write([(b"k", b"old-3")])
+                await write(old, b"old-3")
                 raise AssertionError("the old owner's write went through after the take-over")
-            except Fenced:
-                pass
+            except Exception as exc:  # noqa: BLE001 - the broker's refusal
+                assert getattr(exc, "error_code", None) == 47, exc  # INVALID_PRODUCER_EPOCH
             assert old.fenced
             try:
-                await old.write([(b"k", b"old-4")])
-                raise AssertionError("a fenced writer wrote")
+                await old.renew()
+                raise AssertionError("a fenced owner renewed its claim")
             except Fenced:
                 pass
-            offsets = await new.write([(b"k", b"new-1")])
-            assert len(offsets) == 1
+            await write(new, b"new-1")
+            epoch = new.producer_epoch
+            await new.renew()  # nobody claimed meanwhile: granted, a new epoch
+            assert new.producer_epoch == epoch + 1 and not new.fenced
+            await write(new, b"new-2")
         finally:
-            await old.stop()
-            await new.stop()
+            for p in producers:
+                await p.stop()
         consumer = AIOKafkaConsumer(bootstrap_servers=kafka39.bootstrap, isolation_level="read_committed",
                                     enable_auto_commit=False, auto_offset_reset="earliest")
         await consumer.start()
@@ -126,12 +146,13 @@ def test_a_new_owner_fences_the_previous_one(kafka39: KafkaBroker) -> None:
             values: list[bytes] = []
             while await consumer.position(tp) < end:
                 for recs in (await consumer.getmany(tp, timeout_ms=1000)).values():
-                    values += [r.value for r in recs]
+                    values += [f"claim{decode_claim(r.key, r.value).ownership_epoch}".encode() if is_claim(r.key)
+                               else r.value for r in recs]
             return values
         finally:
             await consumer.stop()
 
-    assert asyncio.run(main()) == [b"old-1", b"old-2", b"new-1"]
+    assert asyncio.run(main()) == [b"claim1", b"old-1", b"old-2", b"claim2", b"new-1", b"claim2", b"new-2"]
 
 
 def test_a_store_claims_partitions_and_fences_the_previous_owner(kafka39: KafkaBroker) -> None:

@@ -74,7 +74,7 @@ class PipelinedProducer:
     def __init__(self, bootstrap_servers: Sequence[str], topic: str, *, idempotent: bool = True,
                  security: ClientSecurity | None = None, client_id: str = "kshare-state",
                  request_timeout_s: float = 30.0, retry_timeout_s: float = 20.0,
-                 on_resend: Callable[[], None] | None = None) -> None:
+                 on_resend: Callable[[], None] | None = None, claims: bool = False) -> None:
         self.bootstrap_servers = list(bootstrap_servers)
         self.topic = topic
         self.idempotent = idempotent
@@ -83,6 +83,10 @@ class PipelinedProducer:
         self.request_timeout_s = request_timeout_s
         self.producer_id = -1
         self.producer_epoch = -1
+        # An instance group's store: no producer id of its own; each claimed partition is written
+        # with the producer id and epoch of its claim (:meth:`assign`, kshare.share.state.fence)
+        self.claims = claims
+        self._ids: dict[int, tuple[int, int]] = {}
         self._sequence: dict[int, int] = {}
         self._leaders: dict[int, int] = {}  # partition -> node id
         self._brokers: dict[int, tuple[str, int]] = {}
@@ -114,7 +118,7 @@ class PipelinedProducer:
             while not await self._leaders_answer() and time.monotonic() < deadline:
                 await asyncio.sleep(RETRY_FIRST_S)
                 await self._refresh(conn)
-            if self.idempotent:
+            if self.idempotent and not self.claims:
                 Req = messages.message_class("InitProducerIdRequest")
                 version = conn.best_version(INIT_PRODUCER_ID, hi=4)
                 deadline = time.monotonic() + self.request_timeout_s
@@ -146,6 +150,17 @@ class PipelinedProducer:
         for conn in self._conns.values():
             await conn.close()
         self._conns.clear()
+
+    def assign(self, partition: int, producer_id: int, producer_epoch: int) -> None:
+        """Write ``partition`` with this producer id and epoch from now on, sequences from 0 (a
+        claim; nothing of the partition may be queued or in flight)."""
+        self._ids[partition] = (producer_id, producer_epoch)
+        self._sequence[partition] = 0
+
+    def release(self, partition: int) -> None:
+        """``partition`` is written no more under its claim."""
+        self._ids.pop(partition, None)
+        self._sequence.pop(partition, None)
 
     # -- sending --------------------------------------------------------------------------------
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
@@ -415,9 +430,10 @@ class PipelinedProducer:
         from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
         seq = self._sequence.get(partition, 0) if self.idempotent else -1
+        producer_id, producer_epoch = self._ids.get(partition, (self.producer_id, self.producer_epoch))
         builder = DefaultRecordBatchBuilder(
-            magic=2, compression_type=0, is_transactional=0, producer_id=self.producer_id,
-            producer_epoch=self.producer_epoch, base_sequence=seq, batch_size=1 << 30)
+            magic=2, compression_type=0, is_transactional=0, producer_id=producer_id,
+            producer_epoch=producer_epoch, base_sequence=seq, batch_size=1 << 30)
         now = int(time.time() * 1000)
         for i, (key, value, _) in enumerate(recs):
             builder.append(i, timestamp=now, key=key, value=value, headers=[])

@@ -53,7 +53,9 @@ class StateProducers:
     def for_partition(self, partition: int) -> PipelinedProducer:
         return self.producers[partition % len(self.producers)]
 
-    async def start(self, *, idempotent: bool, partitions: int) -> None:
+    async def start(self, *, idempotent: bool, partitions: int, claims: bool = False) -> None:
+        """``claims``: an instance group's producers, which write each partition with the producer
+        id and epoch of its claim (kshare.share.state.fence) instead of one of their own."""
         old, self.producers = self.producers, []
         await stop_all(old)
         # Pipelined: every round's records go out at once, in order per partition (see
@@ -62,7 +64,7 @@ class StateProducers:
         producers = [
             PipelinedProducer(self.bootstrap_servers, self.topic, idempotent=idempotent, security=self.security,
                               client_id=self.client_id, request_timeout_s=self.timeout_s,
-                              retry_timeout_s=self.timeout_s * 2 / 3, on_resend=self.on_resend)
+                              retry_timeout_s=self.timeout_s * 2 / 3, on_resend=self.on_resend, claims=claims)
             for _ in range(min(self.count, partitions))
         ]
         self.idempotent = idempotent

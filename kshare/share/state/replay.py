@@ -3,8 +3,10 @@
 The share coordinator's replay (``docs/reference/state-format.md``): per share-partition the latest
 ShareSnapshot plus the later ShareUpdates with the same snapshot epoch; the latest group record
 per group; tombstones remove. Records that cannot be decoded, or updates without their snapshot,
-are skipped, one ERROR line each. :class:`RecordReplay` applies one record (pure); :func:`load`
-reads the topic with a consumer and feeds it.
+are skipped, one ERROR line each. An instance group's claim records (:mod:`.claims`) are not
+state: after one, a ShareSnapshot or ShareUpdate with an older leader (ownership) epoch was written
+by a proxy that had lost the partition and is ignored. :class:`RecordReplay` applies one record
+(pure); :func:`load` reads the topic with a consumer and feeds it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..states import normalize
+from .claims import ClaimGuard, decode_claim, is_claim
 from .codec import (
     GroupTombstone,
     GroupValueRecord,
@@ -46,6 +49,8 @@ class LoadStats:
     group_records: int = 0
     share_partitions: int = 0
     groups: int = 0
+    claims: int = 0  # an instance group's claim records
+    fenced_out: int = 0  # records of an owner that had lost the partition, after a newer claim
 
 
 class RecordReplay:
@@ -55,6 +60,7 @@ class RecordReplay:
         self.memory = memory
         self.stats = stats
         self.topic = topic  # for the log lines
+        self.guard = ClaimGuard()
 
     def skip(self, partition: int, offset: int, reason: object) -> None:
         self.stats.skipped += 1
@@ -64,10 +70,17 @@ class RecordReplay:
         """Apply one record (the share coordinator's replay)."""
         stats = self.stats
         memory = self.memory
+        if is_claim(key):
+            self._claim(partition, offset, key, value)  # type: ignore[arg-type]
+            return
         try:
             rec = decode_record(key, value)
         except StateRecordError as exc:
             self.skip(partition, offset, exc)
+            return
+        if self.guard.claims and isinstance(rec, SnapshotRecord | UpdateRecord) and not self.guard.admits(
+                partition, rec.leader_epoch):
+            self._fenced_out(partition, offset, rec.leader_epoch)
             return
         if isinstance(rec, SnapshotRecord):
             stats.snapshots += 1
@@ -107,6 +120,25 @@ class RecordReplay:
         elif isinstance(rec, GroupTombstone):
             stats.tombstones += 1
             memory.groups.pop(rec.group_id, None)
+
+    def _claim(self, partition: int, offset: int, key: bytes, value: bytes | None) -> None:
+        try:
+            claim = decode_claim(key, value)
+        except ValueError as exc:
+            self.skip(partition, offset, exc)
+            return
+        self.stats.claims += 1
+        if not self.guard.claim(claim):
+            log.warning("state topic %s partition %d offset %d: claimed with a new producer id (%d); the claim "
+                        "record keeps an earlier owner's later writes out of the state", self.topic, partition,
+                        offset, claim.producer_id)
+
+    def _fenced_out(self, partition: int, offset: int, leader_epoch: int) -> None:
+        """Only where the broker's fencing did not hold (docs/design/scale-out.md, Fencing)."""
+        self.stats.fenced_out += 1
+        log.warning("state topic %s partition %d offset %d: record of ownership epoch %d after a claim of epoch %d "
+                    "ignored (written by a proxy that had lost the partition)", self.topic, partition, offset,
+                    leader_epoch, self.guard.claims[partition].ownership_epoch)
 
 
 async def load(

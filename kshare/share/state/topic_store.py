@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
@@ -20,9 +19,10 @@ from ...security import ClientSecurity
 from ..states import ShareSnapshot, ShareUpdate
 from ..store import GroupRecord, SharePartitionKey, StateWrite
 from ..upstream_checks import UpstreamChecks, cluster_refusals
+from .claims import renew_interval_ms
 from .codec import partition_for
 from .errors import StateNotOwned, StateStoreError, StateWriteError
-from .fence import Fenced, PartitionWriter
+from .fence import Fenced, PartitionClaim
 from .memory import (
     DELETE_GROUP,
     DELETE_SHARE,
@@ -110,7 +110,8 @@ class TopicStateStore:
         security: ClientSecurity | None = None,
     ) -> None:
         """``transactional_prefix``: an instance group's store (see :meth:`claim`): it loads and
-        writes only the partitions it claimed, each through a fenced transactional producer.
+        writes only the partitions it claimed, each with the producer id and epoch of its claim
+        (fenced by the broker, :mod:`.fence`).
 
         ``producers``: idempotent producers (connections) the writes go through, state-topic
         partition ``p`` always through producer ``p % producers`` (so each partition's records keep
@@ -157,8 +158,11 @@ class TopicStateStore:
         self._started = False
         self._closing = False
         self.transactional_prefix = transactional_prefix
-        self._writers: dict[int, PartitionWriter] = {}  # claimed partitions (instance group only)
-        self._round_lock = asyncio.Lock()
+        self._writers: dict[int, PartitionClaim] = {}  # claimed partitions (instance group only)
+        self._round_lock = asyncio.Lock()  # an instance group's exclusive rounds (claim renewals), release
+        # how often a claim is renewed (instance group only): set from the cluster's configs at start
+        self.claim_renewal_s = renew_interval_ms(None, None) / 1000
+        self._renewer: asyncio.Task[None] | None = None
         # told the partitions another proxy fenced this one out of (instance group only)
         self.on_fenced: Callable[[int], None] | None = None
         # A test hook: called with each round whose answers are all in, before it is settled;
@@ -200,6 +204,8 @@ class TopicStateStore:
                 min_insync_replicas=self.min_insync_replicas, timeout_s=self.write_timeout_s)
             if self.claims:
                 self.memory.clear()
+                await self._producers.start(idempotent=True, partitions=self.partitions, claims=True)
+                self.claim_renewal_s = await self._renewal_interval()
             else:
                 await self._load(empty=created)
                 await self._start_producers()
@@ -210,6 +216,8 @@ class TopicStateStore:
         self._closing = False
         self._flusher = asyncio.create_task(self._flush_loop(), name="kshare-state-flusher")
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="kshare-state-pruner")
+        if self.claims:
+            self._renewer = asyncio.create_task(self._renew_loop(), name="kshare-state-claims")
 
     async def _load(self, *, empty: bool = False, partitions: Sequence[int] | None = None) -> None:
         self.load_stats = await load(
@@ -251,10 +259,11 @@ class TopicStateStore:
         if self._flusher is not None:
             with contextlib.suppress(Exception):
                 await self._flusher
-        if self._maintenance is not None:
-            self._maintenance.cancel()
-            with contextlib.suppress(BaseException):
-                await self._maintenance
+        for task in (self._maintenance, self._renewer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         self._started = False
         await self._close_clients()
 
@@ -277,40 +286,105 @@ class TopicStateStore:
     # -- an instance group's partitions ------------------------------------------------------------
 
     async def claim(self, partitions: Sequence[int]) -> None:
-        """Take these state partitions over: first each one's transactional producer starts, which
-        makes the broker refuse the previous owner's writes (and abort its open transaction),
-        then what was committed there is replayed. Writes of their share-partitions and groups
-        are accepted from then on."""
+        """Take these state partitions over: first each one is claimed (InitProducerId for its
+        transactional id, then a claim record with that producer id and epoch), which makes the
+        broker refuse the previous owner's writes, then it is replayed up to past its claim
+        record. Writes of their share-partitions and groups are accepted from then on."""
         new = sorted(p for p in set(partitions) if p not in self._writers)
         if not new:
             return
         assert self.transactional_prefix is not None, "claim() is for an instance group's store"
-        writers = {p: PartitionWriter(self.bootstrap_servers, self.topic, p, f"{self.transactional_prefix}{p}",
-                                      write_timeout_s=self.write_timeout_s, producer_config=self._producer_config)
-                   for p in new}
+        claims = {p: PartitionClaim(self.bootstrap_servers, self.topic, p, f"{self.transactional_prefix}{p}",
+                                    self._producers.for_partition(p), ownership_epoch=self.leader_epoch,
+                                    timeout_s=self.write_timeout_s, security=self.security,
+                                    client_id=self.client_id)
+                  for p in new}
         try:
-            await asyncio.gather(*(w.start() for w in writers.values()))
+            await asyncio.gather(*(c.start() for c in claims.values()))
             await self._load(partitions=new)
         except BaseException:
-            await asyncio.gather(*(w.stop() for w in writers.values()), return_exceptions=True)
+            await asyncio.gather(*(c.stop() for c in claims.values()), return_exceptions=True)
             raise
         for key, e in self.memory.entries.items():
-            if e.partition in writers and partition_for(key, self.partitions) != e.partition:
+            if e.partition in claims and partition_for(key, self.partitions) != e.partition:
                 log.error("state topic %s: %s is in partition %d, the instance group looks for it in %d "
                           "(written by an older kshare): it will be served without that state",
                           self.topic, key, e.partition, partition_for(key, self.partitions))
-        self._writers.update(writers)
+        self._writers.update(claims)
 
     async def release(self, partitions: Sequence[int]) -> None:
-        """Give these state partitions up: no more writes to them (a round in flight finishes
+        """Give these state partitions up: no more writes to them (the rounds in flight finish
         first) and their share-partitions and groups leave memory."""
         gone = {p for p in partitions if p in self._writers}
         if not gone:
             return
+        claims = [self._writers.pop(p) for p in gone]  # later rounds: not owned
         async with self._round_lock:
-            writers = [self._writers.pop(p) for p in gone]
+            in_flight = list(self.rounds.in_flight)
+            deadline = time.monotonic() + self.write_timeout_s
+            while any(r in self.rounds.in_flight for r in in_flight) and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
         self.memory.forget_partitions(gone)
-        await asyncio.gather(*(w.stop() for w in writers), return_exceptions=True)
+        await asyncio.gather(*(c.stop() for c in claims), return_exceptions=True)
+
+    async def _renewal_interval(self) -> float:
+        """The claim renewal interval from the brokers' transactional.id.expiration.ms and
+        producer.id.expiration.ms (claims.renew_interval_ms; Kafka's defaults if not readable)."""
+        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+        names = ("transactional.id.expiration.ms", "producer.id.expiration.ms")
+        found: dict[str, int] = {}
+        try:
+            cluster = await self._admin.describe_cluster()
+            node = str(cluster["brokers"][0]["node_id"])
+            answers = await self._admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, node)])
+            for resp in answers:
+                for res in resp.resources:
+                    for entry in res[4]:
+                        if entry[0] in names and entry[1] is not None:
+                            found[entry[0]] = int(entry[1])
+        except Exception as exc:  # noqa: BLE001 - Kafka's defaults then
+            log.debug("state topic %s: cannot read the brokers' expiration configs (%r); renewing claims as "
+                      "for Kafka's defaults", self.topic, exc)
+        return renew_interval_ms(found.get(names[0]), found.get(names[1])) / 1000
+
+    async def _renew_loop(self) -> None:
+        """Claims due for renewal are renewed in an exclusive round: a flush starts one when no
+        write does."""
+        while not self._closing:
+            await asyncio.sleep(max(0.05, min(60.0, self.claim_renewal_s / 4)))
+            if any(c.renewal_due(self.claim_renewal_s) for c in self._writers.values()) and not self._closing:
+                with contextlib.suppress(StateStoreError):
+                    self._enqueue([]).add_done_callback(_retrieve)
+
+    async def _renew_claims(self) -> None:
+        """Renew every claim that is due (in an exclusive round: nothing of theirs in flight)."""
+        due = [c for c in self._writers.values() if c.renewal_due(self.claim_renewal_s)]
+        if not due:
+            return
+
+        async def renew(c: PartitionClaim) -> None:
+            try:
+                await c.renew()
+            except Fenced:
+                if self.on_fenced is not None and self._writers.get(c.partition) is c:
+                    self.on_fenced(c.partition)
+            except Exception as exc:  # noqa: BLE001 - the next exclusive round tries again
+                log.warning("state topic %s partition %d: cannot renew this proxy's claim yet: %r", self.topic,
+                            c.partition, exc)
+
+        await asyncio.gather(*(renew(c) for c in due))
+
+    def _writable(self, partition: int) -> Exception | None:
+        """Why an instance group's store may not write this partition now (None: it may)."""
+        c = self._writers.get(partition)
+        if c is None:
+            return StateNotOwned(f"state partition {partition} is not owned by this proxy")
+        if c.fenced:
+            return StateNotOwned(f"state partition {partition} was taken over by another proxy")
+        if c.needs_renewal:
+            return StateWriteError(f"state partition {partition}: this proxy's claim is being renewed")
+        return None
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -461,18 +535,22 @@ class TopicStateStore:
 
     def _start_round(self) -> None:
         """Start a produce round with every queued write that may go now (see :mod:`.rounds`).
-        Rounds of an instance group's store, and the round that first replaces a producer, run
+        The round that first replaces a producer, or renews an instance group's claims, runs
         alone."""
-        r = self.rounds.next_round(alone=self.claims or self._producers.renewing)
+        if self.claims:
+            alone = any(c.renewal_due(self.claim_renewal_s) for c in self._writers.values())
+        else:
+            alone = self._producers.renewing
+        r = self.rounds.next_round(alone=alone)
         if r is None:
             return
         # An ordinary round is encoded and written now, in the caller's turn of the event loop, and
         # settled by the answers' callbacks (each turn between an acknowledgement and its Produce
         # request, or between the Produce answer and the acknowledgement's, costs a queue wait when
         # the proxy is busy). Exclusive and claimed rounds may have to wait first (a producer to
-        # replace, the instance group's claim), so a task does all of theirs.
+        # replace, claims to renew), so a task does all of theirs.
         failed: Exception | None = None
-        if not r.exclusive and not self.claims and self._producers.producers:
+        if not r.exclusive and self._producers.producers:
             try:
                 sent = self._send_round(r)
             except Exception as exc:  # noqa: BLE001 - reported by the round's task
@@ -492,7 +570,14 @@ class TopicStateStore:
         out = self.memory.encode_round(r)
         producers = self._producers
         sends: list[asyncio.Future | None] = []
+        claims = self.claims
         for rec in out:
+            if claims:
+                refused = self._writable(rec.partition)
+                if refused is not None:
+                    rec.error = refused
+                    sends.append(None)
+                    continue
             try:
                 fut: asyncio.Future | None = producers.for_partition(rec.partition).enqueue(
                     self.topic, value=rec.value, key=rec.key, partition=rec.partition
@@ -524,7 +609,7 @@ class TopicStateStore:
             for fut in pending:
                 if not fut.done():  # may still land later; retrieve the outcome so nothing warns
                     fut.remove_done_callback(answered)
-                    fut.add_done_callback(self._producers.late_outcome)
+                    fut.add_done_callback(self._late_outcome)
             hold = self.settle_gate(r) if self.settle_gate is not None else None
             if hold is not None:
                 self._spawn(self._settle_after(hold, r, out, sends))
@@ -582,7 +667,8 @@ class TopicStateStore:
                 raise failed
             if self.claims:
                 async with self._round_lock:
-                    await self._round_claimed(r)
+                    await self._renew_claims()
+                    await self._round(r)
             else:
                 await self._round(r)
         except Exception as exc:  # noqa: BLE001 - reported to the callers
@@ -593,7 +679,7 @@ class TopicStateStore:
     async def _round(self, r: Round) -> None:
         """A round that runs in a task: an exclusive one (replacing the producers first if asked)."""
         producers = self._producers
-        if r.exclusive and producers.renewing:
+        if r.exclusive and producers.renewing and not self.claims:
             try:
                 await producers.renew(self.partitions)
             except Exception as exc:  # noqa: BLE001 - this round fails, the next one tries again
@@ -612,6 +698,12 @@ class TopicStateStore:
             # send() only waits when the producer's buffer for a partition is full
             async with asyncio.timeout(self.write_timeout_s):
                 for rec in out:
+                    if self.claims:
+                        refused = self._writable(rec.partition)
+                        if refused is not None:
+                            rec.error = refused
+                            sends.append(None)
+                            continue
                     try:
                         fut = await producers.for_partition(rec.partition).send(
                             self.topic, value=rec.value, key=rec.key, partition=rec.partition
@@ -629,7 +721,7 @@ class TopicStateStore:
         if pending:
             _, not_done = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
             for fut in not_done:  # may still land later; retrieve the outcome so nothing warns
-                fut.add_done_callback(producers.late_outcome)
+                fut.add_done_callback(self._late_outcome)
         await self._gate(r)
         self._record_outcomes(r, out, sends)
 
@@ -641,51 +733,39 @@ class TopicStateStore:
 
     def _record_outcomes(self, r: Round, out: list[OutRecord], sends: list[asyncio.Future | None]) -> None:
         """Each record's offset or error from its send, then the round's writes settled."""
+        claims = self._writers if self.claims else None
         for rec, fut in zip(out, sends, strict=True):
             if fut is None:
                 continue
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                rec.offset = fut.result().offset
+                continue
+            exc = fut.exception() if fut.done() and not fut.cancelled() else None
             if not fut.done():
                 rec.error = StateWriteError(f"state record not acknowledged within {self.write_timeout_s:.0f} s")
-            elif fut.cancelled():
+            elif exc is None:
                 rec.error = StateWriteError("state record send cancelled")
-            elif fut.exception() is not None:
-                rec.error = StateWriteError(f"state record not written: {fut.exception()!r}")
-                self._producers.send_failed()
             else:
-                rec.offset = fut.result().offset
+                rec.error = StateWriteError(f"state record not written: {exc!r}")
+            if claims is None:
+                if exc is not None:
+                    self._producers.send_failed()
+                continue
+            # an instance group's partition: fenced by another proxy's claim, or its sequence broken
+            c = claims.get(rec.partition)
+            if c is not None and c.write_failed(exc):
+                rec.error = StateNotOwned(f"state partition {rec.partition} was taken over by another proxy")
+                if self.on_fenced is not None:
+                    self.on_fenced(rec.partition)
         self._settle(out, r)
 
-    async def _round_claimed(self, r: Round) -> None:
-        """An instance group's round: one transaction per claimed partition, all at once."""
-        out = self.memory.encode_round(r)
-        by_partition: dict[int, list[OutRecord]] = defaultdict(list)
-        for rec in out:
-            by_partition[rec.partition].append(rec)
-
-        async def write(p: int, recs: list[OutRecord]) -> None:
-            writer = self._writers.get(p)
-            if writer is None:
-                for rec in recs:
-                    rec.error = StateNotOwned(f"state partition {p} is not owned by this proxy")
-                return
-            try:
-                offsets = await writer.write([(rec.key, rec.value) for rec in recs])
-            except Fenced:
-                for rec in recs:
-                    rec.error = StateNotOwned(f"state partition {p} was taken over by another proxy")
-                if self.on_fenced is not None and self._writers.get(p) is writer:  # not a replaced writer
-                    self.on_fenced(p)
-                return
-            except Exception as exc:  # noqa: BLE001 - reported to the callers
-                for rec in recs:
-                    rec.error = StateWriteError(f"state write failed: {exc!r}")
-                return
-            for rec, off in zip(recs, offsets, strict=True):
-                rec.offset = off
-
-        await asyncio.gather(*(write(p, recs) for p, recs in by_partition.items()))
-        await self._gate(r)
-        self._settle(out, r)
+    def _late_outcome(self, fut: asyncio.Future) -> None:
+        """Outcome of a send still pending when its round gave up on it (the round marked an
+        instance group's claim for renewal already)."""
+        if self.claims:
+            _retrieve(fut)
+        else:
+            self._producers.late_outcome(fut)
 
     def _settle(self, out: list[OutRecord], r: Round) -> None:
         """The round's outcome into the state (failures rolled back), then to its callers."""
@@ -756,6 +836,12 @@ class TopicStateStore:
                 raise
             except Exception as exc:  # noqa: BLE001 - retried next interval
                 log.warning("state topic %s: pruning failed: %r", self.topic, exc)
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """Retrieve a future's outcome (so that asyncio does not report it as never retrieved)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 __all__ = ["TopicStateStore"]
