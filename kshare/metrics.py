@@ -68,6 +68,11 @@ class ProxyCollector(Collector):
         yield GaugeMetricFamily("kshare_client_connections", "Open client connections", value=len(proxy.connections))
         yield GaugeMetricFamily("kshare_brokers", "Upstream brokers with a proxy listener",
                                 value=len(proxy.brokers.listeners))
+        yield GaugeMetricFamily("kshare_brokers_gone", "Upstream brokers gone (refusing connections or out of the "
+                                "cluster metadata) and not yet back", value=len(proxy.brokers.gone))
+        yield GaugeMetricFamily("kshare_client_connections_standing_in", "Client connections of a gone broker's "
+                                "listener served through another broker until it is back",
+                                value=sum(len(c) for c in proxy.brokers.standing_in.values()))
 
 
 class ShareCollector(Collector):

@@ -141,6 +141,11 @@ class BrokerMap:
             self._went(node, "refused a connection (restarting or failed)")
             self._homing[node] = asyncio.get_running_loop().create_task(self._await_home(node))
 
+    @property
+    def gone(self) -> frozenset[int]:
+        """Brokers told gone (one WARNING) and not yet back: a restart, a crash, a broker removed."""
+        return frozenset(self._told_gone)
+
     def _went(self, node_id: int, how: str) -> None:
         if node_id not in self._told_gone:
             self._told_gone.add(node_id)

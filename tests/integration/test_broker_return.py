@@ -80,6 +80,9 @@ def test_a_connection_served_through_another_broker_moves_back_when_its_broker_r
             version = min(conn.versions[PRODUCE][1], 9)
             stand_in = asyncio.run_coroutine_threadsafe(conn.request(PRODUCE, version, produce()), proxy.loop).result(30)
             assert stand_in.responses[0].partition_responses[0].error_code == NOT_LEADER_OR_FOLLOWER
+            # kshare_brokers_gone, kshare_client_connections_standing_in
+            assert proxy.call(lambda: (set(proxy.proxy.brokers.gone), len(proxy.proxy.brokers.standing_in.get(2, ())))) \
+                == ({2}, 1)
 
             cluster.broker.start()
             _wait_leader(cluster.bootstrap, topic, 2)
@@ -92,9 +95,11 @@ def test_a_connection_served_through_another_broker_moves_back_when_its_broker_r
                 if errors[-1] == NONE or time.monotonic() - t_back > 15:
                     break
                 time.sleep(0.2)
+            gone_after = proxy.call(lambda: set(proxy.proxy.brokers.gone))
         finally:
             asyncio.run_coroutine_threadsafe(conn.close(), proxy.loop).result(10)
     assert errors[-1] == NONE, f"still {errors[-1]} 15 s after node 2 led partition 0 again ({len(errors)} tries)"
+    assert gone_after == set(), gone_after
     # an operator sees the broker go and come back: one WARNING each, however the proxy noticed
     told = [r.getMessage() for r in caplog.records
             if r.name == "kshare.proxy" and r.levelno == logging.WARNING and r.getMessage().startswith("broker 2 ")]
