@@ -56,6 +56,7 @@ class KShare:
                     topic=config.state_topic,
                     partitions=config.state_topic_partitions,
                     replication_factor=config.state_topic_replication_factor,
+                    write_timeout_s=config.state_write_timeout_s,
                     # an instance group's proxy writes only the state partitions it owns, each
                     # through a transactional producer that fences the previous owner
                     transactional_prefix=f"kshare-state.{name}.{config.state_topic}." if name else None,

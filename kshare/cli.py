@@ -93,6 +93,12 @@ def _option(*decls: str, env: str, **kwargs: object):
 @_option("--state-topic-replication-factor", env="STATE_TOPIC_REPLICATION_FACTOR", default=None,
          type=click.IntRange(1), help="Replication factor of the state topic when kshare creates it "
                                       "(default: min(3, brokers)).")
+@_option("--state-write-timeout", env="STATE_WRITE_TIMEOUT", default=30.0, show_default=True,
+         type=click.FloatRange(5.0), metavar="SECONDS",
+         help="How long a state write may take. A write that meets a leader move of the state topic (a broker "
+              "restarting or failing) is sent again to the new leader for up to two thirds of it, its "
+              "acknowledgements answered once it is written; past it the write fails and what it covered is "
+              "delivered again.")
 @_option("--group-limit", "group_limits", env="GROUP_LIMIT", multiple=True, metavar="NAME=VALUE",
          help="A broker-level share group bound, e.g. group.share.max.size=500 (repeatable; in the "
               "environment, space-separated).")
@@ -140,8 +146,8 @@ def _option(*decls: str, env: str, **kwargs: object):
          type=click.Choice(["text", "json"], case_sensitive=False))
 def proxy(upstream: str | None, embedded: str, data_dir: str | None, listen_host: str, bootstrap_port: int, broker_port_base: int | None,
           advertised_host: str | None, max_frame_bytes: int, state_topic: str, state_topic_partitions: int,
-          state_topic_replication_factor: int | None, group_limits: tuple[str, ...], record_cache_mb: int,
-          instance_group: str | None, instance_session_timeout_ms: int, tls_cert: str | None, tls_key: str | None,
+          state_topic_replication_factor: int | None, state_write_timeout: float, group_limits: tuple[str, ...],
+          record_cache_mb: int, instance_group: str | None, instance_session_timeout_ms: int, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, upstream_security_protocol: str, upstream_sasl_mechanism: str | None,
           upstream_sasl_username: str | None, upstream_sasl_password_file: str | None,
           upstream_oauth_token_file: str | None, upstream_tls_ca: str | None, upstream_tls_cert: str | None,
@@ -198,7 +204,8 @@ def proxy(upstream: str | None, embedded: str, data_dir: str | None, listen_host
                          broker_port_base=broker_port_base, advertised_host=advertised_host,
                          max_frame_bytes=max_frame_bytes, state_topic=state_topic,
                          state_topic_partitions=state_topic_partitions,
-                         state_topic_replication_factor=state_topic_replication_factor, group_limits=limits,
+                         state_topic_replication_factor=state_topic_replication_factor,
+                         state_write_timeout_s=state_write_timeout, group_limits=limits,
                          record_cache_bytes=record_cache_mb << 20, instance_group=instance_group or None,
                          instance_session_timeout_ms=instance_session_timeout_ms, tls=tls,
                          upstream_security=security)
