@@ -3,9 +3,16 @@
 Every proxy of the group joins the consumer group ``kshare-instances.<name>`` subscribed to the
 state topic. The group's leader (whichever proxy Kafka's group coordinator picks) runs
 :func:`ownership.assign` over what each proxy said at join (its advertised endpoints, what it owned
-before, its slot) and ships the whole :class:`OwnershipMap` inside every member's assignment, so
-every proxy knows every other's partitions and listeners. Kafka's group protocol does the rest:
-session timeouts, generations, rebalances when a proxy comes or goes.
+before, its slot, the share state it holds and the topics share groups read) and ships the whole
+:class:`OwnershipMap` inside every member's assignment, so every proxy knows every other's
+partitions and listeners. Kafka's group protocol does the rest: session timeouts, generations,
+rebalances when a proxy comes or goes.
+
+Two protocols: ``kshare-ownership-v2`` decides leadership by topic, ``kshare-ownership-v1`` by
+state partition (what proxies before v2 speak). A proxy made with ``by_topic`` offers v2 first;
+Kafka's coordinator picks one every member offers, so a group with a proxy of an older kshare (a
+rolling upgrade) stays on v1 until it is gone. Nothing makes one with ``by_topic`` yet: serving by
+topic needs the state to follow its leader (docs/design/scale-out.md, "Balanced leadership").
 
 This module only learns maps and reports changes (``on_change(map, gained, lost)``); what owning a
 state partition means (replaying it, fencing the previous owner with a transactional producer,
@@ -26,9 +33,13 @@ from .ownership import Candidate, Instance, OwnershipMap, assign
 log = logging.getLogger("kshare.share")
 
 GROUP_PREFIX = "kshare-instances."
-PROTOCOL = "kshare-ownership-v1"
+PROTOCOL = "kshare-ownership-v1"  # leadership by state partition
+PROTOCOL_BY_TOPIC = "kshare-ownership-v2"  # leadership by topic-partition
 
 ChangeCallback = Callable[[OwnershipMap, list[int], list[int]], Awaitable[None] | None]
+# what this proxy reports at join: (topic id hex -> partitions whose state it holds,
+# topic id hex -> partition count of the topics share groups read)
+Report = Callable[[], tuple[dict[str, list[int]], dict[str, int]]]
 
 
 class InstanceGroup:
@@ -36,8 +47,11 @@ class InstanceGroup:
 
     def __init__(self, bootstrap: list[str], name: str, state_topic: str, me: Instance,
                  on_change: ChangeCallback, *, session_timeout_ms: int = 10_000,
-                 heartbeat_interval_ms: int = 1_000, client_config: Mapping[str, Any] | None = None) -> None:
+                 heartbeat_interval_ms: int = 1_000, client_config: Mapping[str, Any] | None = None,
+                 by_topic: bool = False, report: Report | None = None) -> None:
         self.bootstrap = bootstrap
+        self.by_topic = by_topic  # offer v2 (and v1 after it); off until the state follows its leader
+        self.report = report
         self.group_id = GROUP_PREFIX + name
         self.state_topic = state_topic
         self.me = me
@@ -53,8 +67,8 @@ class InstanceGroup:
         self._changes: asyncio.Queue[OwnershipMap] = asyncio.Queue()
         self._applier: asyncio.Task | None = None
 
-    def _assignor(self) -> type:
-        """aiokafka's assignors are classes with class methods: one of our own per membership."""
+    def _assignor(self, by_topic: bool = False) -> type:
+        """aiokafka's assignors are classes with class methods: one of our own per membership and protocol."""
         # aiokafka (here and in start) loads only in a proxy of an instance group
         from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
         from aiokafka.coordinator.protocol import (
@@ -65,13 +79,19 @@ class InstanceGroup:
         group = self
 
         class OwnershipAssignor(AbstractPartitionAssignor):
-            name = PROTOCOL
+            name = PROTOCOL_BY_TOPIC if by_topic else PROTOCOL
             version = 0
 
             @classmethod
             def metadata(cls, topics: Iterable[str]) -> Any:
                 prev = group.map
-                cand = Candidate(group.me, list(group.owned), prev.epoch if prev else 0)
+                held, counts = {}, {}
+                if group.report is not None:
+                    try:
+                        held, counts = group.report()
+                    except Exception:  # noqa: BLE001 - join without it: leadership is then less sticky
+                        log.exception("instance group %s: cannot report the state held here", group.group_id)
+                cand = Candidate(group.me, list(group.owned), prev.epoch if prev else 0, held, counts)
                 return ConsumerProtocolMemberMetadata(cls.version, list(topics), cand.encode())
 
             @classmethod
@@ -86,7 +106,7 @@ class InstanceGroup:
                                     "it owns nothing", group.group_id, member_id)
                         continue
                     cands[member_id] = c
-                decision = assign(cands, len(partitions))
+                decision = assign(cands, len(partitions), by_topic=by_topic)
                 data = decision.encode()
                 out = {}
                 for member_id in members:
@@ -94,10 +114,12 @@ class InstanceGroup:
                     mine = decision.partitions_of(c.instance.id) if c is not None else []
                     out[member_id] = ConsumerProtocolMemberAssignment(
                         cls.version, [(group.state_topic, mine)] if mine else [], data)
-                log.info("instance group %s: ownership epoch %d over %d proxies: %s", group.group_id,
-                         decision.epoch, len(decision.instances),
+                led = [sum(row.count(i) for row in decision.leaders.values()) for i in range(len(decision.instances))]
+                log.info("instance group %s: ownership epoch %d over %d proxies (%s): %s", group.group_id,
+                         decision.epoch, len(decision.instances), cls.name,
                          ", ".join(f"{i.host}:{i.port}={len(decision.partitions_of(i.id))}"
-                                   for i in decision.instances))
+                                   + (f" leading {led[n]}" if by_topic else "")
+                                   for n, i in enumerate(decision.instances)))
                 return out
 
             @classmethod
@@ -120,7 +142,8 @@ class InstanceGroup:
             group_id=self.group_id,
             client_id=f"kshare-instance-{self.me.host}:{self.me.port}",
             enable_auto_commit=False,
-            partition_assignment_strategy=(self._assignor(),),
+            partition_assignment_strategy=((self._assignor(True), self._assignor()) if self.by_topic
+                                           else (self._assignor(),)),
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
             # it never consumes: the membership is the point (polled only to stay in the group)

@@ -13,18 +13,28 @@ cluster (``kshare.share.instance_group`` is the shell; this module is its sans-I
 * the group's leader computes an :class:`OwnershipMap` (:func:`assign`: balanced, sticky, each
   proxy keeping a stable ``slot``) and ships the whole map to every member inside their
   assignments, so each proxy can route clients to the others.
+
+A map decided by topic (``by_topic``, the group's protocol ``kshare-ownership-v2``) also names the
+leader of each topic-partition (:mod:`kshare.share.leadership`: balanced per topic, sticky), and
+a topic-partition's share state lives in a state partition its leader owns: it is moved there
+when leadership moves (``kshare.share.instance_service``, docs/design/scale-out.md). State
+partitions still carry the fencing, the group records and the groups' coordination.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
 
 from ..proxy.virtual import MAX_SLOTS, ClusterView, Peer
+from .leadership import assign_leaders, fallback_leader
 from .state.codec import partition_for_group, state_partition_of
 from .store import SharePartitionKey
+
+TopicPartition = tuple[bytes, int]  # (topic id, partition)
 
 
 class Ownership(Protocol):
@@ -82,11 +92,35 @@ class Instance(msgspec.Struct, frozen=True):
 
 
 class OwnershipMap(msgspec.Struct, frozen=True):
-    """The leader's decision: each state partition's owner, as an index into ``instances``."""
+    """The leader's decision: each state partition's owner, as an index into ``instances``, and,
+    when ``by_topic``, each listed topic's leaders (the others: :func:`fallback_leader` over the
+    instances that own a state partition)."""
 
     epoch: int
     instances: list[Instance]
     owners: list[int]  # state partition -> index into instances, -1 if nobody
+    by_topic: bool = False
+    leaders: dict[str, list[int]] = {}  # topic id (hex) -> index into instances per partition
+
+    def leader_index(self, topic_id: bytes, partition: int) -> int:
+        """Index into ``instances`` of the topic-partition's leader, -1 if nobody (by topic only)."""
+        row = self.leaders.get(topic_id.hex())
+        if row is not None and 0 <= partition < len(row):
+            return row[partition]
+        eligible = self.eligible()
+        return eligible[fallback_leader(topic_id, partition, len(eligible))] if eligible else -1
+
+    def eligible(self) -> list[int]:
+        """The instances that may lead topic-partitions: those owning a state partition (to keep
+        the state of what they lead in)."""
+        owning = set(self.owners)
+        return [i for i in range(len(self.instances)) if i in owning]
+
+    def home(self, topic_id: bytes, partition: int, index: int) -> int | None:
+        """The state partition of instance ``index`` where a topic-partition it leads keeps its state
+        when it has none there yet: one of its state partitions, picked by the topic-partition's hash."""
+        mine = [p for p, i in enumerate(self.owners) if i == index]
+        return mine[state_partition_of(topic_id, partition, len(mine))] if mine else None
 
     def owner(self, state_partition: int) -> Instance | None:
         i = self.owners[state_partition] if 0 <= state_partition < len(self.owners) else -1
@@ -99,6 +133,9 @@ class OwnershipMap(msgspec.Struct, frozen=True):
         return next((i for i in self.instances if i.id == instance_id), None)
 
     def owner_of_topic_partition(self, topic_id: bytes, partition: int) -> Instance | None:
+        if self.by_topic:
+            i = self.leader_index(topic_id, partition)
+            return self.instances[i] if i >= 0 else None
         return self.owner(state_partition_of(topic_id, partition, len(self.owners)))
 
     def owner_of_group(self, group_id: str) -> Instance | None:
@@ -118,6 +155,8 @@ class Candidate(msgspec.Struct, frozen=True):
     instance: Instance
     owned: list[int] = []  # state partitions it owned in the last map it knew
     epoch: int = 0  # that map's epoch
+    held: dict[str, list[int]] = {}  # topic id (hex) -> partitions whose share state it holds
+    topics: dict[str, int] = {}  # topic id (hex) -> partition count, of the topics share groups read
 
     def encode(self) -> bytes:
         return msgspec.json.encode(self)
@@ -134,11 +173,13 @@ class _Quota:
     have: list[int] = field(default_factory=list)
 
 
-def assign(candidates: dict[str, Candidate], partitions: int) -> OwnershipMap:
+def assign(candidates: dict[str, Candidate], partitions: int, *, by_topic: bool = False) -> OwnershipMap:
     """Balanced and sticky: every proxy owns ``partitions // n`` or one more state partitions;
     a partition stays with its previous owner while that owner is under its quota (so a proxy
     joining or leaving moves only the partitions it must); slots stay as they were unless two
-    proxies claim the same one. ``candidates`` are keyed by group member id (it orders ties)."""
+    proxies claim the same one. ``candidates`` are keyed by group member id (it orders ties).
+
+    ``by_topic``: the topics the candidates report are given leaders too (:func:`topic_leaders`)."""
     members = sorted(candidates)  # deterministic: member ids
     n = len(members)
     epoch = max((c.epoch for c in candidates.values()), default=0) + 1
@@ -179,7 +220,31 @@ def assign(candidates: dict[str, Candidate], partitions: int) -> OwnershipMap:
             owners[p] = index[m]
             q.have.append(p)
     instances = [msgspec.structs.replace(candidates[m].instance, slot=slots[m]) for m in members]
-    return OwnershipMap(epoch, instances, owners)
+    if not by_topic:
+        return OwnershipMap(epoch, instances, owners)
+    return OwnershipMap(epoch, instances, owners, True, topic_leaders(candidates, members, owners))
+
+
+def topic_leaders(candidates: dict[str, Candidate], members: list[str], owners: list[int]) -> dict[str, list[int]]:
+    """Leaders of every topic a candidate reports, among the members owning a state partition:
+    balanced per topic, and sticky to where the share state is (what each candidate holds, the
+    newest map's claim winning a clash), so leadership moves, and state with it, only as it must."""
+    owning = set(owners)
+    eligible = [m for i, m in enumerate(members) if i in owning]
+    topics: dict[bytes, int] = {}
+    previous: dict[bytes, dict[int, str]] = {}
+    for m in sorted(members, key=lambda m: (candidates[m].epoch, m)):  # the newest claim last: it wins
+        c = candidates[m]
+        for hex_id, count in c.topics.items():
+            tid = bytes.fromhex(hex_id)
+            topics[tid] = max(topics.get(tid, 0), count)
+        for hex_id, parts in c.held.items():
+            row = previous.setdefault(bytes.fromhex(hex_id), {})
+            for p in parts:
+                row[p] = m
+    index = {m: i for i, m in enumerate(members)}
+    decided = assign_leaders(topics, eligible, previous)
+    return {tid.hex(): [index[m] for m in row] for tid, row in decided.items()}
 
 
 @dataclass(frozen=True)
@@ -208,23 +273,64 @@ def plan_claims(previous: OwnershipMap | None, decision: OwnershipMap, me: str,
 
 class GroupOwnership:
     """This proxy's share of an instance group: what it serves is what its store has claimed (so
-    nothing is served before its state is replayed), while clients are routed by the latest map."""
+    nothing is served before its state is replayed), while clients are routed by the latest map.
+
+    By topic (``map.by_topic``) it serves a topic-partition the map makes it lead once it is
+    ``ready``: every other proxy answered, at this map's epoch, that it holds no newer copy of its
+    share state, and the state is in one of this proxy's claimed state partitions (or nowhere: it
+    starts in the map's ``home``). Until then ``wanted`` is told (to go and ask)."""
 
     def __init__(self, me: str, partitions: int) -> None:
         self.me = me  # this proxy's instance id
         self.partitions = partitions  # of the state topic
         self.map: OwnershipMap | None = None
         self.claimed: frozenset[int] = frozenset()
+        # by topic: topic-partition -> the state partition its state is in, or starts in (this epoch)
+        self.ready: dict[TopicPartition, int] = {}
+        self.wanted: Callable[[TopicPartition], None] | None = None
 
     @property
     def epoch(self) -> int:
         return self.map.epoch if self.map is not None else 0
 
+    @property
+    def by_topic(self) -> bool:
+        return self.map is not None and self.map.by_topic
+
+    def my_index(self) -> int:
+        m = self.map
+        return next((i for i, inst in enumerate(m.instances) if inst.id == self.me), -1) if m is not None else -1
+
+    def leads(self, topic_id: bytes, partition: int) -> bool:
+        """By topic: the map makes this proxy the topic-partition's leader."""
+        m = self.map
+        return m is not None and m.leader_index(topic_id, partition) == self.my_index() >= 0
+
     def owns(self, key: SharePartitionKey) -> bool:
         return self.owns_partition(key.topic_id, key.partition)
 
     def owns_partition(self, topic_id: bytes, partition: int) -> bool:
-        return state_partition_of(topic_id, partition, self.partitions) in self.claimed
+        if not self.by_topic:
+            return state_partition_of(topic_id, partition, self.partitions) in self.claimed
+        if not self.leads(topic_id, partition):
+            return False
+        where = self.ready.get((topic_id, partition))
+        if where is not None and where in self.claimed:
+            return True
+        if self.wanted is not None:
+            self.wanted((topic_id, partition))
+        return False
+
+    def state_partition(self, key: SharePartitionKey) -> int:
+        """The state partition for a share-partition the store has no entry for: by topic, where
+        its topic-partition's state is (or starts), else where it hashes."""
+        if self.by_topic:
+            where = self.ready.get((key.topic_id, key.partition))
+            if where is None and self.map is not None:
+                where = self.map.home(key.topic_id, key.partition, self.my_index())
+            if where is not None:
+                return where
+        return state_partition_of(key.topic_id, key.partition, self.partitions)
 
     def owns_group(self, group_id: str) -> bool:
         return partition_for_group(group_id, self.partitions) in self.claimed
@@ -242,13 +348,11 @@ class GroupOwnership:
         if decision is None or mine is None:
             return None
         peers = {i.slot: Peer(i.slot, i.host, dict(i.broker_ports), i.broker_port_base) for i in decision.instances}
-        n = len(decision.owners)
 
-        def slot_of(state_partition: int) -> int | None:
-            owner = decision.owner(state_partition)
+        def slot_of(owner: Instance | None) -> int | None:
             return owner.slot if owner is not None else None
 
         return ClusterView(
             me=mine.slot, peers=peers, epoch=decision.epoch,
-            partition_owner=lambda topic_id, partition: slot_of(state_partition_of(topic_id, partition, n)),
-            group_owner=lambda group_id: slot_of(partition_for_group(group_id, n)))
+            partition_owner=lambda topic_id, partition: slot_of(decision.owner_of_topic_partition(topic_id, partition)),
+            group_owner=lambda group_id: slot_of(decision.owner_of_group(group_id)))

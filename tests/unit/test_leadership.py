@@ -11,12 +11,14 @@ import itertools
 import os
 import random
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kshare.share.leadership import assign_leaders, assign_topic, fallback_leader, moves, topic_start
-from kshare.share.ownership import Candidate, Instance, assign
+from kshare.share.ownership import Candidate, GroupOwnership, Instance, OwnershipMap, assign
 from kshare.share.state.codec import state_partition_of
+from kshare.share.store import SharePartitionKey
 
 NAMES = "abcdefghij"
 members_st = st.lists(st.sampled_from(NAMES), min_size=1, max_size=8, unique=True).map(sorted)
@@ -145,3 +147,160 @@ def test_every_topic_balanced_totals_within_one_and_the_same_whatever_the_order(
     }
     assert assign_leaders(topics, shuffled_members, shuffled) == assign_leaders(topics, members, previous)
     assert assign_leaders(topics, members, previous) == decided  # nothing changed: nothing moves
+
+
+# -- the map by topic (kshare-ownership-v2) -------------------------------------------------------
+
+
+def _cand(
+    member: str,
+    *,
+    held: dict[bytes, list[int]] | None = None,
+    topics: dict[bytes, int] | None = None,
+    epoch: int = 0,
+    owned: list[int] | None = None,
+) -> Candidate:
+    return Candidate(
+        Instance(member, f"{member}.example", 9192, {1: 9193}),
+        owned or [],
+        epoch,
+        {t.hex(): ps for t, ps in (held or {}).items()},
+        {t.hex(): n for t, n in (topics or {}).items()},
+    )
+
+
+def _leaders(m, tid: bytes, partitions: int) -> list[str]:
+    return [m.owner_of_topic_partition(tid, p).id for p in range(partitions)]
+
+
+def test_the_map_by_topic_leads_reported_topics_balanced_and_the_rest_by_the_fallback() -> None:
+    four, twelve, unlisted = b"\x01" * 16, b"\x02" * 16, b"\x03" * 16
+    m = assign({k: _cand(k, topics={four: 4, twelve: 12}) for k in "abc"}, 10, by_topic=True)
+    assert m.by_topic and set(m.leaders) == {four.hex(), twelve.hex()}
+    for tid, n, split in ((four, 4, [2, 1, 1]), (twelve, 12, [4, 4, 4]), (unlisted, 9, [3, 3, 3])):
+        assert sorted(collections.Counter(_leaders(m, tid, n)).values(), reverse=True) == split
+    # a topic nobody listed is led as the decision would lead it: listing it later moves nothing
+    later = assign({k: _cand(k, topics={unlisted: 9}) for k in "abc"}, 10, by_topic=True)
+    assert _leaders(later, unlisted, 9) == _leaders(m, unlisted, 9)
+    # v1 (by state partition) is what it was
+    v1 = assign({k: _cand(k, topics={four: 4}) for k in "abc"}, 10)
+    assert not v1.by_topic and v1.leaders == {}
+    tid = bytes(range(16))
+    assert all(
+        v1.owner_of_topic_partition(tid, p) == v1.owner(state_partition_of(tid, p, 10)) for p in range(8)
+    )
+
+
+def test_leadership_sticks_to_where_the_state_is() -> None:
+    """A proxy leaving: what the others hold stays where it is, only the leaver's partitions move;
+    a proxy joining takes only its quota."""
+    tid = b"\x07" * 16
+    first = assign({k: _cand(k, topics={tid: 12}) for k in "abc"}, 10, by_topic=True)
+    lead = _leaders(first, tid, 12)
+    held = {k: [p for p, m in enumerate(lead) if m == k] for k in "abc"}
+    after = assign(
+        {
+            k: _cand(
+                k, held={tid: held[k]}, topics={tid: 12}, epoch=first.epoch, owned=first.partitions_of(k)
+            )
+            for k in "ab"
+        },
+        10,
+        by_topic=True,
+    )
+    now = _leaders(after, tid, 12)
+    assert all(now[p] == m for p, m in enumerate(lead) if m != "c")
+    assert sorted(collections.Counter(now).values()) == [6, 6]
+    back = assign(
+        {
+            **{
+                k: _cand(
+                    k,
+                    held={tid: [p for p, m in enumerate(now) if m == k]},
+                    topics={tid: 12},
+                    epoch=after.epoch,
+                    owned=after.partitions_of(k),
+                )
+                for k in "ab"
+            },
+            "c": _cand("c"),
+        },
+        10,
+        by_topic=True,
+    )
+    moved = [p for p, m in enumerate(_leaders(back, tid, 12)) if m != now[p]]
+    assert len(moved) == 4 and all(back.owner_of_topic_partition(tid, p).id == "c" for p in moved)
+
+
+def test_only_proxies_owning_a_state_partition_lead() -> None:
+    tid = b"\x09" * 16
+    m = assign(
+        {k: _cand(k, topics={tid: 5}) for k in "abcd"}, 3, by_topic=True
+    )  # 4 proxies, 3 state partitions
+    idle = next(i.id for i in m.instances if not m.partitions_of(i.id))
+    for t in (tid, b"\x0a" * 16):
+        assert idle not in _leaders(m, t, 5)
+    for i, inst in enumerate(m.instances):
+        home = m.home(tid, 0, i)
+        assert (home is None) == (inst.id == idle) and (home is None or home in m.partitions_of(inst.id))
+
+
+def test_maps_and_candidates_of_either_version_decode() -> None:
+    tid = b"\x05" * 16
+    m = assign({k: _cand(k, held={tid: [0]}, topics={tid: 3}) for k in "ab"}, 4, by_topic=True)
+    assert OwnershipMap.decode(m.encode()) == m
+    # what a v1 proxy sends and ships: no held, topics, by_topic or leaders
+    old = msgspec.json.encode({"instance": {"id": "x", "host": "h", "port": 1}, "owned": [1], "epoch": 3})
+    c = Candidate.decode(old)
+    assert (c.held, c.topics, c.owned) == ({}, {}, [1])
+    v1 = OwnershipMap.decode(msgspec.json.encode({"epoch": 2, "instances": [], "owners": [-1]}))
+    assert not v1.by_topic and v1.leaders == {}
+
+
+def test_by_topic_a_proxy_serves_what_it_leads_once_ready() -> None:
+    tid = b"\x0b" * 16
+    m = assign({k: _cand(k, topics={tid: 6}) for k in "abc"}, 6, by_topic=True)
+    views = {}
+    for me in "abc":
+        own = GroupOwnership(me, 6)
+        own.map, own.claimed = m, frozenset(m.partitions_of(me))
+        asked: list[tuple[bytes, int]] = []
+        own.wanted = asked.append
+        mine = [p for p in range(6) if m.owner_of_topic_partition(tid, p).id == me]
+        assert len(mine) == 2
+        assert not any(own.owns_partition(tid, p) for p in range(6))  # nothing ready yet
+        assert asked == [(tid, p) for p in mine]  # it asks for what it leads, only
+        for p in mine:
+            home = own.state_partition(SharePartitionKey("g", tid, p))
+            assert home in own.claimed
+            own.ready[(tid, p)] = home
+        assert [p for p in range(6) if own.owns_partition(tid, p)] == mine
+        own.claimed = frozenset()  # its state partitions given up: it serves nothing of them
+        assert not any(own.owns_partition(tid, p) for p in range(6))
+        views[me] = own.view()
+    # every proxy shows the same leaders: the leader's slot
+    slot = {i.id: i.slot for i in m.instances}
+    for v in views.values():
+        assert [v.partition_owner(tid, p) for p in range(6)] == [
+            slot[m.owner_of_topic_partition(tid, p).id] for p in range(6)
+        ]
+
+
+def test_the_instance_group_offers_v2_first_when_by_topic() -> None:
+    from kshare.share.instance_group import PROTOCOL, PROTOCOL_BY_TOPIC, InstanceGroup
+
+    tid = b"\x0c" * 16
+    me = Instance("x", "h", 1)
+    group = InstanceGroup(
+        ["b:9092"],
+        "n",
+        "state",
+        me,
+        lambda *a: None,
+        by_topic=True,
+        report=lambda: ({tid.hex(): [1, 2]}, {tid.hex(): 3}),
+    )
+    v2, v1 = group._assignor(True), group._assignor()
+    assert (v2.name, v1.name) == (PROTOCOL_BY_TOPIC, PROTOCOL)
+    c = Candidate.decode(v2.metadata(["state"]).user_data)
+    assert (c.held, c.topics) == ({tid.hex(): [1, 2]}, {tid.hex(): 3})
