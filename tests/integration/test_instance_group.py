@@ -181,6 +181,7 @@ def test_a_store_claims_partitions_and_fences_the_previous_owner(kafka39: KafkaB
 
     async def main() -> None:
         a, b = store(), store()
+        a.leader_epoch, b.leader_epoch = 1, 2  # ownership epochs: b claims after a
         fenced: list[int] = []
         a.on_fenced = fenced.append
         await a.start()
@@ -208,13 +209,73 @@ def test_a_store_claims_partitions_and_fences_the_previous_owner(kafka39: KafkaB
         finally:
             await a.close()
             await b.close()
-        # a third store claiming everything sees what was committed, nothing of the refused write
+        # a third store claiming everything sees what was acknowledged, nothing of the refused write
         c = store()
+        c.leader_epoch = 3
         await c.start()
         try:
             await c.claim([0, 1])
             assert c.share_partition(keys[0]) == ShareSnapshot(11, ())
             assert c.share_partition(keys[1]) == ShareSnapshot(23, ())
+            assert c.load_stats.fenced_out == 0 and c.load_stats.skipped == 0
+        finally:
+            await c.close()
+
+    asyncio.run(main())
+
+
+def test_replay_keeps_out_what_the_broker_did_not_fence(kafka39: KafkaBroker) -> None:
+    """Where the broker's fencing does not hold (the coordinator gave the transactional id a new
+    producer id after it expired, or the leader forgot the old one), a write of the previous owner
+    lands after the new owner's claim record. Played here by a zombie writing with a producer id
+    of its own: the broker accepts it, and a replay still keeps it out of the state (claims.ClaimGuard)."""
+    from kshare.share.state.codec import (
+        RECORD_SNAPSHOT,
+        encode_share_key,
+        encode_snapshot_value,
+        partition_for,
+    )
+    from kshare.share.state.pipelined_producer import PipelinedProducer
+    from kshare.share.state.topic_store import TopicStateStore
+    from kshare.share.states import ShareSnapshot
+    from kshare.share.store import SharePartitionKey
+
+    topic = f"state-{uuid.uuid4().hex[:8]}"
+    prefix = f"kshare-test.{topic}."
+    key = SharePartitionKey("g", uuid.uuid4().bytes, 0)
+    p = partition_for(key, 2)
+
+    def store(epoch: int) -> TopicStateStore:
+        s = TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2, transactional_prefix=prefix,
+                            write_timeout_s=20)
+        s.leader_epoch = epoch
+        return s
+
+    async def main() -> None:
+        a, b = store(1), store(2)
+        await a.start()
+        await b.start()
+        zombie = PipelinedProducer([kafka39.bootstrap], topic, request_timeout_s=20)  # an unfenced producer id
+        await zombie.start()
+        try:
+            await a.claim([p])
+            await a.write([(key, ShareSnapshot(10, ()))])
+            await b.claim([p])
+            assert b.share_partition(key) == ShareSnapshot(10, ())
+            stale = encode_snapshot_value(0, 0, 1, ShareSnapshot(99, ()))  # what a, epoch 1, would write
+            await (await zombie.send(topic, value=stale, key=encode_share_key(RECORD_SNAPSHOT, key), partition=p))
+            await b.write([(key, ShareSnapshot(11, ()))])
+            await zombie.send(topic, value=stale, key=encode_share_key(RECORD_SNAPSHOT, key), partition=p)
+            await zombie.stop()  # sends it first
+        finally:
+            await a.close()
+            await b.close()
+        c = store(3)
+        await c.start()
+        try:
+            await c.claim([p])
+            assert c.share_partition(key) == ShareSnapshot(11, ())
+            assert c.load_stats.fenced_out == 2
         finally:
             await c.close()
 
