@@ -217,6 +217,7 @@ class AIOShareConsumer:
         self._last_due = 0.0
         self._ack_task: asyncio.Task | None = None
         self._prefetch: asyncio.Task | None = None  # a fetch under way (its records not taken in yet)
+        self._taken = 0  # records not handed out when the last fetch's were taken in (theirs included)
         self._tps: dict[tuple[str, int], TopicPartition] = {}
         self._membership: asyncio.Task | None = None
         self._started = False
@@ -390,7 +391,7 @@ class AIOShareConsumer:
         if not self._chunks:
             self._due()
             while not self._chunks:
-                await self._fetch(self._max_poll_records, self._fetch_max_wait_ms, member)
+                await self._fetch(self._max_poll_records, self._fetch_max_wait_ms, member, ahead=True)
                 member = self._ready()
             self._last_due = time.monotonic()
         elif (now := time.monotonic()) - self._last_due >= ACK_LINGER_S:
@@ -451,6 +452,12 @@ class AIOShareConsumer:
                 h.delivered_to = recs[j - 1].offset + 1
         return out
 
+    def _left(self) -> int:
+        """How many records fetched are not handed out yet (their acquired offsets, for those not
+        decoded yet)."""
+        return sum(len(ch.records) - ch.next if not isinstance(ch.records, Undecoded) else ch.held.acquired.count
+                   for ch in self._chunks)
+
     def _materialize(self, ch: _Chunk) -> None:
         """Decode a chunk's records (when they are first wanted); its gaps are known then."""
         u = ch.records
@@ -463,10 +470,16 @@ class AIOShareConsumer:
         if not recs:
             h.delivered_to = h.end + 1  # gaps only
 
-    async def _fetch(self, limit: int, timeout_ms: int, member: ShareMember) -> None:
+    async def _fetch(self, limit: int, timeout_ms: int, member: ShareMember, ahead: bool = False) -> None:
         """Take in the records of the fetch under way, or fetch (the acknowledgements due riding
-        along), until records came or ``timeout_ms`` passed; in batch-optimized mode the next
-        fetch starts before the records are handed out."""
+        along), until records came or ``timeout_ms`` passed. In batch-optimized mode the next fetch
+        starts before the records are handed out when that takes three calls or more (or with
+        ``ahead``: the iterator's records, handed out one by one). Records that take one or two
+        calls are not fetched ahead: their acknowledgements ride on the next fetch, as librdkafka's
+        do. A fetch ahead would hold a second fetch's locks and carry no acknowledgement, and a
+        partition whose records are all locked (``group.share.partition.max.record.locks``)
+        answers the fetches of the members sharing it only when their wait runs out: 100 members
+        on 16 partitions read 2 million records in 20 to 30 s so, in 3 to 5 s without."""
         deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
         while True:
             task = self._prefetch
@@ -486,7 +499,7 @@ class AIOShareConsumer:
             if member.failure is not None:
                 raise member.failure
             if self._chunks:
-                if self._ahead:
+                if self._ahead and (ahead or self._taken > 2 * limit):
                     self._prefetch = self._start_fetch(member, limit, None)
                     await _sent()
                 return
@@ -602,6 +615,7 @@ class AIOShareConsumer:
             await task
 
     def _take_in(self, pairs: list[tuple[Acquired, Any]]) -> None:
+        self._taken = self._left() + sum(a.count for a, _ in pairs)
         for a, recs in pairs:
             first = a.ranges[0][0]
             h = _Held(a, a.ranges[-1][1], first, first)

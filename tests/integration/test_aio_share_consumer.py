@@ -395,6 +395,30 @@ def test_member_joins_and_leaves(targets, names):
     assert r[KSHARE]["others_count_1"] == {1} and r[KSHARE]["each_once"] == {1} and r[KSHARE]["all"]
 
 
+async def holds_what_it_was_handed(t: Target, topic: str, group: str) -> dict[str, Any]:
+    """Three producer batches of 10 records on one partition shared by two members. A member whose
+    getmany hands out a whole batch (10 records, max_poll_records 10) does not fetch the next one
+    ahead: the second member gets the second batch, not the third (a fetch ahead would have locked
+    it, and the other members sharing the partition would wait for its lock)."""
+    t.create_topic(topic, 1)
+    t.configure(group)
+    async with t.consumer(topic, group=group, max_poll_records=10) as a, \
+            t.consumer(topic, group=group, max_poll_records=10) as b:
+        await until(lambda: bool(a.assignment()) and bool(b.assignment()), 30, "both members assigned")
+        await asyncio.to_thread(produce, t.bootstrap, topic, values(topic, 30), partition=0, per_batch=10)
+        got_a: list[Any] = []
+        await until_records(a, got_a, 10, 30)
+        await asyncio.sleep(1.0)  # a fetch ahead would have come back by now
+        got_b: list[Any] = []
+        await until_records(b, got_b, 10, 30)
+        return {"a": sorted(r.offset for r in got_a), "b": sorted(r.offset for r in got_b)}
+
+
+def test_a_member_holds_what_it_was_handed(targets, names):
+    r = on_both(targets, holds_what_it_was_handed, *names)
+    assert r[KSHARE] == r[KAFKA4] == {"a": list(range(10)), "b": list(range(10, 20))}
+
+
 async def resubscribe(t: Target, topic: str, group: str) -> dict[str, Any]:
     """subscribe() to another topic, unsubscribe() (the member leaves), subscribe() again (a new member)."""
     first, second = f"{topic}-a", f"{topic}-b"

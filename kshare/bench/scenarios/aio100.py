@@ -44,12 +44,17 @@ PRODUCER_BATCH_BYTES = 64 * 1024
 # -- the consumer process ----------------------------------------------------------------------------
 
 
-def _status_mb(field: str) -> float:
+def _status(field: str) -> float:
+    """A number of ``/proc/self/status`` (kB for the sizes)."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field):
-                return int(line.split()[1]) / 1024.0
+                return float(line.split()[1])
     return float("nan")
+
+
+def _status_mb(field: str) -> float:
+    return _status(field) / 1024.0
 
 
 def _rss_mb() -> float:
@@ -76,23 +81,25 @@ class _Clock:
         self.deadline = time.monotonic() + timeout
         self.rss0 = _rss_mb()
         self.t0, self.cpu0 = time.perf_counter(), _cpu_s()
+        self.usage0 = resource.getrusage(resource.RUSAGE_SELF)
         self.first: tuple[float, float] | None = None
-        self.last: tuple[float, float, float] | None = None
+        self.last: tuple[float, float, float, float] | None = None
 
     def seen(self, n: int) -> bool:
         """``n`` records read so far: True when all are."""
         if n and self.first is None:
             self.first = (time.perf_counter(), _cpu_s())
         if n >= self.records and self.last is None:
-            self.last = (time.perf_counter(), _cpu_s(), _rss_mb())
+            self.last = (time.perf_counter(), _cpu_s(), _rss_mb(), _status("Threads:"))
         if time.monotonic() > self.deadline:
             raise TimeoutError(f"read {n} of {self.records} records")
         return self.last is not None
 
     def report(self, n: int, counts: list[int], members: int) -> dict[str, Any]:
         t_end, cpu_end = time.perf_counter(), _cpu_s()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         assert self.first is not None and self.last is not None
-        (t1, c1), (t2, c2, rss_read) = self.first, self.last
+        (t1, c1), (t2, c2, rss_read, threads) = self.first, self.last
         return {
             "read": n,
             "members": members,
@@ -105,11 +112,15 @@ class _Clock:
             "cpu_join_s": c1 - self.cpu0,
             "cpu_data_s": c2 - c1,
             "cpu_total_s": cpu_end - self.cpu0,
+            "cpu_user_s": usage.ru_utime - self.usage0.ru_utime,  # the whole run's, user and system apart
+            "cpu_system_s": usage.ru_stime - self.usage0.ru_stime,
+            "context_switches": (usage.ru_nvcsw + usage.ru_nivcsw)
+            - (self.usage0.ru_nvcsw + self.usage0.ru_nivcsw),
             "rss_start_mb": self.rss0,
             "rss_read_mb": rss_read,
             "rss_end_mb": _rss_mb(),
             "max_rss_mb": _peak_rss_mb(),
-            "threads": threading.active_count(),
+            "threads": threads,  # the OS's (librdkafka's included), when every record was read
         }
 
 
