@@ -113,6 +113,9 @@ class KShare:
     async def stop(self) -> None:
         if self.metrics_server is not None:
             await self.metrics_server.stop()
+        if self.service is not None:
+            # the share consumers acknowledge what they hold while their connections stay open
+            await self.service.drain(self.config.drain_timeout_s)
         await self.proxy.stop()
         if self.service is not None:
             # the closed connections' connection_lost callbacks run on the next loop turn: their

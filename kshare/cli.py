@@ -99,6 +99,11 @@ def _option(*decls: str, env: str, **kwargs: object):
               "restarting or failing) is sent again to the new leader for up to two thirds of it, its "
               "acknowledgements answered once it is written; past it the write fails and what it covered is "
               "delivered again.")
+@_option("--drain-timeout", env="DRAIN_TIMEOUT", default=10.0, show_default=True, type=click.FloatRange(0.0),
+         metavar="SECONDS",
+         help="On SIGTERM, first hand no more records out and wait up to this long for the share consumers to "
+              "acknowledge what they hold (written before the proxy stops), so a restart redelivers nothing; "
+              "what is still held then is released. 0: stop at once.")
 @_option("--group-limit", "group_limits", env="GROUP_LIMIT", multiple=True, metavar="NAME=VALUE",
          help="A broker-level share group bound, e.g. group.share.max.size=500 (repeatable; in the "
               "environment, space-separated).")
@@ -146,7 +151,8 @@ def _option(*decls: str, env: str, **kwargs: object):
          type=click.Choice(["text", "json"], case_sensitive=False))
 def proxy(upstream: str | None, embedded: str, data_dir: str | None, listen_host: str, bootstrap_port: int, broker_port_base: int | None,
           advertised_host: str | None, max_frame_bytes: int, state_topic: str, state_topic_partitions: int,
-          state_topic_replication_factor: int | None, state_write_timeout: float, group_limits: tuple[str, ...],
+          state_topic_replication_factor: int | None, state_write_timeout: float, drain_timeout: float,
+          group_limits: tuple[str, ...],
           record_cache_mb: int, instance_group: str | None, instance_session_timeout_ms: int, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, upstream_security_protocol: str, upstream_sasl_mechanism: str | None,
           upstream_sasl_username: str | None, upstream_sasl_password_file: str | None,
@@ -205,7 +211,8 @@ def proxy(upstream: str | None, embedded: str, data_dir: str | None, listen_host
                          max_frame_bytes=max_frame_bytes, state_topic=state_topic,
                          state_topic_partitions=state_topic_partitions,
                          state_topic_replication_factor=state_topic_replication_factor,
-                         state_write_timeout_s=state_write_timeout, group_limits=limits,
+                         state_write_timeout_s=state_write_timeout, drain_timeout_s=drain_timeout,
+                         group_limits=limits,
                          record_cache_bytes=record_cache_mb << 20, instance_group=instance_group or None,
                          instance_session_timeout_ms=instance_session_timeout_ms, tls=tls,
                          upstream_security=security)

@@ -47,6 +47,8 @@ class ProxyConfig:
     state_topic_replication_factor: int | None = None  # None: min(3, brokers)
     # bounds every state write, leader moves ridden through included (sent again for 2/3 of it)
     state_write_timeout_s: float = 30.0
+    # on SIGTERM: how long share consumers may take to acknowledge what they hold (0: not at all)
+    drain_timeout_s: float = 10.0
     group_limits: BrokerLimits = field(default_factory=BrokerLimits)
     record_cache_bytes: int = 256 << 20  # raw batches cached for share fetches, all partitions together
     # Several proxies as one service: those started with the same name (and cluster and state

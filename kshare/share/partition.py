@@ -108,6 +108,9 @@ class SharePartition(Acknowledging, KeyOrder):
         if start_offset < 0:
             raise ValueError("start offset must be resolved (auto.offset.reset) before building the engine")
         self._clock = clock
+        # A proxy draining before it stops (kshare.share.drain): nothing more is handed out, what
+        # is held may still be acknowledged, released or time out.
+        self.paused = False
         self._spso = start_offset
         self._speo = start_offset
         self._ranges: list[StateRange] = []
@@ -231,8 +234,9 @@ class SharePartition(Acknowledging, KeyOrder):
         return self.next_fetch_offset() < self._speo
 
     def can_acquire(self) -> bool:
-        """True when an acquire could hand out something: redeliveries or window room."""
-        return self.has_available() or self._speo - self._spso < self.max_record_locks
+        """True when an acquire could hand out something: redeliveries or window room (and the
+        share-partition is not paused)."""
+        return not self.paused and (self.has_available() or self._speo - self._spso < self.max_record_locks)
 
     def next_deadline(self) -> int | None:
         """When the state next changes by itself (clock ms): the earliest lock deadline of an

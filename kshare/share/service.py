@@ -21,6 +21,7 @@ from .authorization import ShareAuthorizer
 from .config import BrokerLimits, GroupConfig, parse_duration_ms
 from .coordinator import GroupCoordinator, ShareGroup
 from .dead_letter_writer import DeadLetterWriter
+from .drain import drain
 from .errors import ErrorCode
 from .handlers import HANDLERS
 from .instance_group import InstanceGroup
@@ -91,6 +92,7 @@ class ShareGroupService(InstanceGroupMember):
         self.peers: PeerClient | None = None
         self._remote_configs: dict[str, float] = {}  # group id -> when its configs were last asked
         self._asking_configs: dict[str, asyncio.Task] = {}  # group id -> the question in flight
+        self.draining = False  # stopping: nothing is handed out any more (drain)
         self._topic_watch = TopicWatch()  # topics seen changed, looked up before the next refresh
         self._topics_wakeup = asyncio.Event()
         self._started_topics: set[tuple[str, str]] = set()  # (group, topic) whose first initialisation was logged
@@ -193,6 +195,14 @@ class ShareGroupService(InstanceGroupMember):
             except TimeoutError:
                 pass
         return self.loaded
+
+    async def drain(self, timeout_s: float) -> int:
+        """Before a stop: hand nothing out any more and let the share consumers acknowledge what
+        they hold, for up to ``timeout_s`` (kshare.share.drain). Returns the records still held."""
+        if not self.loaded:
+            return 0
+        self.draining = True
+        return await drain(self.partitions, timeout_s)
 
     async def stop(self) -> None:
         for task in [*self._tasks, *self._priming]:
@@ -355,6 +365,7 @@ class ShareGroupService(InstanceGroupMember):
                     key.partition, start, cfg.auto_offset_reset,
                     "; the topic's other new share-partitions of the group are logged at DEBUG" if first else "")
         sp.engine = SharePartition.from_snapshot(durable, clock=self.clock, **_engine_settings(cfg))
+        sp.engine.paused = self.draining
         sp.broken = False
         sp.watch_locks()  # records waiting out a redelivery backoff come back when it ends
         return ErrorCode.NONE, sp.engine
