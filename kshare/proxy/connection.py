@@ -50,6 +50,10 @@ _HOLDS_RECHECK_S = 0.1  # see ClientConnection._check_holds
 _REJECT_ANSWER_TIMEOUT = 30.0  # how long a rejected connection waits for the answers it is owed
 BROKER_NOT_AVAILABLE = ErrorCode.BROKER_NOT_AVAILABLE.value
 _UNANSWERED_QUIET_S = 1.0  # see ClientConnection.can_reattach
+# A new client connection's own broker gets this long to accept before another broker stands in
+# (when there is another): a TCP connect on a network takes milliseconds, a TLS handshake to a
+# loaded broker a few hundred; a host that is down never answers.
+FIRST_CANDIDATE_TIMEOUT_S = 3.0
 # The slot a locally served request's handler answers: set in the handler's own task (its context
 # is a copy), so ``send_ahead`` knows which response it begins.
 _SERVING: ContextVar[Slot | None] = ContextVar("kshare_serving", default=None)
@@ -119,9 +123,14 @@ class ClientConnection(asyncio.BufferedProtocol):
     async def _connect_upstream(self) -> None:
         candidates = self.proxy.brokers.upstream_candidates(self.node_id)
         last: Exception | None = None
-        for host, port in candidates:
+        timeout = self.proxy.config.upstream_connect_timeout
+        for i, (host, port) in enumerate(candidates):
             try:
-                upstream = await self._open_upstream(host, port, self.proxy.config.upstream_connect_timeout)
+                # A broker whose host is down drops connection attempts instead of refusing them:
+                # while another broker could answer, do not keep the client waiting the whole
+                # connect timeout (a stand-in serves it until its broker answers again).
+                wait = timeout if i == len(candidates) - 1 else min(timeout, FIRST_CANDIDATE_TIMEOUT_S)
+                upstream = await self._open_upstream(host, port, wait)
             except (TimeoutError, OSError) as exc:
                 last = exc
                 continue

@@ -138,7 +138,7 @@ class BrokerMap:
         self.standing_in.setdefault(node, set()).add(conn)
         task = self._homing.get(node)
         if task is None or task.done():
-            self._went(node, "refused a connection (restarting or failed)")
+            self._went(node, "refused or did not accept a connection (restarting or failed)")
             self._homing[node] = asyncio.get_running_loop().create_task(self._await_home(node))
 
     @property
