@@ -32,15 +32,16 @@ from ..format import fmt_num
 from ..procs import cpu_seconds, load
 from .common import UPSTREAM, results, scenario
 from .instance_group import Upstream, bootstrap_of, leaders, log, start_service, upstream_of
+from .scale_out_state import StateRun, state_part, state_table
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
 
 SIZES = (
     {"records": 500_000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [0, 1, 2, 3],
-     "state_partitions": 10},
-    {"records": 200_000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [0, 1, 2, 3],
-     "state_partitions": 10},
+     "state_partitions": 10, "state_writers": 16, "state_seconds": 8.0},
+    {"records": 200_000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [0, 1],
+     "state_partitions": 10, "state_writers": 16, "state_seconds": 4.0},
 )
 
 
@@ -247,11 +248,16 @@ def throughput_tables(runs: list[ThroughputRun], counts: list[int]) -> tuple[str
 
 
 def run(env: Env, progress: Progress, *, records: int, value_size: int, partitions: int, consumers: int,
-        proxies: list[int], state_partitions: int, repeats: int) -> dict[str, Any]:
+        proxies: list[int], state_partitions: int, state_writers: int, state_seconds: float,
+        repeats: int) -> dict[str, Any]:
     k3 = upstream_of(env)
-    progress.begin("scale_out", 1)
+    progress.begin("scale_out", 2)
     tput = throughput_part(k3, records, value_size, partitions, consumers, repeats, state_partitions, proxies)
     progress.step(f"{len(tput)} runs")
+    # the state writes alone: the cost of an instance group's fencing, with a resolution the short
+    # consumption runs above do not have (scale_out_state)
+    state = state_part(k3.bootstrap, k3.pid, state_writers, state_seconds, repeats, state_partitions, log=log.info)
+    progress.step(f"{len(state)} state-write runs")
     progress.end()
     _, med = throughput_tables(tput, proxies)
     base = med.get(1) or med[proxies[0]]
@@ -260,10 +266,12 @@ def run(env: Env, progress: Progress, *, records: int, value_size: int, partitio
     return results(
         {"records": records, "value_size": value_size, "partitions": partitions, "consumers": consumers,
          "proxies": proxies, "state_partitions": state_partitions, "repeats": repeats,
-         "broker_cpu": k3.pid is not None},
+         "broker_cpu": k3.pid is not None, "state_writers": state_writers, "state_seconds": state_seconds},
         rows,
         runs=[asdict(r) for r in tput],
         medians={str(n): m for n, m in med.items()},
+        state_runs=[asdict(r) for r in state],
+        state_medians=state_table(state)[1],
     )
 
 
@@ -276,7 +284,18 @@ def section(res: dict[str, Any]) -> list[str]:
             "acknowledgement) bootstrapped from all proxies, a fresh group and service per run, "
             f"{cfg.get('state_partitions')} state partitions; configurations alternated over {cfg.get('repeats')} "
             "round(s), medians. The proxies, the broker and the consumers share the machine's cores.", "",
-            *text.split("\n"), ""]
+            *text.split("\n"), "", *_state_section(res)]
+
+
+def _state_section(res: dict[str, Any]) -> list[str]:
+    runs = [StateRun(**r) for r in res.get("state_runs", [])]
+    if not runs:
+        return []
+    cfg = res.get("config", {})
+    return [f"State writes alone (the cost of fencing): {cfg.get('state_writers')} concurrent writers, each "
+            f"writing one ShareUpdate after the other to its own share-partition for {cfg.get('state_seconds')} s, "
+            f"through the state store on {cfg.get('state_partitions')} state partitions with and without an "
+            "instance group's claims, alternated, medians.", "", *state_table(runs)[0].split("\n"), ""]
 
 
 def plot(plt: Any, res: dict[str, Any]) -> Any:
