@@ -280,3 +280,66 @@ def test_replay_keeps_out_what_the_broker_did_not_fence(kafka39: KafkaBroker) ->
             await c.close()
 
     asyncio.run(main())
+
+
+def test_claims_are_renewed_on_time_and_after_a_failed_write(kafka39: KafkaBroker) -> None:
+    """An idle owner renews its claims (a new epoch and a claim record, so neither the coordinator
+    nor the leader forgets them), at the interval derived from the brokers' expiration configs
+    (read with DescribeConfigs: a per-broker producer.id.expiration.ms of 2 days makes it 12 h)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    from kshare.share.state.codec import partition_for
+    from kshare.share.state.topic_store import TopicStateStore
+    from kshare.share.states import ShareSnapshot, ShareUpdate
+    from kshare.share.store import SharePartitionKey
+
+    topic = f"state-{uuid.uuid4().hex[:8]}"
+    key = SharePartitionKey("g", uuid.uuid4().bytes, 0)
+    p = partition_for(key, 2)
+
+    async def main() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka39.bootstrap)
+        await admin.start()
+        node = str((await admin.describe_cluster())["brokers"][0]["node_id"])
+        broker = ConfigResource(ConfigResourceType.BROKER, node, configs={"producer.id.expiration.ms": "172800000"})
+        await admin.alter_configs([broker])
+        s = TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2, transactional_prefix=f"kshare-test.{topic}.",
+                            write_timeout_s=20)
+        try:
+            await s.start()
+            assert s.claim_renewal_s == 12 * 3600
+        finally:
+            await admin.alter_configs([ConfigResource(ConfigResourceType.BROKER, node, configs={
+                "producer.id.expiration.ms": "86400000"})])
+            await admin.close()
+        try:
+            await s.claim([p])
+            c = s._writers[p]
+            await s.write([(key, ShareSnapshot(5, ()))])
+            epoch, offset = c.producer_epoch, c.claim_offset
+            s.claim_renewal_s = 0.4
+            deadline = time.monotonic() + 10
+            while c.producer_epoch == epoch and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert c.producer_epoch > epoch and c.claim_offset > offset and not c.fenced
+            s.claim_renewal_s = 3600.0
+            await s.write([(key, ShareUpdate(6, ()))])
+            # a failed batch breaks the sequence: the claim is renewed before the next write
+            c.needs_renewal = True
+            epoch = c.producer_epoch
+            await s.write([(key, ShareUpdate(7, ()))])
+            assert c.producer_epoch == epoch + 1 and not c.needs_renewal
+        finally:
+            await s.close()
+        again = TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2,
+                                transactional_prefix=f"kshare-test.{topic}.", write_timeout_s=20)
+        await again.start()
+        try:
+            await again.claim([p])
+            assert again.share_partition(key) == ShareSnapshot(7, ())
+            assert again.load_stats.claims >= 4 and again.load_stats.skipped == 0
+        finally:
+            await again.close()
+
+    asyncio.run(main())

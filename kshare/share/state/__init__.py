@@ -33,7 +33,8 @@ shell over the parts below)
   epoch, group records, tombstones. Records it cannot decode are skipped, one logged error each.
 
 An instance group's store (several proxies as one service) writes only the partitions it claimed,
-each in transactions of a fenced transactional producer (:mod:`.fence`). The record format is
+each with the producer id and epoch of its claim, which fenced the previous owner (:mod:`.fence`,
+:mod:`.claims`, :mod:`.claimed`). The record format is
 :mod:`.codec`; the topic's creation and checks :mod:`.topic_admin`.
 
 Failure semantics: a write returns only after the cluster acknowledged every record of the call

@@ -49,7 +49,8 @@ class ClaimedPartitions:
             await asyncio.gather(*(c.stop() for c in claims.values()), return_exceptions=True)
             raise
         for key, e in self.memory.entries.items():
-            if e.partition in claims and partition_for(key, self.partitions) != e.partition:
+            # (leading by topic, the state is wherever its leader put it: memory.home is set)
+            if e.partition in claims and self.memory.home is None and partition_for(key, self.partitions) != e.partition:
                 log.error("state topic %s: %s is in partition %d, the instance group looks for it in %d "
                           "(written by an older kshare): it will be served without that state",
                           self.topic, key, e.partition, partition_for(key, self.partitions))
@@ -95,7 +96,7 @@ class ClaimedPartitions:
         """Claims due for renewal are renewed in an exclusive round: a flush starts one when no
         write does."""
         while not self._closing:
-            await asyncio.sleep(max(0.05, min(60.0, self.claim_renewal_s / 4)))
+            await asyncio.sleep(max(0.05, min(1.0, self.claim_renewal_s / 4)))  # a cheap check
             if any(c.renewal_due(self.claim_renewal_s) for c in self._writers.values()) and not self._closing:
                 with contextlib.suppress(StateStoreError):
                     self._enqueue([]).add_done_callback(retrieve)

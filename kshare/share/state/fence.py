@@ -48,13 +48,18 @@ class Fenced(Exception):
     """Another proxy owns this state partition now; nothing of the write was committed."""
 
 
+# -- aiokafka's transactional producer: kshare wrote state through one per claimed partition before
+# claim records (issue 42); nothing in kshare starts one now. Kept while the service still installs
+# the hook below at start (kshare/share/service.py); to be removed with that call.
+
+
 def expect_fencing(loop: asyncio.AbstractEventLoop) -> None:
     """Keep an expected fencing out of the error log.
 
     When another proxy fences this one, aiokafka's sender fails its pending transaction requests
     with ProducerFenced in tasks of its own that nobody awaits any more; asyncio then reports each
     as "Future exception was never retrieved" at ERROR with a traceback. The fencing itself is
-    handled and logged once per partition (``PartitionWriter.write``, the service): those reports
+    handled and logged once per partition (the service): those reports
     go to DEBUG, everything else to the loop's previous handler.
     """
     from aiokafka.errors import ProducerFenced
@@ -93,6 +98,7 @@ def quiet_sender_stops() -> None:
         sender_log.addFilter(_SENDER_FILTER)
 
 
+# -- claims ------------------------------------------------------------------------------------
 
 FENCING_CODES = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED})
 # the coordinator is moving, loading, or aborting the previous owner's transaction: ask again
@@ -156,8 +162,10 @@ async def _init_once(bootstrap: Sequence[str], transactional_id: str, timeout_s:
         Req = messages.message_class("InitProducerIdRequest")
         pid, epoch = expected if expected is not None else (-1, -1)
         version = conn.best_version(INIT_PRODUCER_ID, lo=0, hi=4)
-        if version < 3:
-            pid, epoch = -1, -1  # before KIP-360: a renewal is a claim
+        if version < 3 and expected is not None:
+            # before KIP-360 (Kafka 2.5) a renewal would be a claim, which would fence a new owner
+            raise StateProduceError("the cluster cannot renew a claim without fencing its new owner "
+                                    "(InitProducerId v3, Kafka 2.5, needed)")
         resp = await conn.request(INIT_PRODUCER_ID, version, Req(
             transactional_id=transactional_id, transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             producer_id=pid, producer_epoch=epoch))

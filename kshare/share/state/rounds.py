@@ -11,8 +11,8 @@ unacknowledged state.
 
 A write whose ``refs`` are ``None`` (a flush, a group deletion: what it touches is known only once
 it is encoded) goes after everything queued before it has been settled, alone, together with
-everything queued after it. And when the store asks for it (an instance group's transactional
-writes, a producer being replaced), every round runs alone.
+everything queued after it. And when the store asks for it (an instance group's claims to renew,
+a producer being replaced), every round runs alone.
 
 Nothing here does I/O or knows what a write contains: the store encodes, sends and settles the
 rounds it is given, and tells the scheduler when each one is settled. Time enters only through the
