@@ -125,8 +125,13 @@ class FairShare:
     def count(self, member_id: str, now_ms: int, idle_ms: int, assigned: Iterable[str] = (),
               held_of: Callable[[str], int] | None = None) -> int:
         """How many members share the partition, as ``share`` counts them (at least 1)."""
+        return max(1, len(self.sharing(member_id, now_ms, idle_ms, assigned, held_of)))
+
+    def sharing(self, member_id: str, now_ms: int, idle_ms: int, assigned: Iterable[str] = (),
+                held_of: Callable[[str], int] | None = None) -> list[str]:
+        """The members sharing the partition, as ``share`` counts them."""
         members, expected = self._competing(member_id, now_ms, idle_ms, assigned, held_of)
-        return max(1, len(members) + len(expected))
+        return [*members, *expected]
 
     def cap(self, member_id: str, held: int, budget: int, now_ms: int, idle_ms: int,
             assigned: Iterable[str] = (), available: int | None = None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from kshare.share.ranges import StateRange, index_of, isolate, merge_between
@@ -30,6 +30,9 @@ _ACQUIRED = RecordState.ACQUIRED
 # deadline, as a redelivery backoff that ends when its key's turn comes, not at a time.
 WAITS_FOR_KEY = 1 << 62
 _NO_KEY = -1  # record_keys.NULL_KEY: a record without a key
+# ``key_read_end`` looks at the head of every key: with more keys than this it does not (free heads
+# are dense then, so the walk it would spare stops early anyway)
+_KEYS_LOOKED_AT = 256
 
 
 class RecordKeys(Protocol):
@@ -53,7 +56,7 @@ def add_piece(pieces: list[list[int]], first: int, last: int, count: int) -> Non
 
 class KeyOrder:
     """The key bookkeeping of a share-partition engine. Uses the engine's window (``_ranges``,
-    ``_spso``, ``_speo``, ``_limit``, ``_now``, ``_available_from``, ``max_record_locks``) and
+    ``_spso``, ``_speo``, ``_limit``, ``_now``, ``_available_from``, ``max_record_locks``, ``_held``) and
     its primitives (``_acquire_span``, ``_append``, ``_touch``)."""
 
     _ranges: list[StateRange]
@@ -61,6 +64,9 @@ class KeyOrder:
     _speo: int
     _limit: int
     _now: int
+    _held: dict[str, int]
+    _clock: Callable[[], int]
+    _locks: list[tuple[int, int, int]]
     _available_from: int
     max_record_locks: int
 
@@ -82,6 +88,9 @@ class KeyOrder:
         self._finished_by: dict[str, set[int]] = {}
         self._preferred: set[int] = set()  # heads the acquire under way takes first (its member's keys)
         self._preferred_to = -1  # the last of them
+        # the last offset learnt without a key (or in a batch whose keys were not read): what an
+        # acquire may take that needs no key budget lies at or before it (``key_read_end``)
+        self._last_keyless = -1
 
     def _forget_keys(self, keyed_to: int) -> None:
         """Forget every key learnt: they are learnt again from ``keyed_to`` on."""
@@ -89,6 +98,7 @@ class KeyOrder:
         self._key_queue.clear()
         self._forget_finishers()
         self._keyed_to = keyed_to
+        self._last_keyless = -1
 
     @property
     def key_ordered(self) -> bool:
@@ -120,6 +130,23 @@ class KeyOrder:
         """Keys with an unfinished record learnt (key-ordered groups; 0 otherwise)."""
         return len(self._key_queue)
 
+    def key_budget(self, member_id: str, members: Collection[str]) -> int:
+        """How many keys ``member_id`` may take now (``acquire``'s max_keys), ``members`` sharing the
+        partition (``member_id`` among them or not).
+
+        At most one record of a key is out at a time, so the keys with records waiting or out are
+        divided among the members: each gets keys // members of them, and keys % members of the
+        members one more -- a member may hold that one more while fewer others than that hold more
+        than the base. Less the keys it holds. (A plain ceil(keys / members) each lets the first
+        members to ask take every key: 20 keys and 8 members, seven take 3, 3, 3, 3, 3, 3, 2 and
+        the eighth none, for good, as each finished key goes back to its finisher.) Keys held are
+        counted as the records held: a keyless record, rare in a key-ordered group, counts as one."""
+        n = max(1, len(members) + (member_id not in members))
+        base, extra = divmod(len(self._key_queue), n)
+        held = self._held
+        above = sum(1 for m in members if m != member_id and held.get(m, 0) > base)
+        return max(0, base + (above < extra) - held.get(member_id, 0))
+
 
     def _begin_keyed_acquire(self, member_id: str, fetched_batches: Sequence[FetchedBatch],
                              record_keys: Sequence[RecordKeys | None] | None, fetch_offset: int | None,
@@ -135,6 +162,61 @@ class KeyOrder:
             # (a budget for every key takes every free head: nothing to prefer)
             self._choose_preferred(member_id, max_keys, fetched_batches[-1][1])
             self._keys_left -= len(self._preferred)
+
+    def key_read_end(self, member_id: str, max_keys: int, log_end: int | None) -> int | None:
+        """Key-ordered groups: the last offset an acquire of ``member_id`` under ``max_keys`` may
+        take (or archive) anything at now, so the fetch need not read past it (-1: nothing at
+        all); None when that is not known. ``log_end``: the partition's high watermark, if known.
+
+        In the steady state every key is out but the ones the asking member just finished, so its
+        acquire takes back its own keys' next records and then walks the rest of the window (up to
+        ``max_record_locks`` offsets: every batch read from the cache and decided on) for nothing
+        more. ``_acquire_keyed`` takes the member's preferred heads (affinity) and the first free
+        heads of other keys within its budget, and stops at the next free head past them; with no
+        such head it goes on to the end, taking only what needs no budget (records without a key,
+        heads at the delivery limit, archived), and keys past ``keys_known_to`` are not known. The
+        property tests check that an acquire reading up to here takes what one reading on does."""
+        queues = self._key_queue
+        if not self._key_ordered or len(queues) > _KEYS_LOOKED_AT:
+            return None
+        now, limit = self._clock(), self._limit
+        if self._locks and self._locks[0][0] <= now:
+            return None  # locks run out first, freeing keys (``acquire`` expires them)
+        speo = self._speo
+        ranges = self._ranges
+        # (a budget for every key prefers none: ``_begin_keyed_acquire``)
+        mine = self._finished_by.get(member_id, ()) if max_keys < len(queues) else ()
+        preferred: list[int] = []
+        others: list[int] = []
+        end = -1  # what it takes that needs no budget
+        for k in queues:
+            h = self._head(k)
+            if h is None:
+                continue
+            if h < speo:
+                r = ranges[index_of(ranges, h)]
+                if r.state != _AVAILABLE or r.deadline > now:
+                    continue  # out, or in its backoff
+                if r.count >= limit:
+                    end = max(end, h)  # archived where the walk meets it
+                    continue
+            (preferred if k in mine else others).append(h)
+        preferred.sort()
+        others += preferred[max_keys:]  # beyond its budget its own keys are like any other's
+        preferred = preferred[:max_keys]
+        preferred_to = preferred[-1] if preferred else -1
+        others.sort()
+        left = max_keys - len(preferred)
+        # the budget left after the preferred heads goes to the first other free heads; the walk
+        # stops at the next one at or past the last preferred head, everything before it known
+        for h in others[left:]:
+            if h >= preferred_to:
+                return h - 1
+        if log_end is None or max(self._keyed_to, self._spso) < log_end:
+            return None  # it would go on into records whose keys are not known yet
+        if self._last_keyless >= self._spso:
+            end = max(end, self._last_keyless)
+        return max(end, preferred_to, *others[:left])
 
     def _forget_member_keys(self, member_id: str) -> None:
         """The member left: the keys it finished last are nobody's any more."""
@@ -166,12 +248,19 @@ class KeyOrder:
             if batch[0] > cursor and not known:
                 break
             known = True
-            if keys is not None:
+            if keys is None:
+                self._last_keyless = last
+            else:
                 offsets = keys.offsets
                 ids = keys.keys
-                for j in range(bisect_left(offsets, cursor), len(offsets)):
+                j0 = bisect_left(offsets, cursor)
+                if len(offsets) - j0 < last - max(cursor, batch[0]) + 1:
+                    self._last_keyless = last  # offsets without a record (compacted) are taken as keyless
+                for j in range(j0, len(offsets)):
                     k = ids[j]
-                    if k != _NO_KEY:
+                    if k == _NO_KEY:
+                        self._last_keyless = offsets[j]
+                    else:
                         o = offsets[j]
                         if o < speo:  # in the window (relearning after a restart): finished ones not
                             while ranges[i].last < o:

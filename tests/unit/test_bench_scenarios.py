@@ -138,11 +138,13 @@ SYNTHETIC = {
         "targets": [],
     },
     "key_order": {
-        "config": {"records": 1000, "keys": 20, "work_ms": 2.0, "busy_records": 500, "max_work_ms": 4.0,
-                   "consumers": 8, "repeats": 1},
-        "rows": [{"ordering": "none", "records_per_s": 3000.0, "busy": 6.5, "busy_records_per_s": 3000.0},
-                 {"ordering": "key", "records_per_s": 2400.0, "busy": 5.0, "busy_records_per_s": 2500.0}],
-        "key_vs_none": 0.8,
+        "config": {"records": 1000, "keys": 20, "many_keys": 200, "work_ms": 2.0, "busy_records": 500,
+                   "max_work_ms": 4.0, "consumers": 8, "repeats": 1, "kill_at": 1 / 3, "load": ["1.00 1.00 1.00"]},
+        "rows": [{"keys": 20, "none": 3000.0, "key": 2400.0, "key_vs_none": 0.8, "key_vs_none_per_repeat": 0.8},
+                 {"keys": 200, "none": 3000.0, "key": 2700.0, "key_vs_none": 0.9, "key_vs_none_per_repeat": 0.9}],
+        "busy": [{"case": c, **{f"{k}_{o}": v for o in ("none", "key") for k, v in (
+            ("busy", 5.0), ("records_per_s", 2500.0), ("useful_busy", 4.5), ("processed_again", 10.0),
+            ("down_s", 0.5), ("stalled_s", 0.75), ("first_after_s", 0.25))}} for c in ("steady", "killed")],
         "targets": [],
     },
     "balance": {
@@ -200,7 +202,7 @@ def test_section_of_a_figures_scenario(name: str, tmp_path: Path) -> None:
     expected = {
         "durability": "| ShareAcknowledge of 1 record, 1 member | 100 | 3.00 | 9.00 | 3.50 | 2.00 | 2.0x | 40% / 20% |",
         "state_store": "| whole batches accepted | 1 | 2,000 | 2,000 (100 / 1,900) | 150.5 | 300.2 | 150 | 2,000 | 1.5 |",
-        "key_order": "| key-ordered | 2,400 | 5.00 | 2,500 |",
+        "key_order": "| killed | key-ordered | 5.00 (4.50) | 2,500 | 10 | 0.50 | 0.75 |",
         "balance": "| 24 on 1, 2,400, 5 ms | 500 | 0.50 (12/24 busy) | 0.70 (24/24 busy) |",
         "security": "| pass-through produce | 200,000 (204.8) | 150,000 (153.6) | 0.75 |",
         "scale_out": "| 2 proxy(ies) | 1 |",

@@ -12,7 +12,8 @@ record keys of the log (never from the engine's own bookkeeping):
   record waits for nothing, which would strand it);
 * an acquire under a key budget takes at most that many keyed records, and first the next
   records of the keys its member finished last (affinity), against a reference model of who
-  finished which key;
+  finished which key; and reading only up to ``key_read_end`` it takes the same;
+* (apart) the members' budgets (``key_budget``) divide the keys evenly and leave no member without;
 * the durable writes replay to the engine's snapshot;
 
 and at the end that draining with one member finishes every record (nothing is lost or stuck).
@@ -20,9 +21,12 @@ and at the end that draining with one member finishes every record (nothing is l
 
 from __future__ import annotations
 
+import copy
+import os
 from array import array
 from dataclasses import dataclass
 
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -149,10 +153,26 @@ class KeyOrderMachine(RuleBasedStateMachine):
                     and r.delivery_count < self.config["delivery_count_limit"]
                     and fetched and offset <= h <= fetched[-1].last_offset):
                 mine.append(h)
+        # what a fetch reading only up to key_read_end (the keys known now) would take
+        end = self.sp.key_read_end(member, max_keys, self.log.end) if max_keys is not None else None
+        cut = None
+        if end is not None:
+            twin = copy.deepcopy(self.sp)
+            twin._clock = self.clock
+            upto = [i for i, b in enumerate(fetched) if b.base_offset <= end]
+            if upto:
+                n = upto[-1] + 1
+                r = twin.acquire(member, fetched[:n], max_records, int(record_limit), fetch_offset=offset,
+                                 record_keys=keys[:n], max_keys=max_keys)
+                cut = [o for a in r.records for o in range(a.first_offset, a.last_offset + 1)]
+            else:
+                cut = []
         result = self.sp.acquire(member, fetched, max_records, int(record_limit), fetch_offset=offset,
                                  record_keys=keys, max_keys=max_keys)
         self._record(result.update)
         got = [o for a in result.records for o in range(a.first_offset, a.last_offset + 1)]
+        if cut is not None:
+            assert cut == got, f"reading up to key_read_end {end} took {cut}, reading all {got}"
         if max_keys is not None:
             assert sum(1 for o in got if o in self.log.key_of) <= max_keys
             span = sum(b.last_offset - b.base_offset + 1 for b in fetched)
@@ -316,3 +336,46 @@ def test_the_keys_a_member_finished_stay_with_it_within_its_budget():
     assert _taken(sp.acquire("b", batch, 50, fetch_offset=sp.next_fetch_offset(), max_keys=1)) == [8]
     # without a budget a member takes every free head, in offset order
     assert _taken(sp.acquire("c", batch, 50, fetch_offset=sp.next_fetch_offset())) == [9, 10, 11]
+
+
+@given(n_keys=st.integers(1, 12), n_members=st.integers(1, 5),
+       steps=st.lists(st.tuples(st.integers(0, 4), st.floats(0, 1)), min_size=1, max_size=25))
+@settings(max_examples=int(os.environ.get("KSHARE_PROPERTY_EXAMPLES", "150")), deadline=None)
+def test_key_budgets_divide_the_keys_evenly_and_leave_no_member_without(n_keys: int, n_members: int,
+                                                                        steps: list[tuple[int, float]]) -> None:
+    """Members taking ``key_budget`` keys each, in any order, acknowledging any part of what they
+    hold between their fetches: with K keys and M members, none holds more than K // M + 1, and
+    at most K % M of them more than K // M (the plain ceil(K / M) each let the first members take
+    every key, 20 keys on 8 members leaving one with none); and a member asking gets exactly its
+    budget when that many keys are free (every key has records enough to stay in play, so the
+    number of keys does not change)."""
+    members = [f"m{i}" for i in range(n_members)]
+    per_key = 30  # > the steps: each step finishes at most one record of a key
+    n = n_keys * per_key
+    keys = Keys(array("q", range(n)), array("q", [o % n_keys for o in range(n)]))
+    batch = [FetchedBatch(0, n - 1)]
+    sp = SharePartition(0, key_ordered=True, max_record_locks=n)
+    sp.learn_keys(batch, [keys], 0)
+    base, extra = divmod(n_keys, n_members)
+    for who, part in steps:
+        member = members[who % n_members]
+        held = _acquired(sp, member)
+        done = held[:round(part * len(held))]
+        if done:
+            sp.acknowledge(member, [(o, o, int(AcknowledgeType.ACCEPT)) for o in done])
+        assert sp.ordered_key_count() == n_keys
+        budget = sp.key_budget(member, members)
+        before = len(_acquired(sp, member))
+        free = n_keys - sum(len(_acquired(sp, m)) for m in members)
+        sp.acquire(member, batch, n, fetch_offset=sp.next_fetch_offset(), max_keys=budget)
+        holding = {m: len(_acquired(sp, m)) for m in members}
+        assert holding[member] == before + min(budget, free), (budget, free, holding)
+        assert max(holding.values()) <= base + (extra > 0), holding
+        assert sum(1 for h in holding.values() if h > base) <= extra, holding
+        if before < base:
+            assert holding[member] >= min(base, before + free)
+
+
+def _acquired(sp: SharePartition, member: str) -> list[int]:
+    return [o for r in sp.in_flight() if r.state == RecordState.ACQUIRED and r.member_id == member
+            for o in range(r.first_offset, r.last_offset + 1)]

@@ -1,26 +1,26 @@
 """The ``key_order`` scenario of ``kshare bench`` (run only when named): what key-ordered sharing
-(``kshare.share.ordering=key``) costs end to end, through the bench's kshare proxy in front of the fronted
-cluster (the engine alone: the ``engine`` scenario).
+(``kshare.share.ordering=key``) costs end to end, through kshare proxies in front of the fronted cluster
+(the engine alone: the ``engine`` scenario). Every figure is key-ordered beside unordered, measured in the
+same run, alternated over the repeats (medians).
 
-1. Throughput: one partition of ``records`` records with ``keys`` keys (100-byte values, 10 records per
-   producer batch), 8 confluent ShareConsumers each "processing" every record for ``work_ms``; the group
-   unordered and key-ordered, alternated over the repeats. Records/s and key-ordered / unordered
-   (medians).
-2. Consumers busy: 8 explicit-mode consumers on one key-ordered (and one unordered) partition, each record
-   taking 0-``max_work_ms`` ms (seeded): how many of the 8 are busy on average (time spent processing /
-   wall time), and records/s. Key order is checked: no record of a key is processed while an earlier
-   one of that key is, nor before it.
+1. Throughput: one partition of ``records`` records with ``keys`` keys, then ``many_keys`` keys (100-byte
+   values, 10 records per producer batch), 8 confluent ShareConsumers each "processing" every record for
+   ``work_ms``: records/s and key-ordered / unordered.
+2. Consumers busy: 8 explicit-mode consumers on one partition of ``busy_records`` records with ``keys``
+   keys, each record taking 0-``max_work_ms`` ms (seeded): how many of the 8 are busy on average, and
+   records/s; once steady (the bench's proxy), once with a proxy of its own SIGKILLed when a third of the
+   records are processed and started again at once (same port, same state topic). Busy = the time spent
+   processing (records processed again after the kill included) / the wall time from the moment the
+   consumers, joined, are told to go to the end of the last record's processing. Key order is checked:
+   no record of a key is processed while an earlier one of that key is, nor before it.
 
 Ratios are what to read: the machine is shared and absolute figures move by +-30 %.
-
-(Was ``benchmarks/bench_key_order.py`` end to end; its ``--baseline-src`` -- an older kshare beside this
-one -- is two runs of ``kshare bench --only key_order``, one in each tree; its ``--kill`` -- the proxy
-SIGKILLed midway -- is tests/integration's.)
 """
 
 from __future__ import annotations
 
 import random
+import signal
 import threading
 import time
 import uuid
@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import clients
 from ..format import fmt_num, fmt_ratio, table
-from .common import UPSTREAM, alternate, median, polled, scenario, work_member
+from ..procs import ProxyProcess, free_port, load
+from .common import UPSTREAM, alternate, median, polled, scenario, target, work_member
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -37,9 +38,13 @@ if TYPE_CHECKING:
 ORDERINGS = ("none", "key")
 CONSUMERS = 8
 SIZES = (
-    {"records": 4000, "keys": 20, "work_ms": 2.0, "busy_records": 2000, "max_work_ms": 4.0},
-    {"records": 1000, "keys": 20, "work_ms": 2.0, "busy_records": 500, "max_work_ms": 4.0},
+    {"records": 4000, "keys": 20, "many_keys": 200, "work_ms": 2.0, "busy_records": 2000, "max_work_ms": 4.0},
+    {"records": 1000, "keys": 20, "many_keys": 200, "work_ms": 2.0, "busy_records": 500, "max_work_ms": 4.0},
 )
+# issue 41's targets: key-ordered / unordered records/s at 2 ms of work, and consumers busy across a kill
+RATIO_TARGETS = {20: 0.6, 200: 0.8}
+BUSY_KILLED_TARGET = 3.0
+KILL_AT = 1 / 3  # of the records processed
 
 
 def _produce_keyed(bootstrap: str, topic: str, records: int, keys: int) -> None:
@@ -88,24 +93,31 @@ def _busy_member(bootstrap: str, group: str, topic: str, max_work_s: float, seed
 
 
 def _run_members(target: Callable[..., None], args: Callable[[int], tuple], results: list,
-                 enough: Callable[[], bool], what: str, timeout: float = 300.0) -> None:
+                 enough: Callable[[], bool], what: str, timeout: float = 300.0,
+                 midway: tuple[Callable[[], bool], Callable[[], None]] | None = None) -> float:
     """``CONSUMERS`` threads of ``target(*args(i), start, stop, results[i])``, started together after they
-    joined (2 s), until ``enough()``."""
+    joined (2 s), until ``enough()``; ``midway``: (when, what) -- ``what()`` once ``when()`` holds. Returns
+    when they were told to start."""
     start, stop = threading.Event(), threading.Event()
     threads = [threading.Thread(target=target, args=(*args(i), start, stop, results[i]), daemon=True)
                for i in range(CONSUMERS)]
     for t in threads:
         t.start()
     time.sleep(2)  # let them join
+    t0 = time.monotonic()
     start.set()
-    deadline = time.monotonic() + timeout
+    deadline = t0 + timeout
     while not enough() and time.monotonic() < deadline:
-        time.sleep(0.05)
+        if midway is not None and midway[0]():
+            midway[1]()
+            midway = None
+        time.sleep(0.005)
     stop.set()
     for t in threads:
         t.join(30)
     if not enough():
         raise RuntimeError(f"{what}: not every record in {timeout:.0f} s")
+    return t0
 
 
 def end_to_end(bootstrap: str, upstream: str, records: int, ordering: str, keys: int, work_ms: float) -> float:
@@ -125,65 +137,162 @@ def end_to_end(bootstrap: str, upstream: str, records: int, ordering: str, keys:
     return (len(every) - 1) / (every[-1] - every[0])
 
 
-def busy_consumers(bootstrap: str, upstream: str, records: int, ordering: str, keys: int,
-                   max_work_ms: float) -> tuple[float, float]:
-    """(consumers busy on average, records/s) of ``CONSUMERS`` explicit-mode consumers on one partition,
-    each record "processed" for 0..``max_work_ms`` ms; busy = the time spent processing / the time from the
-    first record's start to the last one's end. Checks key order when ordered."""
+class KilledProxy:
+    """A kshare proxy of the scenario's own (the bench's stays up) that ``kill`` SIGKILLs and starts again
+    at once on the same ports and state topic, as a supervisor would."""
+
+    def __init__(self, env: Env, name: str) -> None:
+        self.upstream = env.upstream()
+        self.port = free_port()
+        # fixed ports for the brokers too (the bench's proxies let the OS choose, which a restart would
+        # change: the consumers would first have to find their broker again through the bootstrap)
+        self.args = [*env.proxy_args, "--state-topic", f"__kshare_bench_kill_{uuid.uuid4().hex[:8]}",
+                     "--broker-port-base", str(free_port() - 1)]
+        self.log_path = env.options.out / f"{name}.log"
+        self.proxy = self._start()
+        self.killed_at = self.ready_at = 0.0
+
+    def _start(self) -> ProxyProcess:
+        p = ProxyProcess(self.upstream, self.args, name="kshare-killed", port=self.port, log_path=self.log_path)
+        p.start(180)
+        return p
+
+    @property
+    def bootstrap(self) -> str:
+        return self.proxy.bootstrap
+
+    def kill(self) -> None:
+        self.killed_at = time.monotonic()
+        self.proxy.stop(signal.SIGKILL)
+        self.proxy = self._start()
+        self.ready_at = time.monotonic()
+
+    def stop(self) -> None:
+        self.proxy.stop()
+
+
+def busy_consumers(bootstrap: str, upstream: str, records: int, ordering: str, keys: int, max_work_ms: float,
+                   killed: KilledProxy | None = None) -> dict[str, Any]:
+    """``CONSUMERS`` explicit-mode consumers on one partition, each record "processed" for 0..``max_work_ms``
+    ms: consumers busy on average (the time spent processing / the wall time from their start to the last
+    record's end) and records/s; with ``killed``, that proxy is SIGKILLed and started again once a third of
+    the records are processed. Checks key order when ordered."""
     topic = clients.create_topic(upstream, f"bench-keybusy-{uuid.uuid4().hex[:8]}", 1)
     group = f"bench-keybusy-{uuid.uuid4().hex[:8]}"
     done: list[tuple[bytes | None, int, float, float]] = []
+    midway = None
+    if killed is not None:
+        midway = (lambda: len(done) >= records * KILL_AT, killed.kill)
     try:
         _produce_keyed(upstream, topic, records, keys)
         clients.share_group(bootstrap, group)
         clients.set_group_configs(bootstrap, group, {"kshare.share.ordering": ordering})
-        _run_members(_busy_member, lambda i: (bootstrap, group, topic, max_work_ms / 1000, i), [done] * CONSUMERS,
-                     lambda: len({o for _, o, _, _ in done}) >= records, f"busy, ordering={ordering}")
+        t0 = _run_members(_busy_member, lambda i: (bootstrap, group, topic, max_work_ms / 1000, i),
+                          [done] * CONSUMERS, lambda: len({o for _, o, _, _ in done}) >= records,
+                          f"busy, ordering={ordering}", midway=midway)
     finally:
         clients.delete_topic(upstream, topic)
     if ordering == "key":
-        by_key: dict[bytes | None, list[tuple[float, float, int]]] = {}
-        for k, o, a, b in done:
-            by_key.setdefault(k, []).append((a, b, o))
-        for k, spans in by_key.items():
-            spans.sort()
-            for (_, b0, o0), (a1, _, o1) in zip(spans, spans[1:], strict=False):
-                if a1 < b0 or o1 < o0:
-                    raise RuntimeError(f"key {k!r}: offset {o1} processed at once with or before {o0}")
-    first = min(a for _, _, a, _ in done)
+        check_key_order(done)
     last = max(b for _, _, _, b in done)
-    return sum(b - a for _, _, a, b in done) / (last - first), len(done) / (last - first)
+    final = {o: b - a for _, o, a, b in sorted(done, key=lambda d: d[2])}  # each record's last processing
+    out = {"busy": sum(b - a for _, _, a, b in done) / (last - t0), "useful_busy": sum(final.values()) / (last - t0),
+           "records_per_s": records / (last - t0), "to_first_s": min(a for _, _, a, _ in done) - t0,
+           "processed_again": len(done) - records}
+    if killed is not None:
+        after = [a for _, _, a, _ in done if a >= killed.ready_at]
+        out["down_s"] = killed.ready_at - killed.killed_at  # SIGKILL -> the new proxy ready
+        out["stalled_s"] = stalled(done, killed.killed_at)
+        out["first_after_s"] = (min(after) - killed.ready_at) if after else float("nan")
+    return out
 
 
-def run(env: Env, progress: Progress, *, records: int, keys: int, work_ms: float, busy_records: int,
-        max_work_ms: float, repeats: int) -> dict[str, Any]:
+def check_key_order(done: list[tuple[bytes | None, int, float, float]]) -> None:
+    by_key: dict[bytes | None, list[tuple[float, float, int]]] = {}
+    for k, o, a, b in done:
+        by_key.setdefault(k, []).append((a, b, o))
+    for k, spans in by_key.items():
+        spans.sort()
+        for (_, b0, o0), (a1, _, o1) in zip(spans, spans[1:], strict=False):
+            if a1 < b0 or o1 < o0:
+                raise RuntimeError(f"key {k!r}: offset {o1} processed at once with or before {o0}")
+
+
+def stalled(done: list[tuple[bytes | None, int, float, float]], since: float) -> float:
+    """The longest time after ``since`` during which no consumer processed anything."""
+    spans = sorted((a, b) for _, _, a, b in done if b >= since)
+    longest, busy_to = 0.0, since
+    for a, b in spans:
+        longest = max(longest, a - busy_to)
+        busy_to = max(busy_to, b)
+    return longest
+
+
+def run(env: Env, progress: Progress, *, records: int, keys: int, many_keys: int, work_ms: float,
+        busy_records: int, max_work_ms: float, repeats: int) -> dict[str, Any]:
     proxy = env.proxy()
     upstream = env.upstream()
-    progress.begin("key_order", 2 * len(ORDERINGS) * repeats)
+    killed = KilledProxy(env, "kshare-key-order-killed")
+    progress.begin("key_order", 4 * len(ORDERINGS) * repeats)
     samples: list[dict[str, Any]] = []
-    for r in range(repeats):
-        for ordering in alternate(list(ORDERINGS), r):
-            rate = end_to_end(proxy.bootstrap, upstream, records, ordering, keys, work_ms)
-            samples.append({"part": "throughput", "ordering": ordering, "records_per_s": rate})
-            progress.step(f"ordering={ordering}: {rate:,.0f} rec/s")
-        for ordering in alternate(list(ORDERINGS), r + 1):
-            busy, rate = busy_consumers(proxy.bootstrap, upstream, busy_records, ordering, keys, max_work_ms)
-            samples.append({"part": "busy", "ordering": ordering, "busy": busy, "records_per_s": rate})
-            progress.step(f"busy, ordering={ordering}: {busy:.2f} of {CONSUMERS} busy")
+    loads = [load()]
+    try:
+        for r in range(repeats):
+            for n_keys in (keys, many_keys):
+                for ordering in alternate(list(ORDERINGS), r):
+                    rate = end_to_end(proxy.bootstrap, upstream, records, ordering, n_keys, work_ms)
+                    samples.append({"part": "throughput", "keys": n_keys, "ordering": ordering, "records_per_s": rate})
+                    progress.step(f"{n_keys} keys, ordering={ordering}: {rate:,.0f} rec/s")
+            for case in ("steady", "killed"):
+                for ordering in alternate(list(ORDERINGS), r + 1):
+                    s = busy_consumers(proxy.bootstrap if case == "steady" else killed.bootstrap, upstream,
+                                       busy_records, ordering, keys, max_work_ms,
+                                       killed if case == "killed" else None)
+                    samples.append({"part": "busy", "case": case, "ordering": ordering, **s})
+                    progress.step(f"busy, {case}, ordering={ordering}: {s['busy']:.2f} of {CONSUMERS} busy")
+            loads.append(load())
+    finally:
+        killed.stop()
     progress.end()
 
-    def med(part: str, ordering: str, key: str) -> float:
-        return median([s[key] for s in samples if s["part"] == part and s["ordering"] == ordering])
+    def med(key: str, **where: Any) -> float:
+        return median([s[key] for s in samples if all(s.get(k) == v for k, v in where.items())])
 
-    rows = [{"ordering": o, "records_per_s": med("throughput", o, "records_per_s"), "busy": med("busy", o, "busy"),
-             "busy_records_per_s": med("busy", o, "records_per_s")} for o in ORDERINGS]
+    throughput = []
+    for n_keys in (keys, many_keys):
+        row = {"keys": n_keys, **{o: med("records_per_s", part="throughput", keys=n_keys, ordering=o)
+                                  for o in ORDERINGS}}
+        # the median over repeats of each repeat's ratio (its two runs side by side), and the ratio of medians
+        per_repeat = [k["records_per_s"] / n["records_per_s"] for n, k in zip(
+            [s for s in samples if s["part"] == "throughput" and s["keys"] == n_keys and s["ordering"] == "none"],
+            [s for s in samples if s["part"] == "throughput" and s["keys"] == n_keys and s["ordering"] == "key"],
+            strict=True)]
+        row["key_vs_none"] = row["key"] / row["none"]
+        row["key_vs_none_per_repeat"] = median(per_repeat)
+        throughput.append(row)
+    busy = []
+    for case in ("steady", "killed"):
+        row: dict[str, Any] = {"case": case}
+        for o in ORDERINGS:
+            for k in ("busy", "useful_busy", "records_per_s", "to_first_s", "processed_again"):
+                row[f"{k}_{o}"] = med(k, part="busy", case=case, ordering=o)
+            if case == "killed":
+                for k in ("down_s", "stalled_s", "first_after_s"):
+                    row[f"{k}_{o}"] = med(k, part="busy", case=case, ordering=o)
+        busy.append(row)
+    targets = [target(f"key-ordered / unordered records/s, {n} keys, {work_ms:g} ms of work", row["key_vs_none"],
+                      RATIO_TARGETS[n], ">=") for n, row in zip((keys, many_keys), throughput, strict=True)
+               if n in RATIO_TARGETS]
+    targets.append(target(f"consumers busy (of {CONSUMERS}), key-ordered, {keys} keys, 0-{max_work_ms:g} ms, "
+                          "proxy SIGKILLed mid-run", busy[1]["busy_key"], BUSY_KILLED_TARGET, ">="))
     return {
-        "config": {"records": records, "keys": keys, "work_ms": work_ms, "busy_records": busy_records,
-                   "max_work_ms": max_work_ms, "consumers": CONSUMERS, "repeats": repeats},
-        "rows": rows,
-        "key_vs_none": rows[1]["records_per_s"] / rows[0]["records_per_s"],
+        "config": {"records": records, "keys": keys, "many_keys": many_keys, "work_ms": work_ms,
+                   "busy_records": busy_records, "max_work_ms": max_work_ms, "consumers": CONSUMERS,
+                   "repeats": repeats, "kill_at": KILL_AT, "load": loads},
+        "rows": throughput,
+        "busy": busy,
         "samples": samples,
-        "targets": [],
+        "targets": targets,
     }
 
 
@@ -191,19 +300,38 @@ def section(res: dict[str, Any]) -> list[str]:
     cfg = res.get("config", {})
     n = cfg.get("consumers", CONSUMERS)
     out = [
-        f"{n} share consumers on one partition with {cfg.get('keys', '?')} keys, through kshare; medians of "
-        f"{cfg.get('repeats', '?')} alternated repeat(s). Throughput: {fmt_num(cfg.get('records'))} records, "
-        f"{cfg.get('work_ms', '?')} ms of work each. Busy: {fmt_num(cfg.get('busy_records'))} records, "
-        f"explicit acknowledgement, 0-{cfg.get('max_work_ms', '?')} ms of work each; consumers busy = time "
-        "spent processing / wall time (key order checked).",
+        f"{n} share consumers on one partition, through kshare; medians of {cfg.get('repeats', '?')} alternated "
+        f"repeat(s), load average (1, 5, 15 min) {' -> '.join(cfg.get('load', []))}. Throughput: "
+        f"{fmt_num(cfg.get('records'))} records, {cfg.get('work_ms', '?')} ms of work each; the ratio is of the "
+        "medians (per repeat, the median of each repeat's ratio).",
         "",
     ]
     out += table(
-        ["ordering", "records/s", f"consumers busy (of {n})", "records/s (busy)"],
-        [["unordered" if r["ordering"] == "none" else "key-ordered", fmt_num(r["records_per_s"]),
-          fmt_num(r["busy"], 2), fmt_num(r["busy_records_per_s"])] for r in res.get("rows", [])],
+        ["keys", "unordered, records/s", "key-ordered, records/s", "key-ordered / unordered"],
+        [[fmt_num(r["keys"]), fmt_num(r["none"]), fmt_num(r["key"]),
+          f"{fmt_ratio(r['key_vs_none'])} ({fmt_ratio(r.get('key_vs_none_per_repeat'))})"]
+         for r in res.get("rows", [])],
     )
-    return out + ["", f"Key-ordered / unordered, records/s: {fmt_ratio(res.get('key_vs_none'))}.", ""]
+    out += [
+        "",
+        f"Consumers busy: {fmt_num(cfg.get('busy_records'))} records, {cfg.get('keys', '?')} keys, explicit "
+        f"acknowledgement, 0-{cfg.get('max_work_ms', '?')} ms of work each; busy = time spent processing / wall "
+        "time from the consumers' start to the last record's end (key order checked; in brackets counting only "
+        "each record's last processing, not the ones whose acknowledgement a kill lost). Killed: a proxy of its "
+        "own SIGKILLed after a third of the records and started again at once on the same ports; down = SIGKILL "
+        "to the new proxy ready, stalled = the longest time after the SIGKILL with nothing processed.",
+        "",
+    ]
+    rows = []
+    for r in res.get("busy", []):
+        for o in ORDERINGS:
+            rows.append([r["case"], "unordered" if o == "none" else "key-ordered",
+                         f"{fmt_num(r[f'busy_{o}'], 2)} ({fmt_num(r.get(f'useful_busy_{o}'), 2)})",
+                         fmt_num(r[f"records_per_s_{o}"]), fmt_num(r[f"processed_again_{o}"]),
+                         fmt_num(r.get(f"down_s_{o}"), 2), fmt_num(r.get(f"stalled_s_{o}"), 2)])
+    out += table(["case", "ordering", f"consumers busy (of {n}; last processings only)", "records/s",
+                  "processed again", "down, s", "stalled, s"], rows, "llrrrrr")
+    return [*out, ""]
 
 
 SCENARIO = scenario(

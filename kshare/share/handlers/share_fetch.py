@@ -322,6 +322,15 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
         # leave those batches out (with small producer batches a cached segment holds thousands).
         # Not under read_committed, where skipped aborted records may stretch far past that.
         until = None if rc else engine.end_offset + max(want, 1)
+        if until is not None and engine.key_ordered:
+            # what its key budget lets it take may end well before the window does (every other key out)
+            end = engine.key_read_end(member_id, _key_budget(sp, engine, member_id, now, cfg.record_lock_duration_ms,
+                                                             group.assigned_members(topic_id, partition)),
+                                      plog.high_watermark if plog.high_watermark >= 0 else None)
+            if end is not None:
+                if end < offset:
+                    continue  # nothing for it now (acknowledgements here wake this fetch)
+                until = min(until, end + 1)
         limit = min(max_bytes - out.record_bytes, plog.fetch_bytes)
         if out.record_count:  # (the first records of an answer may exceed the room: it makes progress)
             limit = min(limit, pool.answer_room())
@@ -400,12 +409,11 @@ def _key_budget(sp: SharePartitionState, engine: SharePartition, member_id: str,
     """Key-ordered groups: how many keys the member may take now. At most one record of a key is
     out at a time, so a member taking one record of every free key would leave the others idle,
     and each key would wait for that member's whole batch: each member gets its share of the keys
-    with records waiting or out, ceil(keys / members), less the keys it holds (so, while the others
-    hold theirs, at most its share of the free keys). Members are counted as fair acquisition
-    counts them (fetching here, not quiet, or assigned and expected). Which keys: the engine gives
-    the member the next records of the keys it just finished first (affinity, ``acquire``)."""
-    members = sp.fair.count(member_id, now, idle_ms, assigned, engine.acquired_count)
-    return max(0, -(-engine.ordered_key_count() // members) - engine.acquired_count(member_id))
+    with records waiting or out, less the keys it holds (``SharePartition.key_budget``). Members
+    are those fair acquisition counts (fetching here, not quiet, or assigned and expected). Which
+    keys: the engine gives the member the next records of the keys it just finished first
+    (affinity, ``acquire``)."""
+    return engine.key_budget(member_id, sp.fair.sharing(member_id, now, idle_ms, assigned, engine.acquired_count))
 
 
 def _ready(service: ShareGroupService, resolved: Resolved, tp: tuple[bytes, int]) -> bool:
