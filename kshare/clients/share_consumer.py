@@ -150,9 +150,10 @@ class AIOShareConsumer:
 
     ``share_acquire_mode``: ``"batch_optimized"`` (whole record batches are acquired, which may be
     more records than ``max_poll_records``: they are handed out ``max_poll_records`` at a time, and
-    the next batches are fetched while they are) or ``"record_limit"`` (never more records acquired
-    than ``max_poll_records`` per fetch, and nothing fetched ahead: a slow consumer holds no lock it
-    does not need), as Kafka's ``share.acquire.mode``.
+    the next batches are fetched while they are when that takes three calls or more) or
+    ``"record_limit"`` (never more records acquired than ``max_poll_records`` per fetch, and nothing
+    fetched ahead: a slow consumer holds no lock it does not need), as Kafka's
+    ``share.acquire.mode``.
 
     Security options as aiokafka's: ``security_protocol`` (PLAINTEXT, SSL, SASL_PLAINTEXT,
     SASL_SSL), ``ssl_context`` (a default context for SSL without one), ``sasl_mechanism`` (PLAIN,
