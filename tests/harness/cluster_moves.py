@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import subprocess
 import tempfile
 import threading
@@ -24,10 +25,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import ElectionType, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, ElectionType, KafkaException, Producer, TopicPartition
 
 from kshare.bench.brokers import _java, ensure_kafka
-from kshare.bench.scenarios.failover_analysis import failover_analysis
+from kshare.bench.scenarios.failover_analysis import failover_analysis, overlap_max
 from kshare.bench.three_nodes import ThreeNodeCluster
 from tests.harness.share import ConsumerLoop, quiet_logger
 
@@ -173,18 +174,29 @@ class MovesLoad:
         consumers: int = 3,
         process_s: float = 0.003,
         max_poll_records: int = 100,
+        producer_log: Path | None = None,
+        producer_conf: Mapping[str, Any] | None = None,
     ) -> None:
         self.bootstrap, self.topic, self.group = bootstrap, topic, group
         self.partitions, self.rate, self.size = partitions, rate, size
-        self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-                "logger": quiet_logger(),
-            }
-        )
+        conf: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "logger": quiet_logger(),
+        }
+        if producer_log is not None:
+            # librdkafka's idempotence log (producer ids, epoch bumps, drains: a few lines a
+            # leader change) to a file: what a record written twice went through
+            plog = logging.getLogger(f"kshare.tests.cluster_moves.producer.{topic}")
+            plog.propagate = False
+            plog.setLevel(logging.DEBUG)
+            plog.addHandler(logging.FileHandler(producer_log))
+            conf.update({"logger": plog, "debug": "eos"})
+        conf.update(producer_conf or {})
+        self.producer_log = producer_log
+        self.producer = Producer(conf)
         self.sent: list[float] = []  # record id -> produce() time
         self.reported: dict[int, tuple[float, int, int]] = {}  # id -> (report time, partition, offset)
         self.failed: list[str] = []
@@ -283,17 +295,24 @@ class MovesLoad:
             out += [(g.at, int(g.value[:8]), g.partition, g.offset, g.value) for g in got]
         return sorted(out)
 
-    def undelivered(self) -> set[int]:
-        return set(self.reported) - {rid for _, rid, *_ in self.deliveries()}
+    def undelivered(
+        self, log: Mapping[tuple[int, int], bytes] | None = None
+    ) -> set[int] | set[tuple[int, int]]:
+        """The records acknowledged by the cluster (by id) never delivered, or with ``log`` the
+        records of the log (by partition and offset)."""
+        if log is None:
+            return set(self.reported) - {rid for _, rid, *_ in self.deliveries()}
+        return set(log) - {(p, o) for _t, _rid, p, o, _v in self.deliveries()}
 
-    def wait_delivered(self, timeout: float) -> None:
+    def wait_delivered(self, timeout: float, log: Mapping[tuple[int, int], bytes] | None = None) -> bool:
+        """Until :meth:`undelivered` is empty (True) or ``timeout`` (False: the test's assertions
+        say what is missing)."""
         deadline = time.monotonic() + timeout
-        while missing := self.undelivered():
-            assert time.monotonic() < deadline, (
-                f"{len(missing)} of {len(self.reported)} acknowledged records never delivered "
-                f"(e.g. {sorted(missing)[:5]}); consumer errors {[lp.errors for lp in self.loops]}"
-            )
+        while self.undelivered(log):
+            if time.monotonic() > deadline:
+                return False
             time.sleep(0.5)
+        return True
 
     # faults and what they did
 
@@ -307,36 +326,108 @@ class MovesLoad:
         )
         return now
 
-    def analysis(self, t_end: float) -> dict[str, Any]:
+    def read_log(self, bootstrap: str, timeout: float = 60.0) -> dict[tuple[int, int], bytes]:
+        """(partition, offset) -> value of every record of the topic, read with a plain consumer
+        from ``bootstrap`` (the cluster itself) up to each partition's high watermark."""
+        c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"log-{time.monotonic_ns()}",
+                "enable.auto.commit": False,
+                "logger": quiet_logger(),
+            }
+        )
+        try:
+            ends = {
+                p: c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
+                for p in range(self.partitions)
+            }
+            c.assign([TopicPartition(self.topic, p, 0) for p in range(self.partitions)])
+            out: dict[tuple[int, int], bytes] = {}
+            deadline = time.monotonic() + timeout
+            while any(sum(1 for q, _o in out if q == p) < n for p, n in ends.items()):
+                assert time.monotonic() < deadline, (
+                    f"read {len(out)} of {sum(ends.values())} records of {self.topic}"
+                )
+                for m in c.consume(1000, 0.5):
+                    if m.error() is None:
+                        out[(m.partition(), m.offset())] = m.value()
+            return out
+        finally:
+            c.close()
+
+    def analysis(self, t_end: float, log: Mapping[tuple[int, int], bytes]) -> dict[str, Any]:
+        """What the run's timeline says (:func:`failover_analysis`), a record being a (partition,
+        offset) of ``log`` (:meth:`read_log`): a record the producer wrote twice (at two offsets)
+        is two records, each to be delivered once. Available: when the producer's report said the
+        cluster had it (the consumers' start, for the records before)."""
         assert self.consumers_started is not None
         for w in self.windows:
             if w["end"] is None:
                 w["end"] = t_end
-        available = {i: max(t, self.consumers_started) for i, (t, _p, _o) in self.reported.items()}
+
+        def key(p: int, o: int) -> int:
+            return p << 40 | o
+
+        available = {
+            key(p, o): max(
+                self.reported.get(int(v[:8]), (self.consumers_started,))[0], self.consumers_started
+            )
+            for (p, o), v in log.items()
+        }
         acks = [(self.sent[i], t) for i, (t, _p, _o) in self.reported.items()]
-        res = failover_analysis(
-            [(t, rid, p) for t, rid, p, _o, _v in self.deliveries()], available, self.windows, acks, t_end
-        )
+        deliveries = [(t, key(p, o), p) for t, _rid, p, o, _v in self.deliveries()]
+        res = failover_analysis(deliveries, available, self.windows, acks, t_end)
         res["longest_stall_s"] = max((b - a for a, b in res["stalls"]), default=0.0)
+        # the same for each partition alone: how long its records waited while the consumers took
+        # none of it (other partitions' records may have been delivered meanwhile)
+        per_part: dict[int, list[tuple[float, float]]] = {}
+        for p in range(self.partitions):
+            mine = {k: a for k, a in available.items() if k >> 40 == p}
+            per_part[p] = failover_analysis([d for d in deliveries if d[2] == p], mine, [], [], t_end)[
+                "stalls"
+            ]
+        for w in res["windows"]:
+            w["partition_stall_s"] = max(
+                (overlap_max(per_part[p], w["start"], w["end"]) for p in w["partitions"]), default=math.nan
+            )
+        res["partition_stall_s"] = max((b - a for st in per_part.values() for a, b in st), default=0.0)
         return res
 
-    def misplaced(self) -> list[tuple[int, tuple[int, int], tuple[int, int], bytes]]:
-        """Deliveries whose (partition, offset) is not where the producer's report put the record,
-        or whose value is not the record's: what a stale replica serving old or other data would give."""
-        out = []
-        for _t, rid, p, o, v in self.deliveries():
-            rep = self.reported.get(rid)
-            if rep is not None and ((p, o) != rep[1:] or v != self.value(rid)):
-                out.append((rid, (p, o), rep[1:], v[:16]))
-        return out
+    def not_in_log(self, log: Mapping[tuple[int, int], bytes]) -> list[tuple[int, int, bytes]]:
+        """Deliveries of a (partition, offset) the log does not hold, or holds with another value:
+        what a stale replica serving old or other data would give."""
+        return [(p, o, v[:16]) for _t, _rid, p, o, v in self.deliveries() if log.get((p, o)) != v]
+
+    def acknowledged_not_in_log(self, log: Mapping[tuple[int, int], bytes]) -> list[int]:
+        """Records the cluster acknowledged that are not where their delivery report put them."""
+        return [i for i, (_t, p, o) in self.reported.items() if log.get((p, o)) != self.value(i)]
+
+
+def epoch_bumps(producer_log: Path) -> tuple[int, int]:
+    """(requests failed for skipped sequence numbers, epoch bumps) in a producer's idempotence log
+    (librdkafka: a request behind a failed one meets OUT_OF_ORDER_SEQUENCE_NUMBER at the new leader,
+    and the producer bumps its epoch; a record of another partition whose first attempt was
+    possibly written is then written again: confluentinc/librdkafka#4953)."""
+    text = producer_log.read_text() if producer_log.exists() else ""
+    return text.count("skipped sequence numbers (PID"), text.count("bumped epoch to")
+
+
+def written_twice(log: Mapping[tuple[int, int], bytes]) -> dict[int, list[tuple[int, int]]]:
+    """Record id -> its (partition, offset)s, of the records the producer wrote more than once."""
+    where: dict[int, list[tuple[int, int]]] = {}
+    for po, v in sorted(log.items()):
+        where.setdefault(int(v[:8]), []).append(po)
+    return {i: pos for i, pos in where.items() if len(pos) > 1}
 
 
 def report(test: str, res: dict[str, Any], extra: Mapping[str, object] = ()) -> str:
     """The per-fault figures of a run, printed (``pytest -s``) and returned."""
     rows = [
-        f"[{test}] {res['records']} records acknowledged by the cluster, {res['delivered']} delivered, "
+        f"[{test}] {res['records']} records in the topic, {res['delivered']} delivered, "
         f"{res['lost']} lost, {res['deliveries']} deliveries ({res['redeliveries']} redeliveries), "
-        f"longest stall {res['longest_stall_s']:.1f} s, producer's longest gap {res['producer_longest_gap_s']:.1f} s"
+        f"longest stall {res['longest_stall_s']:.1f} s (of one partition {res['partition_stall_s']:.1f} s), "
+        f"producer's longest gap {res['producer_longest_gap_s']:.1f} s"
     ]
     rows += [f"[{test}]   {k}: {v}" for k, v in dict(extra).items()]
     for w in res["windows"]:
@@ -345,7 +436,7 @@ def report(test: str, res: dict[str, Any], extra: Mapping[str, object] = ()) -> 
             f"{w.get('first_record_s', float('nan')):.2f} s after, of its partitions "
             f"{w.get('first_record_of_its_partitions_s', float('nan')):.2f} s; "
             f"{w['deliveries']} deliveries, {w['redeliveries']} redeliveries, "
-            f"longest stall {w['longest_stall_s']:.1f} s, "
+            f"longest stall {w['longest_stall_s']:.1f} s (of its partitions {w['partition_stall_s']:.1f} s), "
             f"producer longest wait {w['producer_longest_wait_s']:.1f} s"
         )
     text = "\n".join(rows)
