@@ -392,6 +392,11 @@ class MovesLoad:
                 (overlap_max(per_part[p], w["start"], w["end"]) for p in w["partitions"]), default=math.nan
             )
         res["partition_stall_s"] = max((b - a for st in per_part.values() for a, b in st), default=0.0)
+        t0 = self.windows[0]["start"] if self.windows else self.consumers_started
+        res["partition_stalls"] = {
+            p: max(((round(b - a, 1), round(a - t0, 1)) for a, b in st), default=(0.0, None))
+            for p, st in per_part.items()
+        }
         return res
 
     def not_in_log(self, log: Mapping[tuple[int, int], bytes]) -> list[tuple[int, int, bytes]]:
@@ -430,6 +435,10 @@ def report(test: str, res: dict[str, Any], extra: Mapping[str, object] = ()) -> 
         f"producer's longest gap {res['producer_longest_gap_s']:.1f} s"
     ]
     rows += [f"[{test}]   {k}: {v}" for k, v in dict(extra).items()]
+    rows.append(
+        f"[{test}]   longest stall of each partition (seconds, from seconds after the first fault): "
+        f"{res['partition_stalls']}"
+    )
     for w in res["windows"]:
         rows.append(
             f"[{test}]   {w['name']:<28} {w['end'] - w['start']:6.1f} s: first record "
