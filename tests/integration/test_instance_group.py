@@ -224,6 +224,77 @@ def test_a_store_claims_partitions_and_fences_the_previous_owner(kafka39: KafkaB
     asyncio.run(main())
 
 
+def test_a_zombie_with_writes_in_flight_loses_nothing_it_was_told_was_written(kafka39: KafkaBroker) -> None:
+    """Owner A writes one state partition from 8 writers (many rounds in flight) while B claims it:
+    A's writes from then on are refused (A learns it was fenced), and for every share-partition B
+    replayed exactly the last write A was told succeeded; a later replay agrees with B."""
+    from kshare.share.state.codec import partition_for
+    from kshare.share.state.errors import StateWriteError
+    from kshare.share.state.topic_store import TopicStateStore
+    from kshare.share.states import ShareSnapshot
+    from kshare.share.store import SharePartitionKey
+
+    topic = f"state-{uuid.uuid4().hex[:8]}"
+    prefix = f"kshare-test.{topic}."
+    tid = uuid.uuid4().bytes
+    keys = [k for k in (SharePartitionKey("g", tid, i) for i in range(64)) if partition_for(k, 2) == 0][:8]
+    assert len(keys) == 8
+
+    def store(epoch: int) -> TopicStateStore:
+        s = TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2, transactional_prefix=prefix,
+                            write_timeout_s=20)
+        s.leader_epoch = epoch
+        return s
+
+    async def main() -> None:
+        a, b = store(1), store(2)
+        fenced: list[int] = []
+        a.on_fenced = fenced.append
+        await a.start()
+        await b.start()
+        acked: dict[SharePartitionKey, int] = {}
+        refused = 0
+        stop = asyncio.Event()
+
+        async def writer(key: SharePartitionKey) -> None:
+            nonlocal refused
+            n = 0
+            while not stop.is_set() and 0 not in a.fenced_partitions():
+                n += 1
+                try:
+                    await a.write([(key, ShareSnapshot(n, ()))])
+                    acked[key] = n
+                except StateWriteError:
+                    refused += 1
+                    await asyncio.sleep(0.01)
+
+        try:
+            await a.claim([0])
+            tasks = [asyncio.create_task(writer(k)) for k in keys]
+            await asyncio.sleep(1.0)
+            before = dict(acked)
+            await b.claim([0])  # while a writes
+            await asyncio.sleep(0.5)
+            stop.set()
+            await asyncio.gather(*tasks)
+            assert fenced == [0] and refused > 0, (fenced, refused)
+            assert all(acked[k] > before.get(k, 0) for k in keys)  # a wrote during the claim
+            assert {k: b.share_partition(k) for k in keys} == {k: ShareSnapshot(acked[k], ()) for k in keys}
+        finally:
+            await a.close()
+            await b.close()
+        c = store(3)
+        await c.start()
+        try:
+            await c.claim([0])
+            assert {k: c.share_partition(k) for k in keys} == {k: ShareSnapshot(acked[k], ()) for k in keys}
+            assert c.load_stats.fenced_out == 0
+        finally:
+            await c.close()
+
+    asyncio.run(main())
+
+
 def test_replay_keeps_out_what_the_broker_did_not_fence(kafka39: KafkaBroker) -> None:
     """Where the broker's fencing does not hold (the coordinator gave the transactional id a new
     producer id after it expired, or the leader forgot the old one), a write of the previous owner

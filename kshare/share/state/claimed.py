@@ -18,6 +18,7 @@ from .claims import renew_interval_ms
 from .codec import partition_for
 from .errors import StateNotOwned, StateStoreError, StateWriteError
 from .fence import Fenced, PartitionClaim
+from .memory import REFRESH_SHARE
 
 if TYPE_CHECKING:
     from .topic_store import TopicStateStore
@@ -63,11 +64,14 @@ class ClaimedPartitions:
         if not gone:
             return
         claims = [self._writers.pop(p) for p in gone]  # later rounds: not owned
-        async with self._round_lock:
-            in_flight = list(self.rounds.in_flight)
-            deadline = time.monotonic() + self.write_timeout_s
-            while any(r in self.rounds.in_flight for r in in_flight) and time.monotonic() < deadline:
-                await asyncio.sleep(0.005)
+        # the rounds in flight now may carry their records: settled first (not under the round
+        # lock, which an exclusive round among them needs)
+        in_flight = list(self.rounds.in_flight)
+        deadline = time.monotonic() + self.write_timeout_s
+        while any(r in self.rounds.in_flight for r in in_flight) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        async with self._round_lock:  # a renewal under way finishes
+            pass
         self.memory.forget_partitions(gone)
         await asyncio.gather(*(c.stop() for c in claims), return_exceptions=True)
 
@@ -118,6 +122,16 @@ class ClaimedPartitions:
                             c.partition, exc)
 
         await asyncio.gather(*(renew(c) for c in due))
+
+    def _writable_ops(self: TopicStateStore, ops: list[tuple]) -> list[tuple]:
+        """The refresh operations (prune.refresh_ops) of partitions this store may write now."""
+        memory = self.memory
+        out = []
+        for op in ops:
+            entry = memory.entries.get(op[1]) if op[0] == REFRESH_SHARE else memory.groups.get(op[1])
+            if entry is not None and self._writable(entry.partition) is None:
+                out.append(op)
+        return out
 
     def _writable(self: TopicStateStore, partition: int) -> Exception | None:
         """Why an instance group's store may not write this partition now (None: it may)."""

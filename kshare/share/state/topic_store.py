@@ -650,9 +650,10 @@ class TopicStateStore(ClaimedPartitions):
                 continue
             # an instance group's partition: fenced by another proxy's claim, or its sequence broken
             c = claims.get(rec.partition)
+            was_fenced = c is not None and c.fenced
             if c is not None and c.write_failed(exc):
                 rec.error = StateNotOwned(f"state partition {rec.partition} was taken over by another proxy")
-                if self.on_fenced is not None:
+                if self.on_fenced is not None and not was_fenced:  # told once per partition
                     self.on_fenced(rec.partition)
         self._settle(out, r)
 
@@ -690,6 +691,8 @@ class TopicStateStore(ClaimedPartitions):
         """Re-snapshot share-partitions (and rewrite group records) lagging far behind their
         partition's end, so they stop pinning the log. Returns how many were rewritten."""
         ops = refresh_ops(self.memory, self.refresh_after_records)
+        if self.claims:  # not what this proxy may not write (a fenced partition not yet given up)
+            ops = self._writable_ops(ops)
         if ops:
             await self._enqueue(ops)
         return len(ops)
