@@ -116,7 +116,9 @@ async def partition_offsets(service: ShareGroupService, group_id: str, topic: To
             snapshot = ShareSnapshot(r.start_offset, tuple(StateBatch(b.first_offset, b.last_offset, b.delivery_state,
                                                                       b.delivery_count) for b in r.state_batches))
         else:
-            snapshot = durable_state(service, SharePartitionKey(group_id, topic.topic_id, p))
+            key = SharePartitionKey(group_id, topic.topic_id, p)
+            await service.confirm_state(key)  # leading by topic: the newest copy here first
+            snapshot = durable_state(service, key)
         if snapshot is None or snapshot.start_offset < 0:
             out.append(PartitionOffsets(p, -1, -1))
             continue
@@ -185,12 +187,17 @@ async def reset_partition(service: ShareGroupService, group_id: str, topic: Topi
             return result.error_code
         await sp.persist(result.snapshot)
     else:
+        code = await service.confirm_state(sp.key)  # leading by topic: the newest copy here first
+        if code:
+            return code
         await service.store.write([(sp.key, ShareSnapshot(offset, ()))])
     return ErrorCode.NONE
 
 
 async def delete_partitions(service: ShareGroupService, keys: list[SharePartitionKey]) -> None:
     """Forget the state of share-partitions this proxy leads."""
+    for key in keys:  # leading by topic: copies elsewhere dropped first, the newest one here
+        await service.confirm_state(key)
     await service.store.delete_share_partitions(keys)
     service.drop_share_partitions(keys)
 

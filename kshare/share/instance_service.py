@@ -3,26 +3,49 @@
 Mixed into :class:`kshare.share.service.ShareGroupService`: joining the group, applying each new
 ownership map (give up what moved away, claim, i.e. fence and replay, what moved here), stopping
 at once when another proxy fenced this one, and the configs of groups coordinated elsewhere.
+
+Leading by topic (a ``kshare-ownership-v2`` map), a share-partition's state follows its leader: before
+a leader first serves a share-partition at a map epoch it asks every other proxy, at that same
+epoch, for the copy it holds (ReadShareGroupState with that epoch as the leader epoch), keeps the
+newest by state epoch (its own included), writes it into its own state partition with the next
+state epoch if it came from elsewhere, and tells the holders to drop theirs (WriteShareGroupState
+with that epoch, no start offset): :meth:`InstanceGroupMember.confirm_state`, answered by
+:meth:`InstanceGroupMember.answer_copies` and :meth:`InstanceGroupMember.drop_copies`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..protocol import messages
 from ..protocol.codes import ApiKey
+from .errors import ErrorCode
 from .ownership import GroupOwnership, Instance, OwnershipMap, plan_claims
+from .states import ShareSnapshot, StateBatch
+from .store import SharePartitionKey
 from .tasks import shared_task
 
 if TYPE_CHECKING:
+    from ..proxy.connection import ClientConnection
     from .coordinator import ShareGroup
+    from .partition import SharePartition
+    from .partition_state import SharePartitionState
     from .service import ShareGroupService
 
 log = logging.getLogger("kshare.share")
+
+EPOCH_WAIT_S = 10.0  # how long a proxy asked at a map epoch it has not applied yet waits for it
+LEADERSHIP_ENV = "KSHARE_INSTANCE_LEADERSHIP"  # "topic": offer kshare-ownership-v2 (experimental)
+
+
+def leadership_by_topic() -> bool:
+    """Whether this proxy offers leadership by topic (docs/design/scale-out.md, "Balanced leadership")."""
+    return os.environ.get(LEADERSHIP_ENV, "state-partition").strip().lower() == "topic"
 
 
 class InstanceGroupMember:
@@ -49,6 +72,11 @@ class InstanceGroupMember:
             try:
                 await self.proxy.wait_ready(timeout=60)
                 self.instances.me = self.me()
+                self.instances.report = self.report_held
+                self.instances.by_topic = leadership_by_topic()
+                if getattr(self, "_initialise_plain", None) is None:  # once: engines from confirmed state
+                    self._initialise_plain = self.partition_context.initialise
+                    self.partition_context.initialise = self._initialise_confirmed
                 await self.instances.start()
                 return
             except Exception as exc:  # noqa: BLE001 - keep trying: the cluster may be starting
@@ -68,6 +96,7 @@ class InstanceGroupMember:
     async def _apply_ownership(self: ShareGroupService, decision: OwnershipMap) -> None:
         ownership = self.ownership
         assert isinstance(ownership, GroupOwnership)
+        previous = ownership.map
         plan = plan_claims(ownership.map, decision, ownership.me, ownership.claimed)
         if plan.again:
             log.warning("instance group: missed ownership epoch(s) %d..%d; claiming state partition(s) %s again, "
@@ -95,8 +124,239 @@ class InstanceGroupMember:
             replayed = sum(1 for k in self.store.share_partitions() if self.store.partition_of(k) in set(gained))
             log.info("instance group: took over state partition(s) %s in %.2f s (%d share-partition(s), %d group(s))",
                      ",".join(map(str, gained)), time.monotonic() - started, replayed, adopted)
+        memory = getattr(self.store, "memory", None)
+        if memory is not None:  # where share-partitions new to the store go
+            memory.home = ownership.state_partition if decision.by_topic else None
+        if decision.by_topic or (previous is not None and previous.by_topic):
+            await self._reconfirm(previous, decision)
         if self.proxy is not None:
             self.proxy.view = ownership.view()
+
+    async def _reconfirm(self: ShareGroupService, previous: OwnershipMap | None, decision: OwnershipMap) -> None:
+        """Leading by topic, a new map: what this proxy served under the map just before and still
+        leads stays confirmed; every other share-partition leaves memory (its writes settle) and is
+        confirmed again before it is served (another proxy may have led it meanwhile)."""
+        ownership = self.ownership
+        assert isinstance(ownership, GroupOwnership)
+        follows = previous is not None and previous.by_topic and decision.epoch == previous.epoch + 1
+        before = next((i for i, inst in enumerate(previous.instances) if inst.id == ownership.me), -1) \
+            if previous is not None else -1
+        kept = {}
+        if follows and decision.by_topic:
+            assert previous is not None
+            for key, epoch in ownership.confirmed.items():
+                if epoch == previous.epoch and previous.leader_index(key.topic_id, key.partition) == before >= 0 \
+                        and ownership.owns(key):
+                    kept[key] = decision.epoch
+        ownership.confirmed = kept
+        states = [sp for key, sp in self.partitions.items() if key not in kept]
+        pending = [sp.pending_done for sp in states if sp.pending_done is not None and not sp.pending_done.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+        for sp in states:
+            self.partitions.pop(sp.key, None)
+            sp.engine = None
+            sp.wake()
+        if states:
+            log.info("instance group: ownership epoch %d: %d share-partition(s) to confirm again before serving",
+                     decision.epoch, len(states))
+
+    # -- leading by topic: the state follows its leader ------------------------------------------
+
+    def report_held(self: ShareGroupService) -> tuple[dict[str, list[int]], dict[str, int]]:
+        """What this proxy tells the instance group at join: the topic-partitions whose state its
+        claimed state partitions hold, and the partition counts of the topics share groups read."""
+        claimed = set(getattr(self.store, "claimed", list)())
+        held: dict[bytes, set[int]] = {}
+        for key in self.store.share_partitions():
+            if self.store.partition_of(key) in claimed:
+                held.setdefault(key.topic_id, set()).add(key.partition)
+        topic_ids = set(held)
+        for group in self.coordinator.groups.values():
+            topic_ids.update(group.topic_partitions)
+        counts = {}
+        for tid in topic_ids:
+            info = self.upstream.by_id.get(tid)
+            if info is not None:
+                counts[tid.hex()] = info.partitions
+        return {tid.hex(): sorted(ps) for tid, ps in held.items()}, counts
+
+    async def _initialise_confirmed(self: ShareGroupService, sp: SharePartitionState
+                                    ) -> tuple[int, SharePartition | None]:
+        """The share-partition's engine from durable state, once that state is confirmed here."""
+        code = await self.confirm_state(sp.key)
+        if code:
+            return code, None
+        return await self._initialise_plain(sp)
+
+    async def confirm_state(self: ShareGroupService, key: SharePartitionKey) -> int:
+        """Leading by topic: make sure this proxy holds the newest copy of the share-partition's
+        state before it serves it (a no-op otherwise, or when confirmed at this epoch already)."""
+        ownership = self.ownership
+        if not isinstance(ownership, GroupOwnership) or not ownership.by_topic or self.peers is None:
+            return ErrorCode.NONE
+        decision = ownership.map
+        assert decision is not None
+        epoch = decision.epoch
+        if ownership.confirmed.get(key) == epoch:
+            return ErrorCode.NONE
+        if not ownership.owns(key):
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        others = [i for i in decision.instances if i.id != ownership.me]
+        answers = await asyncio.gather(*(self._ask_copy(peer, key, epoch) for peer in others),
+                                       return_exceptions=True)
+        copies: list[tuple[int, ShareSnapshot, Instance]] = []
+        for peer, answer in zip(others, answers, strict=True):
+            if isinstance(answer, BaseException) or answer[0]:
+                log.debug("instance group: %s:%d did not answer for %s at epoch %d (%r); asked again at the "
+                          "next fetch", peer.host, peer.port, key, epoch, answer)
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the client asks again
+            if answer[1] is not None:
+                copies.append((*answer[1], peer))
+        if ownership.map is not decision or not ownership.owns(key):
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER  # the map changed meanwhile
+        mine = self.store.state_epoch(key) if key in self.store.share_partitions() else None
+        newest = max(copies, key=lambda c: c[0], default=None)
+        if newest is not None and (mine is None or newest[0] > mine):
+            await self.store.adopt(key, newest[1], newest[0] + 1)
+            log.info("instance group: took over the state of %s from %s:%d (state epoch %d)", key,
+                     newest[2].host, newest[2].port, newest[0])
+        ownership.confirmed[key] = epoch
+        held = self.store.state_epoch(key)
+        if copies and held is not None:
+            task = asyncio.get_running_loop().create_task(self._drop_copies_at(
+                [peer for _, _, peer in copies], key, epoch, held))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+        return ErrorCode.NONE
+
+    async def _ask_copy(self: ShareGroupService, peer: Instance, key: SharePartitionKey, epoch: int
+                        ) -> tuple[int, tuple[int, ShareSnapshot] | None]:
+        """(error code, (state epoch, state) of the copy ``peer`` holds, or None)."""
+        assert self.peers is not None
+        req = messages.message_class("ReadShareGroupStateRequest")
+        body = req(group_id=key.group_id, topics=[req.ReadStateData(
+            topic_id=key.topic_id, partitions=[req.PartitionData(partition=key.partition, leader_epoch=epoch)])])
+        resp = await self.peers.request(peer, ApiKey.READ_SHARE_GROUP_STATE, body)
+        part = resp.results[0].partitions[0]
+        if part.error_code:
+            return part.error_code, None
+        if part.state_epoch < 0:
+            return ErrorCode.NONE, None
+        return ErrorCode.NONE, (part.state_epoch, ShareSnapshot(part.start_offset, tuple(
+            StateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in part.state_batches)))
+
+    async def _drop_copies_at(self: ShareGroupService, peers: list[Instance], key: SharePartitionKey, epoch: int,
+                              state_epoch: int) -> None:
+        assert self.peers is not None
+        req = messages.message_class("WriteShareGroupStateRequest")
+        body = req(group_id=key.group_id, topics=[req.WriteStateData(topic_id=key.topic_id, partitions=[
+            req.PartitionData(partition=key.partition, state_epoch=state_epoch, leader_epoch=epoch,
+                              start_offset=-1, state_batches=[])])])
+        for peer in peers:
+            try:
+                await self.peers.request(peer, ApiKey.WRITE_SHARE_GROUP_STATE, body)
+            except Exception as exc:  # noqa: BLE001 - the copy is older: the next confirmation drops it
+                log.debug("instance group: telling %s:%d to drop its copy of %s failed: %r", peer.host, peer.port,
+                          key, exc)
+
+    async def _at_epoch(self: ShareGroupService, epoch: int) -> int:
+        """Wait (bounded) until this proxy has applied map ``epoch``: NONE at it, else why not."""
+        ownership = self.ownership
+        if not isinstance(ownership, GroupOwnership):
+            return ErrorCode.NOT_COORDINATOR
+        deadline = time.monotonic() + EPOCH_WAIT_S
+        while ownership.epoch < epoch and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if ownership.epoch > epoch:
+            return ErrorCode.REBALANCE_IN_PROGRESS  # the asker starts over with its newer map
+        if ownership.epoch < epoch:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return ErrorCode.NONE
+
+    async def answer_copies(self: ShareGroupService, conn: ClientConnection, req: Any) -> Any:
+        """ReadShareGroupState with a leader epoch, from the leader of a map epoch: the copies of the
+        state this proxy holds, answered at that epoch once its state partitions are claimed, and
+        no longer served here (state epoch -1: none here)."""
+        from .authorization import Operation
+        from .handlers.common import group_refusal, topic_refusals
+
+        R = messages.message_class("ReadShareGroupStateResponse")
+        epoch = max((p.leader_epoch for t in req.topics for p in t.partitions), default=0)
+        refused = await group_refusal(self, conn, Operation.DESCRIBE, req.group_id)
+        topics_refused = {} if refused else await topic_refusals(self, conn, Operation.DESCRIBE,
+                                                                 [t.topic_id for t in req.topics])
+        code = refused or await self._at_epoch(epoch)
+        results = []
+        async with self._ownership_lock:  # the map's claims applied
+            ownership = self.ownership
+            if not code and ownership.epoch != epoch:
+                code = ErrorCode.REBALANCE_IN_PROGRESS
+            for t in req.topics:
+                parts = []
+                for p in t.partitions:
+                    err = code or topics_refused.get(t.topic_id, 0)
+                    if err:
+                        parts.append(R.PartitionResult(partition=p.partition, error_code=err, state_epoch=-1,
+                                                       start_offset=-1))
+                        continue
+                    key = SharePartitionKey(req.group_id, t.topic_id, p.partition)
+                    parts.append(await self._copy_of(R, key))
+                results.append(R.ReadStateResult(topic_id=t.topic_id, partitions=parts))
+        return R(results=results)
+
+    async def _copy_of(self: ShareGroupService, R: Any, key: SharePartitionKey) -> Any:
+        ownership = self.ownership
+        assert isinstance(ownership, GroupOwnership)
+        none = R.PartitionResult(partition=key.partition, state_epoch=-1, start_offset=-1)
+        if ownership.leads(key.topic_id, key.partition):
+            return none  # the asker and this proxy cannot both lead it at one epoch
+        sp = self.partitions.pop(key, None)
+        if sp is not None:  # served here before this map: its writes settle first
+            if sp.pending_done is not None and not sp.pending_done.done():
+                await asyncio.wait([sp.pending_done], timeout=10)
+            sp.engine = None
+            sp.wake()
+        snapshot = self.store.share_partitions().get(key)
+        if snapshot is None or self.store.partition_of(key) not in ownership.claimed:
+            return none
+        state_epoch = self.store.state_epoch(key) or 0
+        return R.PartitionResult(partition=key.partition, state_epoch=state_epoch, start_offset=snapshot.start_offset,
+                                 state_batches=[R.StateBatch(first_offset=b.first_offset, last_offset=b.last_offset,
+                                                             delivery_state=b.delivery_state,
+                                                             delivery_count=b.delivery_count)
+                                                for b in snapshot.state_batches])
+
+    async def drop_copies(self: ShareGroupService, conn: ClientConnection, req: Any) -> Any:
+        """WriteShareGroupState with a leader epoch and no start offset, from the leader of a map
+        epoch: it holds the state at that state epoch now; copies held here that are older go."""
+        from .authorization import Operation
+        from .handlers.common import group_refusal, topic_refusals
+
+        R = messages.message_class("WriteShareGroupStateResponse")
+        ownership = self.ownership
+        refused = await group_refusal(self, conn, Operation.READ, req.group_id)
+        topics_refused = {} if refused else await topic_refusals(self, conn, Operation.READ,
+                                                                 [t.topic_id for t in req.topics])
+        doomed, results = [], []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                key = SharePartitionKey(req.group_id, t.topic_id, p.partition)
+                err = refused or topics_refused.get(t.topic_id, 0)
+                if not err and isinstance(ownership, GroupOwnership) and not ownership.leads(t.topic_id, p.partition) \
+                        and key not in self.partitions:
+                    held = self.store.state_epoch(key) if key in self.store.share_partitions() else None
+                    if held is not None and held < p.state_epoch:
+                        doomed.append(key)
+                parts.append(R.PartitionResult(partition=p.partition, error_code=err))
+            results.append(R.WriteStateResult(topic_id=t.topic_id, partitions=parts))
+        if doomed:
+            try:
+                await self.store.delete_share_partitions(doomed)
+            except Exception as exc:  # noqa: BLE001 - still older: the next confirmation drops it
+                log.debug("instance group: dropping copies %s failed: %r", doomed, exc)
+        return R(results=results)
 
     async def _give_up(self: ShareGroupService, partitions: Sequence[int]) -> None:
         """Stop serving these state partitions: their writes in flight finish, their share-partitions

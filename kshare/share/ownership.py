@@ -23,7 +23,6 @@ partitions still carry the fencing, the group records and the groups' coordinati
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -275,19 +274,17 @@ class GroupOwnership:
     """This proxy's share of an instance group: what it serves is what its store has claimed (so
     nothing is served before its state is replayed), while clients are routed by the latest map.
 
-    By topic (``map.by_topic``) it serves a topic-partition the map makes it lead once it is
-    ``ready``: every other proxy answered, at this map's epoch, that it holds no newer copy of its
-    share state, and the state is in one of this proxy's claimed state partitions (or nowhere: it
-    starts in the map's ``home``). Until then ``wanted`` is told (to go and ask)."""
+    By topic (``map.by_topic``) it serves a topic-partition the map makes it lead once it has
+    claimed its state partitions of the map; each share-partition is served once its state was
+    *confirmed* at this map's epoch (``confirmed``: every other proxy answered whether it holds a
+    newer copy, see ``instance_service``)."""
 
     def __init__(self, me: str, partitions: int) -> None:
         self.me = me  # this proxy's instance id
         self.partitions = partitions  # of the state topic
         self.map: OwnershipMap | None = None
         self.claimed: frozenset[int] = frozenset()
-        # by topic: topic-partition -> the state partition its state is in, or starts in (this epoch)
-        self.ready: dict[TopicPartition, int] = {}
-        self.wanted: Callable[[TopicPartition], None] | None = None
+        self.confirmed: dict[SharePartitionKey, int] = {}  # by topic: share-partition -> map epoch confirmed at
 
     @property
     def epoch(self) -> int:
@@ -312,22 +309,15 @@ class GroupOwnership:
     def owns_partition(self, topic_id: bytes, partition: int) -> bool:
         if not self.by_topic:
             return state_partition_of(topic_id, partition, self.partitions) in self.claimed
-        if not self.leads(topic_id, partition):
-            return False
-        where = self.ready.get((topic_id, partition))
-        if where is not None and where in self.claimed:
-            return True
-        if self.wanted is not None:
-            self.wanted((topic_id, partition))
-        return False
+        m = self.map
+        assert m is not None
+        return self.leads(topic_id, partition) and m.home(topic_id, partition, self.my_index()) in self.claimed
 
     def state_partition(self, key: SharePartitionKey) -> int:
-        """The state partition for a share-partition the store has no entry for: by topic, where
-        its topic-partition's state is (or starts), else where it hashes."""
-        if self.by_topic:
-            where = self.ready.get((key.topic_id, key.partition))
-            if where is None and self.map is not None:
-                where = self.map.home(key.topic_id, key.partition, self.my_index())
+        """The state partition for a share-partition the store has no entry for: by topic, this
+        proxy's home for its topic-partition, else where it hashes."""
+        if self.by_topic and self.map is not None:
+            where = self.map.home(key.topic_id, key.partition, self.my_index())
             if where is not None:
                 return where
         return state_partition_of(key.topic_id, key.partition, self.partitions)

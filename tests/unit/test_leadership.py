@@ -257,26 +257,20 @@ def test_maps_and_candidates_of_either_version_decode() -> None:
     assert not v1.by_topic and v1.leaders == {}
 
 
-def test_by_topic_a_proxy_serves_what_it_leads_once_ready() -> None:
+def test_by_topic_a_proxy_serves_what_it_leads_once_its_state_partitions_are_claimed() -> None:
     tid = b"\x0b" * 16
     m = assign({k: _cand(k, topics={tid: 6}) for k in "abc"}, 6, by_topic=True)
     views = {}
     for me in "abc":
         own = GroupOwnership(me, 6)
-        own.map, own.claimed = m, frozenset(m.partitions_of(me))
-        asked: list[tuple[bytes, int]] = []
-        own.wanted = asked.append
+        own.map = m
         mine = [p for p in range(6) if m.owner_of_topic_partition(tid, p).id == me]
         assert len(mine) == 2
-        assert not any(own.owns_partition(tid, p) for p in range(6))  # nothing ready yet
-        assert asked == [(tid, p) for p in mine]  # it asks for what it leads, only
-        for p in mine:
-            home = own.state_partition(SharePartitionKey("g", tid, p))
-            assert home in own.claimed
-            own.ready[(tid, p)] = home
+        assert not any(own.owns_partition(tid, p) for p in range(6))  # nothing claimed yet
+        own.claimed = frozenset(m.partitions_of(me))
         assert [p for p in range(6) if own.owns_partition(tid, p)] == mine
-        own.claimed = frozenset()  # its state partitions given up: it serves nothing of them
-        assert not any(own.owns_partition(tid, p) for p in range(6))
+        for p in mine:  # new state goes to one of its own state partitions
+            assert own.state_partition(SharePartitionKey("g", tid, p)) in own.claimed
         views[me] = own.view()
     # every proxy shows the same leaders: the leader's slot
     slot = {i.id: i.slot for i in m.instances}

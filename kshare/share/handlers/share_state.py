@@ -2,7 +2,10 @@
 
 Kafka's group coordinator asks its share coordinators with these; in an instance group the proxy
 coordinating a share group asks the proxies leading its share-partitions (``kshare.share.admin``).
-Each proxy answers for the share-partitions it leads, NOT_COORDINATOR for the others.
+Each proxy answers for the share-partitions it leads, NOT_COORDINATOR for the others. With a leader
+epoch (> 0) they are the exchange of an instance group leading by topic instead: a leader asking
+for the copies of a share-partition's state others hold, and telling them to drop older ones
+(``kshare.share.instance_service``).
 
 Kafka reserves these to brokers (CLUSTER_ACTION). Here any client can send them, so each is
 authorized as the admin RPC it serves, asked of the cluster as the caller (normally kshare's own
@@ -80,6 +83,9 @@ class ReadShareGroupState:
 
     @classmethod
     async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+        if any(p.leader_epoch > 0 for t in req.topics for p in t.partitions):
+            # a leader by topic asking for the copies this proxy holds (kshare.share.instance_service)
+            return header.api_version, await service.answer_copies(conn, req)
         R = cls.Response
         refusal = await _refusals(service, conn, req, Operation.DESCRIBE, Operation.DESCRIBE)
 
@@ -88,6 +94,9 @@ class ReadShareGroupState:
                 return R.PartitionResult(partition=p.partition, error_code=code, error_message=message,
                                          start_offset=-1)
             key = SharePartitionKey(req.group_id, topic_id, p.partition)
+            code = await service.confirm_state(key)  # leading by topic: the newest copy here first
+            if code:
+                return R.PartitionResult(partition=p.partition, error_code=code, start_offset=-1)
             snapshot = admin.durable_state(service, key) or ShareSnapshot(-1, ())
             return R.PartitionResult(
                 partition=p.partition, state_epoch=service.store.state_epoch(key) or 0,
@@ -108,6 +117,9 @@ class WriteShareGroupState:
 
     @classmethod
     async def handle(cls, service: ShareGroupService, conn: ClientConnection, header: Any, req: Any) -> tuple[int, Any]:
+        if any(p.leader_epoch > 0 and p.start_offset < 0 for t in req.topics for p in t.partitions):
+            # a leader by topic telling the holders of older copies to drop them (instance_service)
+            return header.api_version, await service.drop_copies(conn, req)
         R = cls.Response
         refusal = await _refusals(service, conn, req, Operation.READ, Operation.READ)
 

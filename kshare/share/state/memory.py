@@ -15,7 +15,7 @@ Pure: no I/O, no asyncio. The store sends the records and reports each one's off
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -65,6 +65,9 @@ DELETE_SHARE = 2  # (DELETE_SHARE, key)
 DELETE_GROUP = 3  # (DELETE_GROUP, group id, keys): the group and every share-partition of it
 REFRESH_SHARE = 4  # (REFRESH_SHARE, key): a snapshot of the state as it is, same state epoch
 REFRESH_GROUP = 5  # (REFRESH_GROUP, group id): the group record again
+# (ADOPT_SHARE, key, ShareSnapshot, state epoch): a copy taken over from another proxy of an
+# instance group, written with that state epoch where this store keeps the key (else at its home)
+ADOPT_SHARE = 6
 
 
 def refs_of(ops: list[tuple]) -> frozenset | None:
@@ -74,7 +77,7 @@ def refs_of(ops: list[tuple]) -> frozenset | None:
     refs = []
     for op in ops:
         kind = op[0]
-        if kind in (WRITE_SHARE, DELETE_SHARE, REFRESH_SHARE):
+        if kind in (WRITE_SHARE, DELETE_SHARE, REFRESH_SHARE, ADOPT_SHARE):
             refs.append(op[1])
         elif kind == WRITE_GROUP:
             refs.append(("group", op[1].group_id))
@@ -305,6 +308,9 @@ class InMemoryState:
         self.log_start: dict[int, int] = {}  # log start offset per partition (as last known)
         self.log_end: dict[int, int] = {}  # end offset per partition (as last known)
         self._undo: dict[Any, tuple | None] | None = None  # of the round being encoded
+        # where a share-partition without an entry goes (an instance group leading by topic keeps
+        # it with its leader); None: where its topic-partition hashes (partition_for)
+        self.home: Callable[[SharePartitionKey], int] | None = None
 
     def clear(self) -> None:
         self.entries.clear()
@@ -320,7 +326,10 @@ class InMemoryState:
 
     def partition_of(self, key: SharePartitionKey) -> int:
         e = self.entries.get(key)
-        return e.partition if e is not None else partition_for(key, self.partitions)
+        return e.partition if e is not None else self._home(key)
+
+    def _home(self, key: SharePartitionKey) -> int:
+        return self.home(key) if self.home is not None else partition_for(key, self.partitions)
 
     # -- a round: encode, then settle (or roll back) -----------------------------------------------
 
@@ -462,6 +471,20 @@ class InMemoryState:
                 self._emit_group(item, g, out)
         elif kind == DELETE_SHARE:
             self._encode_tombstone(item, op[1], out)
+        elif kind == ADOPT_SHARE:
+            # written where this store keeps the key already, else at its home: an older copy is told
+            # from it by its lower state epoch (replay keeps the higher one across partitions)
+            _, key, snapshot, state_epoch = op
+            self._save(key)
+            old = self.entries.get(key)
+            if old is None:
+                e = self.entries[key] = ShareEntry(normalize(snapshot), self._home(key), 0, state_epoch)
+            else:
+                e = old
+                e.set_state(normalize(snapshot))
+                e.snapshot_epoch += 1
+                e.state_epoch = state_epoch
+            self._emit_snapshot(item, key, e, out)
         elif kind == DELETE_GROUP:
             _, group_id, keys = op
             doomed = dict.fromkeys(keys)
@@ -483,7 +506,7 @@ class InMemoryState:
     def _encode_tombstone(self, item: QueuedWrite, key: SharePartitionKey, out: list[OutRecord]) -> None:
         self._save(key)
         e = self.entries.pop(key, None)
-        partition = e.partition if e is not None else partition_for(key, self.partitions)
+        partition = e.partition if e is not None else self._home(key)
         out.append(OutRecord(item, partition, encode_share_key(RECORD_SNAPSHOT, key), None, "tombstone", ref=key))
 
     def _encode_share(
@@ -498,7 +521,7 @@ class InMemoryState:
         if isinstance(content, ShareSnapshot):
             state = normalize(content)
             if e is None:
-                e = self.entries[key] = ShareEntry(state, partition_for(key, self.partitions))
+                e = self.entries[key] = ShareEntry(state, self._home(key))
             else:  # a (re)initialisation: new snapshot epoch and new state epoch
                 e.set_state(state)
                 e.snapshot_epoch += 1
@@ -509,7 +532,7 @@ class InMemoryState:
             # An update with no state to apply to: the base is "nothing known", and the first
             # record of a share-partition is always a snapshot.
             state = apply_update(ShareSnapshot(-1, ()), content)
-            e = self.entries[key] = ShareEntry(state, partition_for(key, self.partitions))
+            e = self.entries[key] = ShareEntry(state, self._home(key))
             self._emit_snapshot(item, key, e, out)
             return
         e.apply(content)
@@ -543,6 +566,7 @@ class InMemoryState:
 
 
 __all__ = [
+    "ADOPT_SHARE",
     "DELETE_GROUP",
     "DELETE_SHARE",
     "REFRESH_GROUP",

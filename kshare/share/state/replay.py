@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..states import normalize
+from ..store import SharePartitionKey
 from .claims import ClaimGuard, decode_claim, is_claim
 from .codec import (
     GroupTombstone,
@@ -61,6 +62,25 @@ class RecordReplay:
         self.stats = stats
         self.topic = topic  # for the log lines
         self.guard = ClaimGuard()
+        # key -> partition -> its live copy there. One partition each, but for a crash in the
+        # middle of a move between proxies leading by topic (docs/design/scale-out.md): the copy
+        # with the highest state epoch is the state, the others are left over
+        self._copies: dict[SharePartitionKey, dict[int, ShareEntry]] = {
+            k: {e.partition: e} for k, e in memory.entries.items()}
+
+    def _copy(self, key: SharePartitionKey, partition: int, e: ShareEntry | None) -> None:
+        copies = self._copies.setdefault(key, {})
+        if e is None:
+            copies.pop(partition, None)
+        else:
+            copies[partition] = e
+        if not copies:
+            del self._copies[key]
+            self.memory.entries.pop(key, None)
+        elif len(copies) == 1:
+            self.memory.entries[key] = next(iter(copies.values()))
+        else:
+            self.memory.entries[key] = max(copies.values(), key=lambda c: (c.state_epoch, -c.partition))
 
     def skip(self, partition: int, offset: int, reason: object) -> None:
         self.stats.skipped += 1
@@ -87,10 +107,10 @@ class RecordReplay:
             snap = rec.snapshot if is_normalized(rec.snapshot) else normalize(rec.snapshot)
             e = ShareEntry(snap, partition, rec.snapshot_epoch, rec.state_epoch, rec.leader_epoch)
             e.snapshot_offset = offset
-            memory.entries[rec.key] = e
+            self._copy(rec.key, partition, e)
         elif isinstance(rec, UpdateRecord):
             stats.updates += 1
-            e = memory.entries.get(rec.key)
+            e = self._copies.get(rec.key, {}).get(partition)
             if e is None:
                 self.skip(partition, offset, f"ShareUpdate for {rec.key} without a ShareSnapshot before it")
                 return
@@ -116,7 +136,7 @@ class RecordReplay:
             memory.groups[rec.record.group_id] = g
         elif isinstance(rec, ShareTombstone):
             stats.tombstones += 1
-            memory.entries.pop(rec.key, None)
+            self._copy(rec.key, partition, None)
         elif isinstance(rec, GroupTombstone):
             stats.tombstones += 1
             memory.groups.pop(rec.group_id, None)
