@@ -172,6 +172,9 @@ SYNTHETIC = {
                   "load_before": "1.0 1.0 1.0", "load_after": "1.1 1.0 1.0"} for n in (1, 2)],
         "medians": {"1": {"rate": 1000.0, "cpu_per_m": 500.0, "share0": 1.0},
                     "2": {"rate": 900.0, "cpu_per_m": 1000.0, "share0": 0.5, "share1": 0.5}},
+        "state_runs": [{"group": g, "round": 0, "writes": 1000, "seconds": 1.0 if g else 0.5,
+                        "broker_cpu": 0.2 if g else 0.1, "store_cpu": 0.05, "load_before": "1", "load_after": "1"}
+                       for g in (False, True)],
         "targets": [],
     },
     "scale_out_failover": {
@@ -209,6 +212,8 @@ def test_section_of_a_figures_scenario(name: str, tmp_path: Path) -> None:
         "scale_out_failover": "| small | 6000 ms | 12 | 20,000 | 2 partitions / yes |",
     }[name]
     assert expected in text, text
+    if name == "scale_out":  # the state writes alone, with and without an instance group's claims
+        assert "| instance group, all partitions claimed | 1 | 1,000 | 0.50 | 0.200 | 2.00 | 0.050 |" in text, text
     if scenarios.REGISTRY[name].plot is not None:
         pytest.importorskip("matplotlib")
         assert report.plots(results, tmp_path) == [f"{name}.png"]

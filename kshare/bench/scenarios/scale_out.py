@@ -11,7 +11,7 @@ million records, in total and per proxy (the split), with the broker's (when the
 consumers' for context. On 2 cores the total throughput cannot scale with proxies (they, the broker and the
 consumers share the cores): the CPU split is the measured part, and "N proxies on N cores" is a model from
 it (stated as such in the report). Every run checks that each record was read. Then the state writes alone
-(:mod:`.scale_out_state`), with and without an instance group's claims: the consumption runs are too short
+(:mod:`kshare.bench.state_writes`), with and without an instance group's claims: the consumption runs are too short
 for the broker's CPU to show what fencing costs. ``--quick``: 200,000 records, one proxy with and without an
 instance group only.
 
@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..format import fmt_num
 from ..procs import cpu_seconds, load
+from ..state_writes import StateRun, state_part, state_table
 from .common import UPSTREAM, results, scenario
 from .instance_group import Upstream, bootstrap_of, leaders, log, start_service, upstream_of
-from .scale_out_state import StateRun, state_part, state_table
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -258,7 +258,7 @@ def run(env: Env, progress: Progress, *, records: int, value_size: int, partitio
     tput = throughput_part(k3, records, value_size, partitions, consumers, repeats, state_partitions, proxies)
     progress.step(f"{len(tput)} runs")
     # the state writes alone: the cost of an instance group's fencing, with a resolution the short
-    # consumption runs above do not have (scale_out_state)
+    # consumption runs above do not have (kshare.bench.state_writes)
     state = state_part(k3.bootstrap, k3.pid, state_writers, state_seconds, repeats, state_partitions, log=log.info)
     progress.step(f"{len(state)} state-write runs")
     progress.end()

@@ -9,7 +9,7 @@ through a :class:`~kshare.share.state.topic_store.TopicStateStore` with and with
 claims (``transactional_prefix``, all state partitions claimed), alternated, a fresh state topic each run.
 Measured: writes/s, and the broker's and this process's CPU per thousand writes.
 
-Runnable on its own (``python -m kshare.bench.scenarios.scale_out_state --bootstrap HOST:PORT
+Runnable on its own (``python -m kshare.bench.state_writes --bootstrap HOST:PORT
 --broker-pid PID``), so that the same load can be run against another checkout of kshare.
 """
 
@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from ..procs import cpu_seconds, load
+from .procs import cpu_seconds, load
 
 
 @dataclass
