@@ -62,25 +62,50 @@ class RecordReplay:
         self.stats = stats
         self.topic = topic  # for the log lines
         self.guard = ClaimGuard()
-        # key -> partition -> its live copy there. One partition each, but for a crash in the
-        # middle of a move between proxies leading by topic (docs/design/scale-out.md): the copy
-        # with the highest state epoch is the state, the others are left over
-        self._copies: dict[SharePartitionKey, dict[int, ShareEntry]] = {
-            k: {e.partition: e} for k, e in memory.entries.items()}
+        # A share-partition has live records in one partition, but for a move between proxies
+        # leading by topic cut short (docs/design/scale-out.md): then the copy with the highest
+        # state epoch is the state (memory.entries) and the others wait here, (key, partition) ->
+        # copy, in case it is deleted.
+        self._others: dict[tuple[SharePartitionKey, int], ShareEntry] = {}
 
-    def _copy(self, key: SharePartitionKey, partition: int, e: ShareEntry | None) -> None:
-        copies = self._copies.setdefault(key, {})
-        if e is None:
-            copies.pop(partition, None)
+    def _snapshot(self, key: SharePartitionKey, partition: int, e: ShareEntry) -> None:
+        entries = self.memory.entries
+        held = entries.get(key)
+        if held is None or held.partition == partition:
+            entries[key] = e
+            if self._others:
+                self._promote(key)
+        elif e.state_epoch > held.state_epoch:
+            self._others[(key, held.partition)] = held
+            entries[key] = e
         else:
-            copies[partition] = e
+            self._others[(key, partition)] = e
+
+    def _tombstone(self, key: SharePartitionKey, partition: int) -> None:
+        entries = self.memory.entries
+        held = entries.get(key)
+        if held is not None and held.partition == partition:
+            del entries[key]
+            if self._others:
+                self._promote(key)
+        elif self._others:
+            self._others.pop((key, partition), None)
+
+    def _promote(self, key: SharePartitionKey) -> None:
+        """The copy of ``key`` with the highest state epoch becomes the state, the rest wait."""
+        copies = [e for (k, _), e in self._others.items() if k == key]
         if not copies:
-            del self._copies[key]
-            self.memory.entries.pop(key, None)
-        elif len(copies) == 1:
-            self.memory.entries[key] = next(iter(copies.values()))
-        else:
-            self.memory.entries[key] = max(copies.values(), key=lambda c: (c.state_epoch, -c.partition))
+            return
+        held = self.memory.entries.get(key)
+        best = max([*copies, *([held] if held is not None else [])], key=lambda c: (c.state_epoch, -c.partition))
+        for c in copies:
+            del self._others[(key, c.partition)]
+        if held is not None and held is not best:
+            self._others[(key, held.partition)] = held
+        for c in copies:
+            if c is not best:
+                self._others[(key, c.partition)] = c
+        self.memory.entries[key] = best
 
     def skip(self, partition: int, offset: int, reason: object) -> None:
         self.stats.skipped += 1
@@ -107,10 +132,12 @@ class RecordReplay:
             snap = rec.snapshot if is_normalized(rec.snapshot) else normalize(rec.snapshot)
             e = ShareEntry(snap, partition, rec.snapshot_epoch, rec.state_epoch, rec.leader_epoch)
             e.snapshot_offset = offset
-            self._copy(rec.key, partition, e)
+            self._snapshot(rec.key, partition, e)
         elif isinstance(rec, UpdateRecord):
             stats.updates += 1
-            e = self._copies.get(rec.key, {}).get(partition)
+            e = memory.entries.get(rec.key)
+            if e is not None and e.partition != partition:
+                e = self._others.get((rec.key, partition))  # of a copy left over (see __init__)
             if e is None:
                 self.skip(partition, offset, f"ShareUpdate for {rec.key} without a ShareSnapshot before it")
                 return
@@ -136,7 +163,7 @@ class RecordReplay:
             memory.groups[rec.record.group_id] = g
         elif isinstance(rec, ShareTombstone):
             stats.tombstones += 1
-            self._copy(rec.key, partition, None)
+            self._tombstone(rec.key, partition)
         elif isinstance(rec, GroupTombstone):
             stats.tombstones += 1
             memory.groups.pop(rec.group_id, None)
