@@ -24,6 +24,7 @@ from .claims import renew_interval_ms
 from .errors import StateNotOwned, StateStoreError, StateWriteError
 from .fence import PartitionClaim
 from .memory import (
+    ADOPT_SHARE,
     DELETE_GROUP,
     DELETE_SHARE,
     WRITE_GROUP,
@@ -369,6 +370,13 @@ class TopicStateStore(ClaimedPartitions):
             check_key(k)
         if keys:
             await self._enqueue([(DELETE_SHARE, k) for k in keys])
+
+    async def adopt(self, key: SharePartitionKey, snapshot: ShareSnapshot, state_epoch: int) -> None:
+        """Write a share-partition's state taken over from another proxy of an instance group, with
+        the given state epoch, where this store keeps the key (else where ``memory.home`` says)."""
+        check_key(key)
+        check_batches(snapshot.state_batches, str(key))
+        await self._enqueue([(ADOPT_SHARE, key, snapshot, state_epoch)])
 
     async def flush(self) -> None:
         """Wait until everything queued so far has been through a produce round."""
