@@ -105,6 +105,12 @@ class InstanceGroupMember:
             await self._give_up(plan.again)
         ownership.map = decision
         ownership.partitions = len(decision.owners)
+        memory = getattr(self.store, "memory", None)
+        if memory is not None:  # where share-partitions new to the store go (set before claiming)
+            memory.home = ownership.state_partition if decision.by_topic else None
+        if decision.by_topic or (previous is not None and previous.by_topic):
+            # first: nothing is served from before this map that may have moved meanwhile
+            await self._reconfirm(previous, decision)
         gained, lost = plan.gained, plan.lost
         self.store.leader_epoch = decision.epoch  # the ownership epoch is written with the state
         if lost:
@@ -124,11 +130,6 @@ class InstanceGroupMember:
             replayed = sum(1 for k in self.store.share_partitions() if self.store.partition_of(k) in set(gained))
             log.info("instance group: took over state partition(s) %s in %.2f s (%d share-partition(s), %d group(s))",
                      ",".join(map(str, gained)), time.monotonic() - started, replayed, adopted)
-        memory = getattr(self.store, "memory", None)
-        if memory is not None:  # where share-partitions new to the store go
-            memory.home = ownership.state_partition if decision.by_topic else None
-        if decision.by_topic or (previous is not None and previous.by_topic):
-            await self._reconfirm(previous, decision)
         if self.proxy is not None:
             self.proxy.view = ownership.view()
 
@@ -146,7 +147,7 @@ class InstanceGroupMember:
             assert previous is not None
             for key, epoch in ownership.confirmed.items():
                 if epoch == previous.epoch and previous.leader_index(key.topic_id, key.partition) == before >= 0 \
-                        and ownership.owns(key):
+                        and ownership.leads(key.topic_id, key.partition):
                     kept[key] = decision.epoch
         ownership.confirmed = kept
         states = [sp for key, sp in self.partitions.items() if key not in kept]
