@@ -353,6 +353,57 @@ def test_replay_keeps_out_what_the_broker_did_not_fence(kafka39: KafkaBroker) ->
     asyncio.run(main())
 
 
+def test_state_survives_a_full_restart_of_the_group_and_a_single_proxy_after_it(kafka39: KafkaBroker) -> None:
+    """The ownership epochs of an instance group start again at 1 once every proxy of it stopped,
+    so a claim record can follow one of a higher epoch; and a proxy without an instance group
+    writes leader epoch 0 and no claim. Neither may be taken for a zombie on the next replay: the
+    latest claim in the log counts (claims.ClaimGuard), epoch 0 is always state. Before, the
+    state written after a full restart, or by a single proxy after the group, was ignored by the
+    next replay (the state went back to what the group's last life wrote)."""
+    from kshare.share.state.codec import partition_for
+    from kshare.share.state.topic_store import TopicStateStore
+    from kshare.share.states import ShareSnapshot
+    from kshare.share.store import SharePartitionKey
+
+    topic = f"state-{uuid.uuid4().hex[:8]}"
+    prefix = f"kshare-test.{topic}."
+    key = SharePartitionKey("g", uuid.uuid4().bytes, 0)
+    p = partition_for(key, 2)
+
+    def member(epoch: int) -> TopicStateStore:
+        s = TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2, transactional_prefix=prefix,
+                            write_timeout_s=20)
+        s.leader_epoch = epoch
+        return s
+
+    async def life(store: TopicStateStore, expect: ShareSnapshot | None, write: ShareSnapshot) -> None:
+        await store.start()
+        try:
+            if store.claims:
+                await store.claim([p])
+            assert store.share_partition(key) == expect
+            await store.write([(key, write)])
+        finally:
+            await store.close()
+
+    async def main() -> None:
+        await life(member(7), None, ShareSnapshot(10, ()))  # the group's first life, epoch 7 by then
+        await life(member(1), ShareSnapshot(10, ()), ShareSnapshot(11, ()))  # every proxy restarted
+        await life(member(1), ShareSnapshot(11, ()), ShareSnapshot(12, ()))  # and again
+        single = TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2, write_timeout_s=20)
+        await life(single, ShareSnapshot(12, ()), ShareSnapshot(13, ()))  # scaled down to one proxy
+        await life(member(1), ShareSnapshot(13, ()), ShareSnapshot(14, ()))  # and back to a group
+        last = TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2, write_timeout_s=20)
+        await last.start()
+        try:
+            assert last.share_partition(key) == ShareSnapshot(14, ())
+            assert last.load_stats.fenced_out == 0
+        finally:
+            await last.close()
+
+    asyncio.run(main())
+
+
 def test_claims_are_renewed_on_time_and_after_a_failed_write(kafka39: KafkaBroker) -> None:
     """An idle owner renews its claims (a new epoch and a claim record, so neither the coordinator
     nor the leader forgets them), at the interval derived from the brokers' expiration configs

@@ -65,10 +65,20 @@ def decode_claim(key: bytes, value: bytes | None) -> Claim:
 @dataclass(slots=True)
 class ClaimGuard:
     """The replay rule, per state partition, in log order: after a claim record, a ShareSnapshot or
-    ShareUpdate whose leader (ownership) epoch is older than the claim's was written by a proxy
-    that had lost the partition, and is not state. Records written before the first claim record
-    (by kshare versions that wrote transactions, or without an instance group) are taken as they
-    are."""
+    ShareUpdate whose leader (ownership) epoch is older than that claim's was written by a proxy
+    that had lost the partition, and is not state.
+
+    * The claim that counts is the **latest in log order**, whatever its epoch: a claim record the
+      leader appended after another was written with the newer producer epoch (the leader refuses
+      an older one), so its writer is the partition's owner as far as the broker is concerned. Its
+      ownership epoch may be *lower* than the one before: the instance group's epochs start again
+      at 1 after every proxy of it stopped (a full restart), and the records of that new life must
+      not be taken for a zombie's.
+    * Records of leader epoch 0 are written **without an instance group** (one proxy, no claims:
+      ``LocalOwnership``), e.g. after an instance group was scaled down to a single proxy. They are
+      state wherever they are: a proxy outside the group is never run beside it (deploy.md).
+    * Records before the first claim record of a partition (an older kshare, or no instance group)
+      are taken as they are."""
 
     # partition -> the latest claim record read there
     claims: dict[int, Claim] = field(default_factory=dict)
@@ -76,16 +86,11 @@ class ClaimGuard:
     new_producer_ids: int = 0  # claims whose producer id differs from the claim before (see claim())
 
     def claim(self, c: Claim) -> bool:
-        """Read a claim record of partition ``c.partition``. False when its producer id differs from
-        the previous claim's there: the transaction coordinator gave a new one (an expired
-        transactional id, or the epoch exhausted), which the broker does not fence the old one
-        with; this rule still keeps the old owner's later writes out."""
+        """Read a claim record of partition ``c.partition``: from now on it is the claim there.
+        False when its producer id differs from the previous claim's: the transaction coordinator
+        gave a new one (an expired transactional id, or the epoch exhausted), which the broker does
+        not fence the old one with; this rule still keeps the old owner's later writes out."""
         before = self.claims.get(c.partition)
-        if before is not None and c.ownership_epoch < before.ownership_epoch:
-            # an older owner's claim appended after a newer one: it cannot have been acknowledged
-            # to that owner as a claim of the current ownership, keep the newer
-            self.ignored += 1
-            return True
         self.claims[c.partition] = c
         if before is not None and before.producer_id != c.producer_id:
             self.new_producer_ids += 1
@@ -95,7 +100,7 @@ class ClaimGuard:
     def admits(self, partition: int, leader_epoch: int) -> bool:
         """Whether a share-partition record with this leader epoch, read after the claims so far, is state."""
         c = self.claims.get(partition)
-        if c is None or leader_epoch >= c.ownership_epoch:
+        if c is None or leader_epoch >= c.ownership_epoch or leader_epoch == 0:
             return True
         self.ignored += 1
         return False
