@@ -4,16 +4,24 @@ Share groups have no fencing: an assignment only tells a member where to fetch, 
 may fetch from one partition. So the aim is not one owner per partition but that every member can
 take work wherever work is waiting, and that no partition is served by less capacity than another:
 
-* Each member gets ``r = min(P, max(ceil(P / M), MAX_SHARED))`` of the ``P`` partitions of every
-  topic it subscribes to (``M`` subscribers). Up to ``MAX_SHARED`` partitions that is all of them:
-  3 members on 2 partitions all fetch from both, where one partition per member would leave one
-  partition a single member and the other two; 16 members on 1 share it. Beyond that each member
-  gets at least ``MAX_SHARED`` (or its ``ceil(P / M)`` share of coverage).
+* Each member gets ``r = min(P, max(ceil(P / M), min(MAX_SHARED, MAX_SHARERS * P // M)))`` of the
+  ``P`` partitions of every topic it subscribes to (``M`` subscribers). Up to ``MAX_SHARED``
+  partitions that is all of them: 3 members on 2 partitions all fetch from both, where one
+  partition per member would leave one partition a single member and the other two; 16 members on
+  1 share it. Beyond that each member gets at least ``MAX_SHARED`` (or its ``ceil(P / M)`` share of
+  coverage) -- but fewer where that would put more than ``MAX_SHARERS`` members on a partition
+  (many more members than partitions: 100 on 16 get 2 each, 12 or 13 to a partition, not 8 each
+  and 50 to a partition). A partition lends ``share.partition.max.record.locks`` (2,000) records at
+  a time, and fair acquisition divides them among its members: 50 members got 40 records each, a
+  slice of a producer batch of hundreds that every one of them was sent whole and decoded, and
+  the members' fetches waited on partitions whose budget was all lent in slices (measured,
+  ``kshare bench --only aio100``: 100 consumers read at a sixth of the rate they read at with 2
+  partitions each; docs/benchmarks/aioconsumer.md).
 * Sharer counts per partition differ by at most one, and each member's partitions form a run
   around the partition ring starting at ``i * P / M`` for member ``i``, so neighbouring runs
   overlap and capacity flows to wherever the backlog is, not only within islands.
-* ``r`` depends on ``M`` only while ``ceil(P / M)`` exceeds ``MAX_SHARED``, and then moves by one:
-  members joining or leaving change little. Assignments are also sticky: what a member had is kept
+* ``r`` depends on ``M`` only while ``ceil(P / M)`` exceeds ``MAX_SHARED`` or ``M`` exceeds
+  ``MAX_SHARERS * P / MAX_SHARED``, and then moves by one: members joining or leaving change little. Assignments are also sticky: what a member had is kept
   where the new balance allows it (as Apache Kafka's SimpleAssignor keeps earlier assignments),
   so a join or leave moves only the partitions needed to rebalance.
 
@@ -29,6 +37,9 @@ Assignment = dict[bytes, list[int]]  # topic id -> partitions
 # Every member fetches from at least this many partitions of a topic (all of them if fewer): enough
 # overlap for capacity to flow, while keeping each member's fetches small when partitions are many.
 MAX_SHARED = 8
+# ... unless that puts more members than this on a partition: each member's fair part of the
+# partition's lock budget (2,000 records by default) stays at 125 records or more.
+MAX_SHARERS = 16
 # A sticky assignment is kept only if its drain time stays within this factor of the ideal.
 SLACK = 1.05
 
@@ -37,7 +48,8 @@ def partitions_per_member(members: int, partitions: int) -> int:
     """How many partitions of a topic each of its ``members`` subscribers is assigned."""
     if members <= 0 or partitions <= 0:
         return 0
-    return min(partitions, max(-(-partitions // members), MAX_SHARED))
+    return min(partitions, max(-(-partitions // members),
+                               min(MAX_SHARED, MAX_SHARERS * partitions // members)))
 
 
 def assign(

@@ -102,14 +102,22 @@ class FairShare:
         count.
         """
         members, expected = self._competing(member_id, now_ms, idle_ms, assigned, held_of)
+        return self._share(member_id, budget, members, expected, [])
+
+    def _share(self, member_id: str, budget: int, members: dict[str, _Member], expected: list[str],
+               weight: list[float]) -> int | None:
+        """``share`` over members already counted; ``weight`` keeps the member's weight and the
+        total once computed (``cap`` asks for two budgets over the same members: the weights,
+        a sort over every member, once)."""
         if len(members) + len(expected) <= 1:
             return None
         if sum(m.wanted for m in members.values()) + DEFAULT_WANTED * len(expected) <= budget:
             return None
-        weights = _weights(members)
-        median = _median(weights) if weights else 1.0
-        total = sum(weights.values()) + median * len(expected)
-        return max(1, int(budget * weights.get(member_id, median) / total))
+        if not weight:
+            weights = _weights(members)
+            median = _median(weights) if weights else 1.0
+            weight += (weights.get(member_id, median), sum(weights.values()) + median * len(expected))
+        return max(1, int(budget * weight[0] / weight[1]))
 
     def _competing(self, member_id: str, now_ms: int, idle_ms: int, assigned: Iterable[str],
                    held_of: Callable[[str], int] | None) -> tuple[dict[str, _Member], list[str]]:
@@ -150,11 +158,13 @@ class FairShare:
                 and all(k in members or k in self.seen for k in assigned)):
             return None  # alone here, nobody else expected: the common case, answered without sharing
         caps = []
-        s = self.share(member_id, budget, now_ms, idle_ms, assigned, held_of)
+        competing, expected = self._competing(member_id, now_ms, idle_ms, assigned, held_of)
+        weight: list[float] = []
+        s = self._share(member_id, budget, competing, expected, weight)
         if s is not None:
             caps.append(max(0, s - held))
         if available is not None:
-            a = self.share(member_id, max(available, 1), now_ms, idle_ms, assigned, held_of)
+            a = self._share(member_id, max(available, 1), competing, expected, weight)
             if a is not None:
                 caps.append(a)
         return min(caps) if caps else None

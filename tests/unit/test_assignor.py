@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kshare.share.assignor import MAX_SHARED, assign, partitions_per_member
+from kshare.share.assignor import MAX_SHARED, MAX_SHARERS, assign, partitions_per_member
 
 TOPIC = b"t" * 16
 
@@ -50,6 +50,8 @@ def check_balanced(assignment: dict, names: list[str], partitions: int) -> None:
             sharers[p] += 1
     assert min(sharers) >= 1, sharers  # every partition is read
     assert max(sharers) - min(sharers) <= 1, sharers
+    # no more members on a partition than MAX_SHARERS, unless there are more members per partition
+    assert max(sharers) <= max(MAX_SHARERS, -(-len(names) // partitions)), sharers
 
 
 @settings(max_examples=300, deadline=None)
@@ -82,9 +84,12 @@ def test_joins_and_leaves_stay_balanced_and_move_little(m: int, p: int, data: st
     # A member keeps what it had, but for partitions it must give up because its share shrank or
     # to make room for the newcomer's (or take the leaver's) share; unless keeping would strand
     # a member on partitions nobody can help with, and the assignment starts over.
+    # When the join or leave moves r itself (members many times the partitions: MAX_SHARERS), every
+    # member gives one up at once, and which ones each keeps is decided member by member: up to
+    # two more shares' worth move (measured over every m <= 40, p <= 30: 2.4 shares at most).
     fresh = assign({n: ["t"] for n in after}, topics)
-    assert lost <= len(stayed) * max(0, r_before - r_after) + max(r_before, r_after) or b == fresh, (
-        lost, r_before, r_after)
+    slack = max(r_before, r_after) * (1 if r_before == r_after else 3)
+    assert lost <= len(stayed) * max(0, r_before - r_after) + slack or b == fresh, (lost, r_before, r_after)
 
 
 def test_the_issue_mixes() -> None:
@@ -102,6 +107,19 @@ def test_many_partitions_cap_what_each_member_reads() -> None:
     assert partitions_per_member(2, 100) == 50
     assert partitions_per_member(3, 100) == 34
     assert partitions_per_member(1000, 1) == 1
+
+
+def test_many_members_are_not_piled_on_each_partition() -> None:
+    """100 members on 16 partitions: 2 each (12 or 13 to a partition), not MAX_SHARED each (50 to
+    a partition, 40 records of the 2,000-record lock budget each); few members keep MAX_SHARED."""
+    assert partitions_per_member(100, 16) == 2
+    assert partitions_per_member(20, 16) == MAX_SHARED
+    assert partitions_per_member(16, 16) == MAX_SHARED
+    assert partitions_per_member(3, 16) == MAX_SHARED
+    assert partitions_per_member(24, 1) == 1
+    a = assign({n: ["t"] for n in members(100)}, {"t": (TOPIC, 16)})
+    check_balanced(a, members(100), 16)
+    assert drain_ratio(a, members(100), 16, 2000) >= 0.95
 
 
 def test_topics_apart_and_unknown_topics() -> None:
