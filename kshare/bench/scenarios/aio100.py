@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import clients
 from ..format import bars, fmt_num, table
-from ..procs import load
+from ..procs import cpu_seconds, load
 from .common import KAFKA4, UPSTREAM, alternate, median, scenario
 
 if TYPE_CHECKING:
@@ -297,8 +297,11 @@ def run(
     names = list(client_names or CLIENTS)
     systems = list(systems or SYSTEMS)
     bootstraps: dict[str, str] = {}
+    proxy_pid = 0
     if "kshare" in systems:
-        bootstraps["kshare"] = env.proxy().bootstrap
+        proxy = env.proxy()
+        bootstraps["kshare"] = proxy.bootstrap
+        proxy_pid = proxy.pid
     if "native" in systems:
         bootstraps["native"] = env.kafka4()
     producers = {"kshare": env.upstream(), "native": bootstraps.get("native", "")}
@@ -318,7 +321,10 @@ def run(
         for r in range(repeats):
             for system, client in alternate(configs, r):
                 load_before = load()
+                # the proxy's CPU over the run (user + system): what serving the members costs it
+                proxy0 = cpu_seconds(proxy_pid) if system == "kshare" else float("nan")
                 s = run_members(client, bootstraps[system], topic, records, members)
+                s["proxy_cpu_s"] = cpu_seconds(proxy_pid) - proxy0 if system == "kshare" else float("nan")
                 samples.append(
                     {"system": system, "client": client, "repeat": r, "records": records, "load": load_before}
                     | s
@@ -328,7 +334,13 @@ def run(
                     f"CPU {s['cpu_total_s'] * 1e6 / records:.2f} us/record "
                     f"({s['cpu_data_s'] * 1e6 / records:.2f} reading), peak RSS {s['max_rss_mb']:.0f} MB "
                     f"(+{s['max_rss_mb'] - s['rss_start_mb']:.0f}), {s['members_with_records']} members "
-                    f"with records; load {load_before}"
+                    f"with records"
+                    + (
+                        f", proxy CPU {s['proxy_cpu_s'] * 1e6 / records:.2f} us/record"
+                        if system == "kshare"
+                        else ""
+                    )
+                    + f"; load {load_before}"
                 )
     finally:
         for system in systems:
@@ -351,6 +363,7 @@ def run(
                     "max_rss_mb",
                     "members_with_records",
                     "threads",
+                    "proxy_cpu_s",
                 )
             }
             rows.append(
@@ -363,6 +376,7 @@ def run(
                     "rps": records / m["data_s"],
                     "cpu_us_per_record": m["cpu_total_s"] * 1e6 / records,
                     "cpu_data_us_per_record": m["cpu_data_s"] * 1e6 / records,
+                    "proxy_cpu_us_per_record": m["proxy_cpu_s"] * 1e6 / records,  # NaN on native
                     "rss_growth_mb": median([s["max_rss_mb"] - s["rss_start_mb"] for s in ss]),
                     "rss_bytes_per_record": median(
                         [(s["max_rss_mb"] - s["rss_start_mb"]) * 2**20 / records for s in ss]
@@ -402,7 +416,8 @@ def section(res: dict[str, Any]) -> list[str]:
         "`ShareConsumer`s on a thread each against `kshare.AIOShareConsumer`s on one asyncio event loop, each "
         "side a process of its own. CPU is that process's (user + system, every thread) per record, from before "
         "the first member starts to after the last one closed (`reading`: first record to last); RSS is the "
-        "process's: at the start (imports done), at its peak, and the peak's growth over the start.",
+        "process's: at the start (imports done), at its peak, and the peak's growth over the start. Proxy CPU: "
+        "the kshare proxy process's (user + system) over the whole run, per record.",
         "",
     ]
     head = [
@@ -411,6 +426,7 @@ def section(res: dict[str, Any]) -> list[str]:
         "rec/s",
         "CPU us/rec",
         "CPU us/rec reading",
+        "proxy CPU us/rec",
         "join s",
         "RSS start MB",
         "peak RSS MB",
@@ -427,6 +443,7 @@ def section(res: dict[str, Any]) -> list[str]:
                 fmt_num(r["rps"]),
                 fmt_num(r["cpu_us_per_record"], 2),
                 fmt_num(r["cpu_data_us_per_record"], 2),
+                fmt_num(r.get("proxy_cpu_us_per_record", float("nan")), 2),
                 fmt_num(r["join_s"], 1),
                 fmt_num(r["rss_start_mb"]),
                 fmt_num(r["max_rss_mb"]),
