@@ -117,8 +117,8 @@ async def ack_latency(proxy: ProxyProcess, topic: str, samples: int, *, per_reco
     group = f"bench-lat-{uuid.uuid4().hex[:8]}"
     await asyncio.to_thread(clients.set_group_configs, proxy.bootstrap, group, EARLIEST)
     ms = [await clients.Member.join(proxy.bootstrap, group, topic) for _ in range(members)]
-    # the assignor gives each member min(P, max(ceil(P/M), 8)) partitions, so members share partitions,
-    # as in any share group of more than P/8 members
+    # the assignor gives each member min(P, max(ceil(P/M), 8)) partitions (fewer past 16 members to a
+    # partition), so members share partitions, as in any share group of more than P/8 members
     await _settled(ms, all)
     out: list[float] = []
     before = _write_seconds(proxy)
@@ -210,7 +210,8 @@ async def state_volume(proxy: ProxyProcess, upstream: str, data_dir: Path | None
     ends = await asyncio.to_thread(_end_offsets, upstream, topic)
     total = sum(ends.values())
     ms = [await clients.Member.join(proxy.bootstrap, group, topic) for _ in range(VOLUME_PARTITIONS)]
-    # the assignor gives each member several partitions (min(P, max(ceil(P/M), 8))): they share partitions,
+    # the assignor gives each member several partitions (min(P, max(ceil(P/M), 8)), fewer past 16 members
+    # to a partition): they share partitions,
     # as real share consumers do; settled once every partition has members
     await _settled(ms, lambda now: all(now) and set().union(*map(set, now)) == set(ends))
     await asyncio.sleep(2.0)  # the group record writes of the joins are done
