@@ -1,8 +1,7 @@
 """Reports of the event loop (``loop.call_exception_handler``) that are expected, sent to DEBUG.
 
 Used where a library reports at ERROR, with a traceback, what kshare expects and handles itself:
-a TLS peer hanging up mid-handshake (:func:`kshare.proxy.tls.quiet_hang_ups`), aiokafka's leftovers
-of a fenced transactional producer (:func:`kshare.share.state.fence.expect_fencing`)."""
+a TLS peer hanging up mid-handshake (:func:`kshare.proxy.tls.quiet_hang_ups`)."""
 
 from __future__ import annotations
 

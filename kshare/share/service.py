@@ -32,7 +32,6 @@ from .partition_log import PartitionLog, PartitionLogs
 from .partition_state import LockTimers, PartitionContext, SharePartitionState
 from .peers import PeerClient
 from .sessions import ShareSessionCache
-from .state.fence import expect_fencing
 from .states import ShareSnapshot
 from .stats import ShareStats
 from .store import GroupRecord, SharePartitionKey, StateStore
@@ -139,7 +138,6 @@ class ShareGroupService(InstanceGroupMember):
                 delay = min(delay * 2, 10)
         self.load_error = None
         if self.instances is not None:
-            expect_fencing(asyncio.get_running_loop())
             await self._join_instances()
         for record in self.store.groups().values():
             self._adopt_group(record)

@@ -177,6 +177,16 @@ SYNTHETIC = {
                        for g in (False, True)],
         "targets": [],
     },
+    "aio100": {
+        "config": {"records": 200_000, "members": 20, "partitions": 16, "value_size": 100, "max_poll_records": 500,
+                   "clients": ["confluent", "aio"], "systems": ["kshare", "native"], "repeats": 1},
+        "rows": [{"system": sys_, "client": c, "rps": 80_000.0, "cpu_us_per_record": 4.5, "cpu_data_us_per_record": 4.4,
+                  "join_s": 0.4, "rss_start_mb": 42.0, "max_rss_mb": 115.0, "rss_growth_mb": 73.0,
+                  "members_with_records": 20, "threads": 1.0,
+                  "proxy_cpu_us_per_record": 2.1 if sys_ == "kshare" else float("nan")}
+                 for sys_ in ("kshare", "native") for c in ("confluent", "aio")],
+        "targets": [],
+    },
     "scale_out_failover": {
         "config": {"state_partitions": 10, "fo_consumers": 3, "fo_rate": 5000.0, "fo_pre": 6.0, "fo_post": 10.0,
                    "fo_max_poll": 200, "fo_batch": 50},
@@ -210,6 +220,7 @@ def test_section_of_a_figures_scenario(name: str, tmp_path: Path) -> None:
         "security": "| pass-through produce | 200,000 (204.8) | 150,000 (153.6) | 0.75 |",
         "scale_out": "| 2 proxy(ies) | 1 |",
         "scale_out_failover": "| small | 6000 ms | 12 | 20,000 | 2 partitions / yes |",
+        "aio100": "| kshare (3.9) | aio | 80,000 | 4.50 | 4.40 | 2.10 | 0.4 | 42 | 115 | 73 | 20 | 1 |",
     }[name]
     assert expected in text, text
     if name == "scale_out":  # the state writes alone, with and without an instance group's claims

@@ -27,12 +27,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
 
 from ...clients.connection import KafkaConnection
 from ...protocol import messages
 from ...protocol.codes import ApiKey
-from ...proxy.loop_reports import demote_reports
 from ...security import ClientSecurity
 from ..errors import ErrorCode
 from .claims import Claim, encode_claim
@@ -46,56 +44,6 @@ INIT_PRODUCER_ID = ApiKey.INIT_PRODUCER_ID.value
 
 class Fenced(Exception):
     """Another proxy owns this state partition now; nothing of the write was committed."""
-
-
-# -- aiokafka's transactional producer: kshare wrote state through one per claimed partition before
-# claim records (issue 42); nothing in kshare starts one now. Kept while the service still installs
-# the hook below at start (kshare/share/service.py); to be removed with that call.
-
-
-def expect_fencing(loop: asyncio.AbstractEventLoop) -> None:
-    """Keep an expected fencing out of the error log.
-
-    When another proxy fences this one, aiokafka's sender fails its pending transaction requests
-    with ProducerFenced in tasks of its own that nobody awaits any more; asyncio then reports each
-    as "Future exception was never retrieved" at ERROR with a traceback. The fencing itself is
-    handled and logged once per partition (the service): those reports
-    go to DEBUG, everything else to the loop's previous handler.
-    """
-    from aiokafka.errors import ProducerFenced
-
-    def after_fencing(context: dict[str, Any]) -> str | None:
-        return "after a fencing" if isinstance(context.get("exception"), ProducerFenced) else None
-
-    demote_reports(loop, "fencing", after_fencing, log)
-
-
-class _SenderStopped(logging.Filter):
-    """aiokafka's sender logs an answer it does not expect at ERROR with a traceback, then stops
-    (the producer's pending and later sends fail). Seen when ownership of a state partition moves
-    back and forth between proxies: the producer of the proxy losing it may get an unknown error
-    instead of ProducerFenced. The writes that fail are logged by kshare itself (the store, the
-    service); this says once, in one line, what stopped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == "Unexpected error in sender routine" and record.exc_info:
-            exc = record.exc_info[1]
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.msg = ("a transactional state producer stopped on an answer it did not expect from the "
-                          "cluster (%r); the state writes it carried fail (logged where they fail)")
-            record.args = (exc,)
-            record.exc_info = record.exc_text = None
-        return True
-
-
-_SENDER_FILTER = _SenderStopped()
-
-
-def quiet_sender_stops() -> None:
-    """Install the filter above on aiokafka's sender logger (once)."""
-    sender_log = logging.getLogger("aiokafka.producer.sender")
-    if _SENDER_FILTER not in sender_log.filters:
-        sender_log.addFilter(_SENDER_FILTER)
 
 
 # -- claims ------------------------------------------------------------------------------------
