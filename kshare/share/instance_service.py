@@ -223,6 +223,7 @@ class InstanceGroupMember:
             log.info("instance group: took over the state of %s from %s:%d (state epoch %d)", key,
                      newest[2].host, newest[2].port, newest[0])
         ownership.confirmed[key] = epoch
+        getattr(self.store, "frozen", set()).discard(key)  # handed over before, led here again
         held = self.store.state_epoch(key)
         if copies and held is not None:
             task = asyncio.get_running_loop().create_task(self._drop_copies_at(
@@ -312,12 +313,17 @@ class InstanceGroupMember:
         none = R.PartitionResult(partition=key.partition, state_epoch=-1, start_offset=-1)
         if ownership.leads(key.topic_id, key.partition):
             return none  # the asker and this proxy cannot both lead it at one epoch
+        # From now on nothing more of it is written here (a request that passed the ownership check
+        # before this map may still be acknowledging: it fails), and what was written is settled
+        # before the copy is read: whatever this proxy acknowledged is in the copy it hands over.
+        getattr(self.store, "frozen", set()).add(key)
         sp = self.partitions.pop(key, None)
         if sp is not None:  # served here before this map: its writes settle first
             if sp.pending_done is not None and not sp.pending_done.done():
                 await asyncio.wait([sp.pending_done], timeout=10)
             sp.engine = None
             sp.wake()
+        await self.store.flush()
         snapshot = self.store.share_partitions().get(key)
         if snapshot is None or self.store.partition_of(key) not in ownership.claimed:
             return none
@@ -368,6 +374,10 @@ class InstanceGroupMember:
         gone = set(partitions)
         ownership.claimed = frozenset(p for p in ownership.claimed if p not in gone)
         states = [sp for key, sp in self.partitions.items() if self.store.partition_of(key) in gone]
+        # leading by topic: a share-partition whose state goes with these is confirmed again (from
+        # the partition's next owner) before it is served here again
+        for key in [k for k in ownership.confirmed if self.store.partition_of(k) in gone]:
+            del ownership.confirmed[key]
         pending = [sp.pending_done for sp in states if sp.pending_done is not None and not sp.pending_done.done()]
         if pending:
             await asyncio.wait(pending, timeout=10)

@@ -213,7 +213,19 @@ def state_partition(group: str, tid: bytes, partition: int) -> int:
 
 
 def live_spso(svc: Service, group: str, topic: str, tid: bytes) -> dict[int, int | None]:
-    """partition -> SPSO as the share-partition's current owner shows it (None: unknown)."""
+    """partition -> SPSO as the share-partition's current owner shows it (None: unknown).
+
+    Proxies leading by topic (KSHARE_INSTANCE_LEADERSHIP=topic) keep a share-partition's state
+    with its leader, wherever it hashes: there, the highest SPSO any live proxy shows (an SPSO only
+    moves forward, so a proxy that led it before shows no more than its leader)."""
+    if os.environ.get("KSHARE_INSTANCE_LEADERSHIP", "").strip().lower() == "topic":
+        best: dict[int, int | None] = dict.fromkeys(range(PARTITIONS))
+        for p in svc.live():
+            for labels, v in p.samples("kshare_share_partition_spso"):
+                if labels.get("group") == group and labels.get("topic") == topic:
+                    part = int(labels["partition"])
+                    best[part] = max(int(v), best[part] if best[part] is not None else -1)
+        return best
     owners: dict[int, Member] = {}
     for p in svc.live():
         for s in p.owned() or ():

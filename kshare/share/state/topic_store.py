@@ -164,6 +164,9 @@ class TopicStateStore(ClaimedPartitions):
         # how often a claim is renewed (instance group only): set from the cluster's configs at start
         self.claim_renewal_s = renew_interval_ms(None, None) / 1000
         self._renewer: asyncio.Task[None] | None = None
+        # share-partitions whose state this proxy handed over to another (an instance group leading
+        # by topic): written no more until taken back (adopt, delete and refresh still go)
+        self.frozen: set[SharePartitionKey] = set()
         # told the partitions another proxy fenced this one out of (instance group only)
         self.on_fenced: Callable[[int], None] | None = None
         # A test hook: called with each round whose answers are all in, before it is settled;
@@ -335,6 +338,8 @@ class TopicStateStore(ClaimedPartitions):
         ops: list[tuple] = []
         for key, content in writes:
             check_key(key)
+            if key in self.frozen:
+                raise StateNotOwned(f"{key} was handed over to another proxy")
             if not isinstance(content, ShareSnapshot | ShareUpdate):
                 raise TypeError(f"expected a ShareSnapshot or ShareUpdate, got {type(content).__name__}")
             if content.start_offset < -1:
