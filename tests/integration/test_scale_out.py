@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -295,6 +296,25 @@ FAULTS = {"sigkill": kill_the_busiest, "sigstop-past-session": pause_the_busiest
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_one_fault_under_load(kafka39, topic_name, group, fault):
     """See the functions of :data:`FAULTS` for what each fault does and checks besides the above."""
+    one_fault_under_load(kafka39, topic_name, group, fault)
+
+
+@pytest.mark.parametrize("fault", [
+    "sigterm-rolling-restart",  # the one that moves leadership most: six hand-overs under load
+    pytest.param("sigkill", marks=pytest.mark.skipif(not os.environ.get("KSHARE_FAILOVER_TESTS"),
+                                                     reason="KSHARE_FAILOVER_TESTS=1")),
+    pytest.param("sigstop-past-session", marks=pytest.mark.skipif(not os.environ.get("KSHARE_FAILOVER_TESTS"),
+                                                                  reason="KSHARE_FAILOVER_TESTS=1")),
+])
+def test_one_fault_under_load_leading_by_topic(kafka39, topic_name, group, fault, monkeypatch):
+    """The same with leadership by topic (KSHARE_INSTANCE_LEADERSHIP=topic, docs/design/scale-out.md
+    "Balanced leadership"): the state follows its leader from proxy to proxy, and still nothing
+    confirmed is delivered again, nothing is lost."""
+    monkeypatch.setenv("KSHARE_INSTANCE_LEADERSHIP", "topic")  # the proxies inherit it
+    one_fault_under_load(kafka39, topic_name, group, fault)
+
+
+def one_fault_under_load(kafka39, topic_name, group, fault):
     backlog = 1200
     tid = data_topic(kafka39, topic_name, backlog)
     svc = Service(kafka39, fault.split("-")[0])
@@ -332,6 +352,8 @@ def test_one_fault_under_load(kafka39, topic_name, group, fault):
     check_ledger(ledger, ends, run.times, report, per_fault=run.per_fault)
     run.check(report)
     assert not svc.tracebacks(), "\n".join(svc.tracebacks())
+    protocol = "kshare-ownership-v2" if os.environ.get("KSHARE_INSTANCE_LEADERSHIP") == "topic" else "kshare-ownership-v1"
+    assert any(protocol in p.output() for p in svc.proxies), f"the group did not run on {protocol}"
 
 
 # ------------------------------------------------------------------------------------------------
