@@ -82,7 +82,8 @@ class KShare:
                     bootstrap, name, config.state_topic, me, self.service.apply_ownership,
                     session_timeout_ms=config.instance_session_timeout_ms,
                     heartbeat_interval_ms=max(100, config.instance_session_timeout_ms // 5),
-                    client_config=config.upstream_security.aiokafka_kwargs())
+                    client_config=config.upstream_security.aiokafka_kwargs(),
+                    by_topic=config.instance_leadership == "topic")
                 self.service.peers = PeerClient(security=peer_security(config))
                 store.on_fenced = self.service.fenced
             self.service.register(self.proxy)

@@ -117,6 +117,11 @@ def _option(*decls: str, env: str, **kwargs: object):
 @_option("--instance-session-timeout-ms", env="INSTANCE_SESSION_TIMEOUT_MS", default=10_000, show_default=True,
          type=click.IntRange(1000), help="How long the others wait for a proxy of the instance group that stopped "
                                         "answering before they take its share-partitions over.")
+@_option("--instance-leadership", env="INSTANCE_LEADERSHIP", default="state-partition", show_default=True,
+         type=click.Choice(["state-partition", "topic"], case_sensitive=False),
+         help="How the instance group splits share-partition leadership: by state-topic partition, or per topic "
+              "(each proxy leads partitions/proxies of every topic, the state following its leader; experimental, "
+              "docs/design/scale-out.md). Every proxy of the group must say topic for it to apply.")
 @_option("--tls-cert", env="TLS_CERT", default=None, metavar="PEM",
          help="Serve TLS on every client listener with this certificate (chain); reloaded on SIGHUP and when the "
               "file changes.")
@@ -153,7 +158,7 @@ def proxy(upstream: str | None, embedded: str, data_dir: str | None, listen_host
           advertised_host: str | None, max_frame_bytes: int, state_topic: str, state_topic_partitions: int,
           state_topic_replication_factor: int | None, state_write_timeout: float, drain_timeout: float,
           group_limits: tuple[str, ...],
-          record_cache_mb: int, instance_group: str | None, instance_session_timeout_ms: int, tls_cert: str | None, tls_key: str | None,
+          record_cache_mb: int, instance_group: str | None, instance_session_timeout_ms: int, instance_leadership: str, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, upstream_security_protocol: str, upstream_sasl_mechanism: str | None,
           upstream_sasl_username: str | None, upstream_sasl_password_file: str | None,
           upstream_oauth_token_file: str | None, upstream_tls_ca: str | None, upstream_tls_cert: str | None,
@@ -214,7 +219,8 @@ def proxy(upstream: str | None, embedded: str, data_dir: str | None, listen_host
                          state_write_timeout_s=state_write_timeout, drain_timeout_s=drain_timeout,
                          group_limits=limits,
                          record_cache_bytes=record_cache_mb << 20, instance_group=instance_group or None,
-                         instance_session_timeout_ms=instance_session_timeout_ms, tls=tls,
+                         instance_session_timeout_ms=instance_session_timeout_ms,
+                         instance_leadership=instance_leadership.lower(), tls=tls,
                          upstream_security=security)
     try:
         run_proxy(config, share_groups=not no_share_groups, metrics_port=metrics_port,

@@ -11,8 +11,8 @@ rebalances when a proxy comes or goes.
 Two protocols: ``kshare-ownership-v2`` decides leadership by topic, ``kshare-ownership-v1`` by
 state partition (what proxies before v2 speak). A proxy made with ``by_topic`` offers v2 first;
 Kafka's coordinator picks one every member offers, so a group with a proxy of an older kshare (a
-rolling upgrade) stays on v1 until it is gone. Nothing makes one with ``by_topic`` yet: serving by
-topic needs the state to follow its leader (docs/design/scale-out.md, "Balanced leadership").
+rolling upgrade) stays on v1 until it is gone (``kshare proxy --instance-leadership topic``;
+docs/design/scale-out.md, "Balanced leadership").
 
 This module only learns maps and reports changes (``on_change(map, gained, lost)``); what owning a
 state partition means (replaying it, fencing the previous owner with a transactional producer,
@@ -50,7 +50,7 @@ class InstanceGroup:
                  heartbeat_interval_ms: int = 1_000, client_config: Mapping[str, Any] | None = None,
                  by_topic: bool = False, report: Report | None = None) -> None:
         self.bootstrap = bootstrap
-        self.by_topic = by_topic  # offer v2 (and v1 after it); off until the state follows its leader
+        self.by_topic = by_topic  # offer v2 (and v1 after it)
         self.report = report
         self.group_id = GROUP_PREFIX + name
         self.state_topic = state_topic

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -40,12 +39,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("kshare.share")
 
 EPOCH_WAIT_S = 10.0  # how long a proxy asked at a map epoch it has not applied yet waits for it
-LEADERSHIP_ENV = "KSHARE_INSTANCE_LEADERSHIP"  # "topic": offer kshare-ownership-v2 (experimental)
-
-
-def leadership_by_topic() -> bool:
-    """Whether this proxy offers leadership by topic (docs/design/scale-out.md, "Balanced leadership")."""
-    return os.environ.get(LEADERSHIP_ENV, "state-partition").strip().lower() == "topic"
 
 
 class InstanceGroupMember:
@@ -73,7 +66,6 @@ class InstanceGroupMember:
                 await self.proxy.wait_ready(timeout=60)
                 self.instances.me = self.me()
                 self.instances.report = self.report_held
-                self.instances.by_topic = leadership_by_topic()
                 if getattr(self, "_initialise_plain", None) is None:  # once: engines from confirmed state
                     self._initialise_plain = self.partition_context.initialise
                     self.partition_context.initialise = self._initialise_confirmed
