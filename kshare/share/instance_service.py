@@ -208,7 +208,7 @@ class InstanceGroupMember:
                 copies.append((*answer[1], peer))
         if ownership.map is not decision or not ownership.owns(key):
             return ErrorCode.NOT_LEADER_OR_FOLLOWER  # the map changed meanwhile
-        mine = self.store.state_epoch(key) if key in self.store.share_partitions() else None
+        mine = self.store.state_epoch(key)  # None: no copy here
         newest = max(copies, key=lambda c: c[0], default=None)
         if newest is not None and (mine is None or newest[0] > mine):
             await self.store.adopt(key, newest[1], newest[0] + 1)
@@ -316,7 +316,7 @@ class InstanceGroupMember:
             sp.engine = None
             sp.wake()
         await self.store.flush()
-        snapshot = self.store.share_partitions().get(key)
+        snapshot = self.store.share_partition(key)
         if snapshot is None or self.store.partition_of(key) not in ownership.claimed:
             return none
         state_epoch = self.store.state_epoch(key) or 0
@@ -345,7 +345,7 @@ class InstanceGroupMember:
                 err = refused or topics_refused.get(t.topic_id, 0)
                 if not err and isinstance(ownership, GroupOwnership) and not ownership.leads(t.topic_id, p.partition) \
                         and key not in self.partitions:
-                    held = self.store.state_epoch(key) if key in self.store.share_partitions() else None
+                    held = self.store.state_epoch(key)
                     if held is not None and held < p.state_epoch:
                         doomed.append(key)
                 parts.append(R.PartitionResult(partition=p.partition, error_code=err))
