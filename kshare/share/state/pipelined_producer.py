@@ -18,6 +18,9 @@ unknown leader epoch, NOT_ENOUGH_REPLICAS), or, from an idempotent producer, one
 was lost or whose answer timed out, is sent again as it was (same producer id and sequence
 numbers) to the partition's new leader, once every earlier request to that partition has been
 answered, and before anything queued for that partition since; for up to ``retry_timeout_s``.
+Likewise what is queued for a partition whose requests in flight went to another node than the
+one the metadata names now waits for their answers, to go behind those of them refused: a batch
+reaching the new leader before an earlier one is refused for its sequence number, for good.
 Any other failure fails the futures of that request: the store rolls back and renews the
 producer (a new producer id, sequences from 0, so nothing after a failed batch can be appended
 with a gap).
@@ -103,6 +106,8 @@ class PipelinedProducer:
         # (sequence, bytes, records, first failure time) and what was queued meanwhile, per partition
         self.retry_timeout_s = retry_timeout_s
         self._in_flight_parts: dict[int, int] = {}
+        self._in_flight_to: dict[int, int] = {}  # partition -> the node its requests in flight went to
+        self._held_at: dict[int, float] = {}  # partition -> when it began holding with nothing refused yet
         self._resend: dict[int, list[tuple[int, bytes, list, float]]] = {}
         self._held: dict[int, list] = {}
         self._resending: asyncio.Task | None = None
@@ -258,8 +263,18 @@ class PipelinedProducer:
             self._write(pending, by_node)
 
     def _write(self, pending: dict[int, list], by_node: dict[int, list[int]]) -> None:
-        """Give every batch its sequence numbers and write the requests (without yielding)."""
+        """Give every batch its sequence numbers and write the requests (without yielding).
+
+        A partition with batches to send again, or with requests in flight to another node than
+        its leader now (the metadata changed since they went; they will be refused), is held
+        instead, to go after them: written now, a batch would reach the new leader before the
+        earlier ones and be refused for its sequence (OUT_OF_ORDER_SEQUENCE_NUMBER, which fails
+        it and every batch after it)."""
         for node, parts in by_node.items():
+            if any(p in self._resend or self._in_flight_to.get(p, node) != node for p in parts):
+                parts = [p for p in parts if not self._hold(p, pending[p], node)]
+                if not parts:
+                    continue
             conn = self._conns[node]
             # Kafka takes one batch per partition per request: a partition with more than
             # MAX_BATCH_BYTES queued sends several requests, each with its next batch
@@ -278,6 +293,19 @@ class PipelinedProducer:
                         size += len(data)
                 if batch:
                     self._produce(conn, batch)
+
+    def _hold(self, partition: int, recs: list, node: int) -> bool:
+        """Hold ``recs`` behind what of ``partition`` is to be sent again or still in flight to
+        another node than ``node``; False if nothing keeps it from being written now."""
+        if partition not in self._resend:
+            if self._in_flight_to.get(partition, node) == node:
+                return False
+            # sent again (behind whatever of the requests in flight is refused) once they are answered
+            self._resend[partition] = []
+            self._held_at.setdefault(partition, time.monotonic())
+            self._ensure_resending()
+        self._held.setdefault(partition, []).extend(recs)
+        return True
 
     def _produce(self, conn: KafkaConnection, batch: list[tuple[int, bytes, list]]) -> None:
         """Write one Produce request; its answer settles the records' futures (a callback, not a
@@ -301,8 +329,10 @@ class PipelinedProducer:
             self._stale_metadata = True
             _fail_all((recs for _, _, recs in batch), StateProduceError(f"state produce not sent: {exc!r}"))
             return
+        node = self._node_of(conn)
         for p, _, _ in batch:
             self._in_flight_parts[p] = self._in_flight_parts.get(p, 0) + 1
+            self._in_flight_to[p] = node
         timer = asyncio.get_running_loop().call_later(self.request_timeout_s, self._timed_out, fut)
         self._in_flight.add(fut)
         fut.add_done_callback(settle)
@@ -321,6 +351,7 @@ class PipelinedProducer:
                 self._in_flight_parts[p] = left
             else:
                 self._in_flight_parts.pop(p, None)
+                self._in_flight_to.pop(p, None)
         if fut.cancelled() or fut.exception() is not None:
             # The connection failed (a broker killed) or the request timed out: the batches may or
             # may not have landed. With an idempotent producer they are sent again as they were:
@@ -359,17 +390,20 @@ class PipelinedProducer:
         queue = self._resend.setdefault(partition, [])
         first = min((t for *_, t in queue), default=now)
         if self._closed or now - first > self.retry_timeout_s:
-            if not queue:
+            if not queue and partition not in self._held:
                 del self._resend[partition]
             return False
         queue.append((_base_sequence(data), data, recs, first))
+        self._ensure_resending()
+        log.debug("state topic %s partition %d: batch refused with error code %d; sending it again to the "
+                  "new leader", self.topic, partition, code)
+        return True
+
+    def _ensure_resending(self) -> None:
         if self._resending is None or self._resending.done():
             self._resending = asyncio.get_running_loop().create_task(self._resend_all())
             self._in_flight.add(self._resending)
             self._resending.add_done_callback(self._in_flight.discard)
-        log.debug("state topic %s partition %d: batch refused with error code %d; sending it again to the "
-                  "new leader", self.topic, partition, code)
-        return True
 
     async def _resend_all(self) -> None:
         """Once every earlier request to them has been answered, send the refused batches again in
@@ -392,18 +426,25 @@ class PipelinedProducer:
                 for node, parts in by_node.items():
                     conn = self._conns[node]
                     for p in parts:
+                        self._held_at.pop(p, None)
                         for _, data, recs, _ in sorted(self._resend.pop(p, []), key=lambda b: b[0]):
                             if self._on_resend is not None:
                                 self._on_resend()
                             self._produce(conn, [(p, data, recs)])
-                held = {p: self._held.pop(p) for p in parts if p in self._held}
-                if held:
-                    self._write(held, {node: sorted(held)})
+                    # what was queued behind them, for every node's partitions: a partition no
+                    # longer waiting to send again is never held again, so what stayed held here
+                    # would wait for its partition's next refused batch (the next leader move,
+                    # seconds away or never), and every write of its share-partitions with it
+                    held = {p: self._held.pop(p) for p in parts if p in self._held}
+                    if held:
+                        self._write(held, {node: sorted(held)})
             delay = RETRY_FIRST_S
 
     def _expire(self, now: float) -> None:
         """Fail what has waited for a leader longer than ``retry_timeout_s`` (held records too)."""
-        for p in [p for p, q in self._resend.items() if now - min(t for *_, t in q) > self.retry_timeout_s]:
+        for p in [p for p, q in self._resend.items()
+                  if now - min((t for *_, t in q), default=self._held_at.get(p, now)) > self.retry_timeout_s]:
+            self._held_at.pop(p, None)
             exc = StateProduceError(f"partition {p}: no leader took the batch within {self.retry_timeout_s:.0f} s")
             _fail_all([recs for _, _, recs, _ in self._resend.pop(p)], exc)
             _fail_all([self._held.pop(p, [])], exc)
@@ -489,6 +530,12 @@ class PipelinedProducer:
             if any(p.error_code for t in resp.topics for p in t.partitions):
                 return False
         return True
+
+    def _node_of(self, conn: KafkaConnection) -> int:
+        for node, c in self._conns.items():
+            if c is conn:
+                return node
+        return -1
 
     async def _connect(self, node: int) -> None:
         task = self._connecting.get(node)
