@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -407,6 +408,54 @@ class MovesLoad:
     def acknowledged_not_in_log(self, log: Mapping[tuple[int, int], bytes]) -> list[int]:
         """Records the cluster acknowledged that are not where their delivery report put them."""
         return [i for i, (_t, p, o) in self.reported.items() if log.get((p, o)) != self.value(i)]
+
+    def misplaced(self, log: Mapping[tuple[int, int], bytes], ids: Iterable[int]) -> list[str]:
+        """For records not where their delivery report put them: the report, what the log holds
+        there, and where the record is."""
+        where: dict[int, list[tuple[int, int]]] = {}
+        for po, v in log.items():
+            where.setdefault(int(v[:8]), []).append(po)
+        out = []
+        for i in ids:
+            _t, p, o = self.reported[i]
+            there = log.get((p, o))
+            out.append(
+                f"record {i}: reported at {p}/{o}, the log holds there "
+                f"{'nothing' if there is None else there[:8]!r}, the record is at {sorted(where.get(i, []))}"
+            )
+        return out
+
+
+def histograms(metrics_port: int) -> dict[str, dict[float, float]]:
+    """The proxy's state-write latency and ShareFetch latency histograms now, cumulative counts by
+    upper bound (``le``; ``inf`` the count), from its Prometheus page."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).read().decode()
+    wanted = {
+        "state write": ("kshare_state_write_seconds_bucket{", ""),
+        "ShareFetch": ("kshare_request_seconds_bucket{", 'api="ShareFetch"'),
+    }
+    out: dict[str, dict[float, float]] = {k: {} for k in wanted}
+    for line in text.splitlines():
+        for what, (prefix, label) in wanted.items():
+            if line.startswith(prefix) and label in line:
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                out[what][math.inf if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def latency_between(before: Mapping[float, float], after: Mapping[float, float]) -> str:
+    """What a histogram's counts between two snapshots say: how many, and the slowest bucket
+    reached (``<= 0.5 s``; ``> 10 s`` past the last bound)."""
+    delta = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in after}
+    n = delta.get(math.inf, 0.0)
+    if not n:
+        return "none"
+    slowest = min((le for le, c in delta.items() if c >= n), default=math.inf)
+    if slowest == math.inf:
+        last = max((le for le in delta if le != math.inf), default=0.0)
+        return f"{n:.0f}, {n - delta.get(last, 0.0):.0f} of them > {last:g} s"
+    below = max((le for le in delta if le < slowest), default=0.0)
+    return f"{n:.0f}, slowest in ({below:g}, {slowest:g}] s ({n - delta.get(below, 0.0):.0f} of them)"
 
 
 def epoch_bumps(producer_log: Path) -> tuple[int, int]:
