@@ -149,3 +149,41 @@ def test_assigned_members_count_until_their_first_fetch_only():
     fair.fetching("m0", 500, 0, later)
     # m1 fetched at 0 and is forgotten; m2-m7 never fetched and still count
     assert fair.cap("m0", 0, 2000, later, IDLE, assigned) == 2000 // 7
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 1000), st.integers(0, 600), st.one_of(st.none(), st.integers(1, 5000))),
+             min_size=1, max_size=30),
+    st.integers(0, 10), st.integers(100, 5000), st.one_of(st.none(), st.integers(0, 20_000)), st.integers(0, 600),
+)
+def test_cap_is_the_smaller_of_the_two_shares(fetches, expected, budget, available, held):
+    """``cap`` (which counts the members and weighs them once for both limits) against its
+    definition from ``share``, asked on its own for each limit: the budget's share less what the
+    member holds, and (when given) the share of what is waiting."""
+    fair = FairShare()
+    for i, (wanted, _, cycle_ms) in enumerate(fetches):
+        fair.fetching(f"m{i}", wanted, 0, 0)
+        if cycle_ms is not None:  # a measured pace: records acquired, then all settled
+            fair.acquired(f"m{i}", wanted, 0)
+            fair.fetching(f"m{i}", wanted, 0, cycle_ms)
+    now = max((c or 0) for _, _, c in fetches)
+    assigned = [f"m{i}" for i in range(len(fetches))] + [f"new{j}" for j in range(expected)]
+    holds = {f"m{i}": h for i, (_, h, _) in enumerate(fetches)}
+    held_of = holds.__getitem__
+
+    def reference() -> int | None:
+        if (len(fair.members) == 1 and "m0" in fair.members
+                and all(k in fair.members or k in fair.seen for k in assigned)):
+            return None
+        caps = []
+        s = fair.share("m0", budget, now, IDLE, assigned, held_of)
+        if s is not None:
+            caps.append(max(0, s - held))
+        if available is not None:
+            a = fair.share("m0", max(available, 1), now, IDLE, assigned, held_of)
+            if a is not None:
+                caps.append(a)
+        return min(caps) if caps else None
+
+    want = reference()
+    assert fair.cap("m0", held, budget, now, IDLE, assigned, available, held_of) == want
