@@ -35,8 +35,8 @@ kshare: in four runs of this module with idempotence logs, the reassignment test
 through kshare bumped in three, the direct one (KIP-951 leader hints in its answers) in two, a
 direct one asking for Produce versions without leader hints (as kshare asks the broker for
 non-transactional Produce v9, kshare/proxy/filters.py) in one; the lagging-broker test's through
-kshare once. Over 24 later reassignment runs: through kshare 9 runs with a bump and 4 with a
-record written twice, directly 1 and 0, directly without hints 1 and 1 (docs/benchmarks/failover.md,
+kshare once. Over 32 later reassignment runs: through kshare 10 runs with a bump and 4 with a
+record written twice, directly 3 and 1, directly without hints 2 and 1 (docs/benchmarks/failover.md,
 "Producers: a record written twice after a leader move"): the client's doing, made likelier
 through kshare for a reason not established (kshare relays each connection's requests and answers
 in order). Each run prints, for the producer
