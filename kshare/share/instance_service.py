@@ -143,13 +143,7 @@ class InstanceGroupMember:
                     kept[key] = decision.epoch
         ownership.confirmed = kept
         states = [sp for key, sp in self.partitions.items() if key not in kept]
-        pending = [sp.pending_done for sp in states if sp.pending_done is not None and not sp.pending_done.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=10)
-        for sp in states:
-            self.partitions.pop(sp.key, None)
-            sp.engine = None
-            sp.wake()
+        await self._take_out_of_service(states)
         if states:
             log.info("instance group: ownership epoch %d: %d share-partition(s) to confirm again before serving",
                      decision.epoch, len(states))
@@ -370,13 +364,7 @@ class InstanceGroupMember:
         # the partition's next owner) before it is served here again
         for key in [k for k in ownership.confirmed if self.store.partition_of(k) in gone]:
             del ownership.confirmed[key]
-        pending = [sp.pending_done for sp in states if sp.pending_done is not None and not sp.pending_done.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=10)
-        for sp in states:
-            self.partitions.pop(sp.key, None)
-            sp.engine = None
-            sp.wake()
+        await self._take_out_of_service(states)
         for group in self.coordinator.groups.values():
             if not ownership.owns_group(group.group_id) and group.members:
                 group.members.clear()
@@ -384,6 +372,17 @@ class InstanceGroupMember:
         await self.store.release(list(gone))
         log.info("instance group: gave up state partition(s) %s (%d share-partition(s))",
                  ",".join(map(str, sorted(gone))), len(states))
+
+    async def _take_out_of_service(self: ShareGroupService, states: list[SharePartitionState]) -> None:
+        """Stop serving these share-partitions here: their queued writes land first (up to 10 s),
+        then their engines go and their waiting fetches are woken (they answer without them)."""
+        pending = [sp.pending_done for sp in states if sp.pending_done is not None and not sp.pending_done.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+        for sp in states:
+            self.partitions.pop(sp.key, None)
+            sp.engine = None
+            sp.wake()
 
     def fenced(self: ShareGroupService, partition: int) -> None:
         """Another proxy took this state partition over (this one was paused or cut off): stop

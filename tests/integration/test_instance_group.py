@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 from kshare.share.instance_group import InstanceGroup
 from kshare.share.ownership import Instance, OwnershipMap
@@ -295,6 +296,25 @@ def test_a_zombie_with_writes_in_flight_loses_nothing_it_was_told_was_written(ka
     asyncio.run(main())
 
 
+def _one_state_partition() -> tuple[str, Any, int]:
+    """A fresh state topic's name (2 partitions), a share-partition key and its state partition."""
+    from kshare.share.state.codec import partition_for
+    from kshare.share.store import SharePartitionKey
+
+    key = SharePartitionKey("g", uuid.uuid4().bytes, 0)
+    return f"state-{uuid.uuid4().hex[:8]}", key, partition_for(key, 2)
+
+
+def _claiming_store(kafka39: KafkaBroker, topic: str, epoch: int) -> Any:
+    """An instance group's store of ``topic`` (it claims the partitions it writes) at ownership ``epoch``."""
+    from kshare.share.state.topic_store import TopicStateStore
+
+    s = TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2, transactional_prefix=f"kshare-test.{topic}.",
+                        write_timeout_s=20)
+    s.leader_epoch = epoch
+    return s
+
+
 def test_replay_keeps_out_what_the_broker_did_not_fence(kafka39: KafkaBroker) -> None:
     """Where the broker's fencing does not hold (the coordinator gave the transactional id a new
     producer id after it expired, or the leader forgot the old one), a write of the previous owner
@@ -304,23 +324,15 @@ def test_replay_keeps_out_what_the_broker_did_not_fence(kafka39: KafkaBroker) ->
         RECORD_SNAPSHOT,
         encode_share_key,
         encode_snapshot_value,
-        partition_for,
     )
     from kshare.share.state.pipelined_producer import PipelinedProducer
     from kshare.share.state.topic_store import TopicStateStore
     from kshare.share.states import ShareSnapshot
-    from kshare.share.store import SharePartitionKey
 
-    topic = f"state-{uuid.uuid4().hex[:8]}"
-    prefix = f"kshare-test.{topic}."
-    key = SharePartitionKey("g", uuid.uuid4().bytes, 0)
-    p = partition_for(key, 2)
+    topic, key, p = _one_state_partition()
 
     def store(epoch: int) -> TopicStateStore:
-        s = TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2, transactional_prefix=prefix,
-                            write_timeout_s=20)
-        s.leader_epoch = epoch
-        return s
+        return _claiming_store(kafka39, topic, epoch)
 
     async def main() -> None:
         a, b = store(1), store(2)
@@ -360,21 +372,13 @@ def test_state_survives_a_full_restart_of_the_group_and_a_single_proxy_after_it(
     latest claim in the log counts (claims.ClaimGuard), epoch 0 is always state. Before, the
     state written after a full restart, or by a single proxy after the group, was ignored by the
     next replay (the state went back to what the group's last life wrote)."""
-    from kshare.share.state.codec import partition_for
     from kshare.share.state.topic_store import TopicStateStore
     from kshare.share.states import ShareSnapshot
-    from kshare.share.store import SharePartitionKey
 
-    topic = f"state-{uuid.uuid4().hex[:8]}"
-    prefix = f"kshare-test.{topic}."
-    key = SharePartitionKey("g", uuid.uuid4().bytes, 0)
-    p = partition_for(key, 2)
+    topic, key, p = _one_state_partition()
 
     def member(epoch: int) -> TopicStateStore:
-        s = TopicStateStore([kafka39.bootstrap], topic=topic, partitions=2, transactional_prefix=prefix,
-                            write_timeout_s=20)
-        s.leader_epoch = epoch
-        return s
+        return _claiming_store(kafka39, topic, epoch)
 
     async def life(store: TopicStateStore, expect: ShareSnapshot | None, write: ShareSnapshot) -> None:
         await store.start()
