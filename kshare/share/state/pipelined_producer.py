@@ -203,11 +203,14 @@ class PipelinedProducer:
         known and no earlier batch is still finding its way; otherwise a task finds them first."""
         self._scheduled = False
         pending, self._pending = self._pending, {}
-        for p in [p for p in pending if p in self._resend]:  # after what is sent again, in order
-            self._held.setdefault(p, []).extend(pending.pop(p))
-        if not pending:
-            return
         if self._routing == 0:
+            # After what is sent again, in order. Only while no routing task waits with earlier
+            # records: those would otherwise be written after these (given later sequence numbers
+            # under a new leader, they land after them) -- the task diverts them itself, in turn.
+            for p in [p for p in pending if p in self._resend]:
+                self._held.setdefault(p, []).extend(pending.pop(p))
+            if not pending:
+                return
             by_node = self._known_routes(pending)
             if by_node is not None:
                 self._write(pending, by_node)
