@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..format import bars, fmt_num, table
 from ..procs import cpu_seconds, load
-from .common import KAFKA4, UPSTREAM, alternate, median, scenario
+from .common import KAFKA4, UPSTREAM, alternate, median, produce_round_robin, scenario
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -267,14 +267,7 @@ def produce(bootstrap: str, topic: str, records: int, partitions: int) -> None:
             "error_cb": clients._quiet,
         }
     )
-    value = os.urandom(VALUE_SIZE)
-    for i in range(records):
-        while True:
-            try:
-                p.produce(topic, value, partition=i % partitions)
-                break
-            except BufferError:
-                p.poll(0.05)
+    produce_round_robin(p, topic, records, partitions, os.urandom(VALUE_SIZE))
     left = p.flush(300)
     if left or errors:
         raise RuntimeError(f"produce to {topic} via {bootstrap}: {left} undelivered, errors {errors[:3]}")
