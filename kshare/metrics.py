@@ -132,6 +132,12 @@ class ShareCollector(Collector):
         for labels, n in stats.acks.items():
             acks.add_metric(list(labels), n)
         yield acks
+        releases = CounterMetricFamily("kshare_share_member_releases", "Records released without an acknowledgement "
+                                       "because the member holding them went, by reason", labels=["group", "topic",
+                                                                                                  "reason"])
+        for labels, n in stats.member_releases.items():
+            releases.add_metric(list(labels), n)
+        yield releases
 
         members = GaugeMetricFamily("kshare_share_group_members", "Members of each share group",
                                     labels=["group", "state"])

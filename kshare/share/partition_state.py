@@ -189,16 +189,20 @@ class SharePartitionState:
         self.watch_locks()  # or, with a redelivery backoff, when it ends
         return result.error_code, write
 
-    def release_member(self, member_id: str) -> asyncio.Future | None:
+    def release_member(self, member_id: str, reason: str) -> asyncio.Future | None:
         """What the member holds here goes back to the queue (archived at the delivery count limit,
-        with dead letters); the durable write, if any."""
+        with dead letters), counted under ``reason`` (kshare.share.stats); the durable write, if any."""
         self.fair.leave(member_id)
         engine = self.engine
         if engine is None:
             return None
+        held = engine.acquired_count()
         update = engine.release_member(member_id)
         if update is None:
             return None
+        released = held - engine.acquired_count()
+        if released:
+            self.ctx.stats.member_releases[(self.key.group_id, self.topic.name, reason)] += released
         write = self.persist_archived(update, (), list(engine.archived))
         self.wake()
         return write

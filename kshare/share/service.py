@@ -33,7 +33,7 @@ from .partition_state import LockTimers, PartitionContext, SharePartitionState
 from .peers import PeerClient
 from .sessions import ShareSessionCache
 from .states import ShareSnapshot
-from .stats import ShareStats
+from .stats import CONNECTION_CLOSED, MEMBER_EXPIRED, MEMBER_LEFT, ShareStats
 from .store import GroupRecord, SharePartitionKey, StateStore
 from .tasks import shared_task
 from .topic_watch import TopicWatch
@@ -252,15 +252,16 @@ class ShareGroupService(InstanceGroupMember):
         if write is not None:
             await write
 
-    async def member_gone(self, group_id: str, member_id: str, *, close_sessions: bool = False) -> None:
+    async def member_gone(self, group_id: str, member_id: str, *, expired: bool = False) -> None:
         """A member left or was removed: release what it holds.
 
         A member that leaves still closes its share sessions itself (a final ShareAcknowledge);
-        one removed for missing its session timeout is presumed dead, so its sessions go too.
+        one removed for missing its session timeout (``expired``) is presumed dead, so its
+        sessions go too.
         """
-        if close_sessions:
+        if expired:
             self.sessions.close_member(group_id, member_id)
-        await self.release_member(group_id, member_id, None)
+        await self.release_member(group_id, member_id, None, MEMBER_EXPIRED if expired else MEMBER_LEFT)
 
     def connection_closed(self, conn: object) -> None:
         """A client connection closed: its share sessions end, and what their members acquired on
@@ -270,24 +271,34 @@ class ShareGroupService(InstanceGroupMember):
         for session in self.sessions.close_owner(conn):
             group_id, member_id, _ = session.key
             task = asyncio.get_running_loop().create_task(
-                self.release_member(group_id, member_id, list(session.partitions)))
+                self.release_member(group_id, member_id, list(session.partitions), CONNECTION_CLOSED))
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
 
-    async def release_member(self, group_id: str, member_id: str, only: Iterable[tuple[bytes, int]] | None) -> None:
+    async def release_member(self, group_id: str, member_id: str, only: Iterable[tuple[bytes, int]] | None,
+                             reason: str) -> None:
         """What the member holds on the group's share-partitions (``only`` these (topic id,
-        partition), if given) goes back to the queue; returns once that is durable."""
+        partition), if given) goes back to the queue, counted under ``reason``
+        (kshare.share.stats.RELEASE_REASONS); returns once that is durable."""
         wanted = None if only is None else set(only)
         writes = []
+        released = 0
         with gathering_writes(self.store):
             for key, sp in list(self.partitions.items()):
                 if key.group_id != group_id or sp.engine is None:
                     continue
                 if wanted is not None and (key.topic_id, key.partition) not in wanted:
                     continue
-                write = sp.release_member(member_id)
+                held = sp.engine.acquired_count()
+                write = sp.release_member(member_id, reason)
+                released += held - sp.engine.acquired_count()
                 if write is not None:
                     writes.append(write)
+        if released and reason == CONNECTION_CLOSED:
+            # the one release an operator may not expect: a live client whose connection dropped
+            # (a request timeout in the client, a load balancer's idle cut) loses what it held
+            log.info("share group %s: %d record(s) held by member %s released: its connection closed", group_id,
+                     released, member_id)
         for fut in writes:
             try:
                 await fut
@@ -451,7 +462,7 @@ class ShareGroupService(InstanceGroupMember):
                 group = self.coordinator.group(group_id)
                 if group is not None:
                     self.persist_group(group)
-                await self.member_gone(group_id, member_id, close_sessions=True)
+                await self.member_gone(group_id, member_id, expired=True)
             deadlines = [d for d in (self.locks.next_deadline(), self.coordinator.next_deadline()) if d is not None]
             wait = (min(deadlines) - self.clock()) / 1000 if deadlines else 1.0
             self.locks.wakeup.clear()

@@ -171,7 +171,7 @@ def test_a_share_partition_acknowledges_releases_and_expires_its_locks_itself():
         assert sp.ctx.stats.lock_timeouts[("g", "t")] == 5
         await store.answer()
         # a member that leaves gives back what it holds; nothing held: nothing written
-        assert sp.release_member("a") is None
+        assert sp.release_member("a", "member_left") is None
         sp.drop()
         assert sp.dropped and not sp.ready
 

@@ -9,6 +9,7 @@ from ...protocol.codes import ApiKey
 from ..authorization import Operation
 from ..errors import ErrorCode
 from ..sessions import FINAL_EPOCH
+from ..stats import SESSION_CLOSED
 from .common import (
     MAX_MEMBER_ID_LENGTH,
     Resolved,
@@ -52,7 +53,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     outcomes = await apply_acknowledgements(service, Resolved(service, group_id), member_id, acks, renew_allowed=renew,
                                             refused=refused)
     if req.share_session_epoch == FINAL_EPOCH and opened.session is not None:
-        await service.release_member(group_id, member_id, list(opened.session.partitions))
+        await service.release_member(group_id, member_id, list(opened.session.partitions), SESSION_CLOSED)
     by_topic: dict[bytes, list[Any]] = {}
     for o, code in await await_writes(outcomes):
         by_topic.setdefault(o.topic_id, []).append(Response.PartitionData(

@@ -28,6 +28,7 @@ from ..record_keys import BadBatch, KeyedBatch, batch_keys
 from ..records import Batch
 from ..sessions import FINAL_EPOCH
 from ..states import AcquireMode
+from ..stats import CONNECTION_CLOSED, SESSION_CLOSED
 from ..store import SharePartitionKey
 from ..upstream import OFFSET_OUT_OF_RANGE, TRANSIENT
 from .common import (
@@ -125,7 +126,7 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
 
     if req.share_session_epoch == FINAL_EPOCH:
         # the session ends: what the member still holds on its partitions goes back to the queue
-        await service.release_member(group_id, member_id, list(session.partitions))
+        await service.release_member(group_id, member_id, list(session.partitions), SESSION_CLOSED)
         await _settle_acks(outcomes, out)
         return version, out.build(lock_ms)
 
@@ -163,7 +164,7 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
                 dropped = True
         if conn.closed and out.record_count:
             # the connection closed while this fetch waited: nobody will get these records
-            await service.release_member(group_id, member_id, list(session.partitions))
+            await service.release_member(group_id, member_id, list(session.partitions), CONNECTION_CLOSED)
     acks_changed = await _settle_acks(outcomes, out)
     if later:
         # once this answer is written (the rest of this turn of the event loop): a Fetch request
