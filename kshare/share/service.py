@@ -273,7 +273,12 @@ class ShareGroupService(InstanceGroupMember):
             task = asyncio.get_running_loop().create_task(
                 self.release_member(group_id, member_id, list(session.partitions), CONNECTION_CLOSED))
             self._releases.add(task)
-            task.add_done_callback(self._releases.discard)
+            task.add_done_callback(self._release_done)
+
+    def _release_done(self, task: asyncio.Task) -> None:
+        self._releases.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("releasing what a member held failed: %r", exc, exc_info=exc)
 
     async def release_member(self, group_id: str, member_id: str, only: Iterable[tuple[bytes, int]] | None,
                              reason: str) -> None:
@@ -452,17 +457,28 @@ class ShareGroupService(InstanceGroupMember):
 
     # -- acquisition locks ----------------------------------------------------------------------------
     async def _timers(self) -> None:
-        """Lock expiries and member session timeouts, each handled when due."""
+        """Lock expiries and member session timeouts, each handled when due.
+
+        Nothing here waits for the cluster: the release of an expired member's records runs as a
+        task of its own, since its durable write can take as long as a state write may (a broker
+        failover), and every lock of every share-partition would run late meanwhile. A failure in
+        one share-partition is logged and the loop goes on: if this task ended, no lock would
+        ever run out again and what stalled consumers hold would never come back."""
         while True:
             now = self.clock()
             while (sp := self.locks.pop_due(now, self.partitions)) is not None:
-                sp.expire_locks(now)
+                try:
+                    sp.expire_locks(now)
+                except Exception as exc:  # noqa: BLE001 - a bug: logged, and the other locks still run out
+                    log.error("expiring the locks of %s failed: %r", sp.key, exc, exc_info=exc)
             for group_id, member_id in self.coordinator.expire(now):
                 log.info("share group %s: member %s missed its session timeout; removed", group_id, member_id)
                 group = self.coordinator.group(group_id)
                 if group is not None:
                     self.persist_group(group)
-                await self.member_gone(group_id, member_id, expired=True)
+                task = asyncio.get_running_loop().create_task(self.member_gone(group_id, member_id, expired=True))
+                self._releases.add(task)
+                task.add_done_callback(self._release_done)
             deadlines = [d for d in (self.locks.next_deadline(), self.coordinator.next_deadline()) if d is not None]
             wait = (min(deadlines) - self.clock()) / 1000 if deadlines else 1.0
             self.locks.wakeup.clear()

@@ -365,3 +365,31 @@ def kshare_stream(spark: Any, bootstrap: str, topic: str, group: str, **opts: ob
     for k, v in opts.items():
         r = r.option(k, str(v))
     return r.load()
+
+
+def share_state(proxy: Any, group: str, topic: str) -> str:
+    """One line on ``group``'s share-partitions of ``topic`` on ``proxy`` (a ShareProxyThread): each
+    state range of the window (offsets, state, delivery count, holder), the member releases and
+    lock timeouts counted, and the group's members: what a test that waited in vain says."""
+
+    def state() -> str:
+        service = proxy.service
+        parts = []
+        for key, sp in service.partitions.items():
+            if key.group_id != group or sp.engine is None or sp.topic.name != topic:
+                continue
+            engine = sp.engine
+            ranges = [f"{r.first_offset}-{r.last_offset} {r.state.name} x{r.delivery_count}"
+                      + (f" {r.member_id}" if r.member_id else "") + (" waits-for-key" if r.waits_for_key else "")
+                      for r in engine.in_flight()]
+            parts.append(f"p{key.partition}: spso {engine.start_offset} speo {engine.end_offset} [{'; '.join(ranges)}]")
+        stats = service.stats
+        releases = {r: n for (g, _t, r), n in stats.member_releases.items() if g == group}
+        timeouts = sum(n for (g, _t), n in stats.lock_timeouts.items() if g == group)
+        archived = sum(n for (g, _t), n in stats.archived.items() if g == group)
+        g = service.coordinator.group(group)
+        members = sorted(g.members) if g else []
+        return (f"{'; '.join(parts) or 'no share-partition loaded'}; released by reason {releases}, lock timeouts "
+                f"{timeouts}, archived {archived}; members {members}")
+
+    return proxy.call(state)

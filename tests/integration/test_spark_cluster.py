@@ -88,13 +88,22 @@ class Sink:
         with self.lock:
             return {v for _, v, _, _, _ in self.rows}
 
-    def wait_for(self, expected: set[bytes], query, timeout: float = 90.0) -> None:
+    def wait_for(self, expected: set[bytes], query, timeout: float = 90.0, *, proxy=None, group: str = "",
+                 topic: str = "") -> None:
+        """Until the sink has ``expected``; a timeout says how many are missing and, given the
+        ``proxy``, where the group's share-partitions of ``topic`` stand."""
         def done() -> bool:
             if query.exception() is not None:
                 raise AssertionError(f"query failed: {query.exception()}")
             return expected <= self.values()
 
-        wait_until(done, timeout, f"{len(expected)} records in the sink", interval=0.2)
+        try:
+            wait_until(done, timeout, f"{len(expected)} records in the sink", interval=0.2)
+        except AssertionError as exc:
+            missing = expected - self.values()
+            where = cluster.share_state(proxy, group, topic) if proxy is not None else ""
+            raise AssertionError(f"{exc}: {len(missing)} missing (e.g. {sorted(missing)[:3]}), "
+                                 f"{len(self.rows)} rows in {len(self.executors_per_batch())} batches; {where}") from None
 
     def executors_per_batch(self) -> dict[int, set[str]]:
         out: dict[int, set[str]] = {}
@@ -169,7 +178,7 @@ def test_an_executor_killed_mid_batch_loses_nothing(spark, kshare39, kafka39, tm
             on_victim = watch.on(victim)
             wait_until(lambda: not on_victim & watch.present(), 15, f"the killed executor's {len(on_victim)} members leaving")
         assert on_victim and not watch.not_left(on_victim, SESSION_TIMEOUT_MS // 2), watch.not_left(on_victim, 0)
-        sink.wait_for(set(first), q, timeout=120)
+        sink.wait_for(set(first), q, timeout=120, proxy=kshare39, group=group, topic=topic)
         # the worker relaunches the executor, and the query reads there too
         wait_until(lambda: set(cluster.executors(spark)) - set(before), 60, "a relaunched executor")
         relaunched = set(cluster.executors(spark)) - set(before)
@@ -179,7 +188,7 @@ def test_an_executor_killed_mid_batch_loses_nothing(spark, kshare39, kafka39, tm
             more = values(f"b{len(second)}", 200)
             produce(kshare39.bootstrap, topic, more, per_batch=50)
             second += more
-            sink.wait_for(set(second), q)
+            sink.wait_for(set(second), q, proxy=kshare39, group=group, topic=topic)
         assert q.isActive and q.exception() is None
     finally:
         q.stop()
