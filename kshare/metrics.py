@@ -208,6 +208,9 @@ class Readiness(Collector):
             if not self.service.loaded and reason is None:
                 why = self.service.load_error or "in progress"
                 reason = f"loading the share-group state: {why}"
+            if self.service.broken is not None:
+                share_state = "broken"
+                reason = f"the share service is broken: {self.service.broken}"
         status: dict[str, object] = {"ready": reason is None, "reason": reason, "upstream": upstream,
                                      "share_state": share_state}
         if self.service is not None and self.service.instances is not None:
@@ -278,6 +281,12 @@ class MetricsServer:
             body = (json.dumps(status) + "\n").encode()
             return ("200 OK" if status["ready"] else "503 Service Unavailable"), body, "application/json"
         if path in (b"/live", b"/healthz"):
+            # a share service with a loop ended (a bug, logged) is fixed by a restart: not live
+            service = self.metrics.readiness.service
+            if service is not None and service.broken is not None:
+                body = (json.dumps({"live": False, "reason": f"the share service is broken: {service.broken}"})
+                        + "\n").encode()
+                return "503 Service Unavailable", body, "application/json"
             return "200 OK", b'{"live": true}\n', "application/json"
         return "404 Not Found", b"not found: try /metrics, /ready or /live\n", "text/plain"
 

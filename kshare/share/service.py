@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..protocol import messages
 from ..protocol.codes import ApiKey
@@ -82,6 +82,8 @@ class ShareGroupService(InstanceGroupMember):
         self.locks = LockTimers()
         self.dead_letters = DeadLetterWriter(upstream, self.partition_logs)
         self._tasks: list[asyncio.Task] = []
+        self.stopping = False
+        self.broken: str | None = None  # why the service cannot go on (a loop of it ended): see _keep
         self._group_writes: dict[str, asyncio.Task] = {}
         self._releases: set[asyncio.Task] = set()  # releases after connections closed, kept referenced
         self._priming: set[asyncio.Task] = set()  # share-partitions a session added, made ready (prime)
@@ -145,13 +147,28 @@ class ShareGroupService(InstanceGroupMember):
             self.coordinator.ensure_group(key.group_id)
         self.loaded = True
         self._loaded_event.set()
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._timers()))
-        self._tasks.append(loop.create_task(self._refresh_topics()))
+        self._keep(self._timers(), "lock and session timers")
+        self._keep(self._refresh_topics(), "topic refresh")
         if self.instances is not None:
-            self._tasks.append(loop.create_task(self._refresh_remote_configs()))
+            self._keep(self._refresh_remote_configs(), "group config refresh")
         log.info("share state loaded in %.2fs: %d group(s), %d share-partition(s)", time.monotonic() - started,
                  len(self.coordinator.groups), len(self.store.share_partitions()))
+
+    def _keep(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        """Run one of the service's loops for as long as the service runs. One that ends before
+        :meth:`stop` is a bug: logged with its traceback, and the proxy reports itself not ready
+        (``broken``, kshare_ready 0) instead of serving on without, say, lock expiries."""
+
+        def ended(task: asyncio.Task) -> None:
+            if self.stopping or task.cancelled():
+                return
+            exc = task.exception()
+            self.broken = f"its {what} loop ended ({exc!r})"
+            log.error("share service: %s", self.broken, exc_info=exc)
+
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(ended)
+        self._tasks.append(task)
 
     def _adopt_group(self, record: GroupRecord) -> None:
         """A durable group record becomes this proxy's group (at start, or when it takes the group over)."""
@@ -203,6 +220,7 @@ class ShareGroupService(InstanceGroupMember):
         return await drain(self.partitions, timeout_s)
 
     async def stop(self) -> None:
+        self.stopping = True
         for task in [*self._tasks, *self._priming]:
             task.cancel()
         self.partition_logs.close()

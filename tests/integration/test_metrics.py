@@ -154,3 +154,35 @@ def test_ready_follows_a_later_cluster_outage(kafka39, caplog) -> None:
     again = [m for m in warnings if m.startswith("upstream cluster reachable again")]
     assert len(down) == 1 and len(again) == 1, warnings
     assert "answered the proxy's probe" in again[0], again
+
+
+def test_a_share_service_loop_that_ends_makes_the_proxy_not_ready_and_not_live(kafka39, caplog) -> None:
+    """A loop of the share service that ends while the proxy runs (a bug in kshare; here its lock
+    timers, made to raise by the test) would leave records out forever without a word: it is
+    logged once at ERROR, and /ready and /live answer 503 with the reason, so an orchestrator
+    restarts the proxy. Other requests are still served."""
+    caplog.set_level(logging.ERROR, logger="kshare.share")
+    with ShareProxyThread(kafka39.bootstrap, metrics_port=0) as proxy:
+        port = proxy.app.metrics_server.port
+        wait_until(lambda: _ready(port)[0] == 200, 30, "ready")
+        service = proxy.service
+
+        def fail(now=None):
+            raise RuntimeError("injected by the test")
+
+        def inject() -> None:
+            service.coordinator.expire = fail
+            service.locks.wakeup.set()
+
+        proxy.call(inject)
+        wait_until(lambda: _ready(port)[0] == 503, 10, "not ready")
+        status, doc = _ready(port)
+        assert doc["share_state"] == "broken", doc
+        assert doc["reason"] == ("the share service is broken: its lock and session timers loop ended "
+                                 "(RuntimeError('injected by the test'))"), doc
+        with pytest.raises(urllib.error.HTTPError) as live:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/live", timeout=10)
+        assert live.value.code == 503 and json.loads(live.value.read())["live"] is False
+        assert value(scrape(port), "kshare_ready") == 0
+    errors = [r for r in caplog.records if r.name.startswith("kshare.share") and r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None, [r.getMessage() for r in errors]
