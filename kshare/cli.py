@@ -117,11 +117,11 @@ def _option(*decls: str, env: str, **kwargs: object):
 @_option("--instance-session-timeout-ms", env="INSTANCE_SESSION_TIMEOUT_MS", default=10_000, show_default=True,
          type=click.IntRange(1000), help="How long the others wait for a proxy of the instance group that stopped "
                                         "answering before they take its share-partitions over.")
-@_option("--instance-leadership", env="INSTANCE_LEADERSHIP", default="state-partition", show_default=True,
+@_option("--instance-leadership", env="INSTANCE_LEADERSHIP", default="topic", show_default=True,
          type=click.Choice(["state-partition", "topic"], case_sensitive=False),
-         help="How the instance group splits share-partition leadership: by state-topic partition, or per topic "
-              "(each proxy leads partitions/proxies of every topic, the state following its leader; experimental, "
-              "docs/design/scale-out.md). Every proxy of the group must say topic for it to apply.")
+         help="How the instance group splits share-partition leadership: per topic (each proxy leads "
+              "partitions/proxies of every topic, the state following its leader; docs/design/scale-out.md), or by "
+              "state-topic partition (what earlier versions do). Every proxy of the group must say topic for it to apply.")
 @_option("--tls-cert", env="TLS_CERT", default=None, metavar="PEM",
          help="Serve TLS on every client listener with this certificate (chain); reloaded on SIGHUP and when the "
               "file changes.")

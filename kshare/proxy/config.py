@@ -55,7 +55,7 @@ class ProxyConfig:
     # topic) split the share-partitions through a consumer group (docs/design/scale-out.md).
     instance_group: str | None = None
     instance_session_timeout_ms: int = 10_000
-    instance_leadership: str = "state-partition"  # or "topic" (docs/design/scale-out.md)
+    instance_leadership: str = "topic"  # or "state-partition" (docs/design/scale-out.md)
     # TLS on the client listeners (None: plaintext), and how kshare's own connections (and the
     # relay's, for TLS) reach the cluster (docs/guide/security.md)
     tls: TLSFiles | None = None

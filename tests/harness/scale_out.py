@@ -212,13 +212,18 @@ def state_partition(group: str, tid: bytes, partition: int) -> int:
     return sc.partition_for(SharePartitionKey(group, tid, partition), STATE_PARTITIONS)
 
 
+def by_state_partition() -> bool:
+    """Whether the proxies started now lead by state partition (they inherit the environment)."""
+    return os.environ.get("KSHARE_INSTANCE_LEADERSHIP", "").strip().lower() == "state-partition"
+
+
 def live_spso(svc: Service, group: str, topic: str, tid: bytes) -> dict[int, int | None]:
     """partition -> SPSO as the share-partition's current owner shows it (None: unknown).
 
-    Proxies leading by topic (KSHARE_INSTANCE_LEADERSHIP=topic) keep a share-partition's state
-    with its leader, wherever it hashes: there, the highest SPSO any live proxy shows (an SPSO only
-    moves forward, so a proxy that led it before shows no more than its leader)."""
-    if os.environ.get("KSHARE_INSTANCE_LEADERSHIP", "").strip().lower() == "topic":
+    Proxies leading by topic (the default; not KSHARE_INSTANCE_LEADERSHIP=state-partition) keep a
+    share-partition's state with its leader, wherever it hashes: there, the highest SPSO any live
+    proxy shows (an SPSO only moves forward, so a proxy that led it before shows no more than its leader)."""
+    if not by_state_partition():
         best: dict[int, int | None] = dict.fromkeys(range(PARTITIONS))
         for p in svc.live():
             for labels, v in p.samples("kshare_share_partition_spso"):

@@ -1,5 +1,5 @@
 """Leadership by topic (issue 42, docs/design/scale-out.md "Balanced leadership"): three real
-``kshare proxy`` processes of one instance group (``KSHARE_INSTANCE_LEADERSHIP=topic``) in front of
+``kshare proxy`` processes of one instance group (leading by topic, the default) in front of
 the session's Apache Kafka 3.9 broker.
 
 Metadata through any proxy names a 4-partition topic's leaders 2/1/1 and a 12-partition topic's
@@ -30,7 +30,8 @@ from tests.harness.share import admin, share_group, wait_until
 
 @pytest.fixture
 def by_topic(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KSHARE_INSTANCE_LEADERSHIP", "topic")  # the proxies started here inherit it
+    # the default: no KSHARE_INSTANCE_LEADERSHIP for the proxies started here to inherit
+    monkeypatch.delenv("KSHARE_INSTANCE_LEADERSHIP", raising=False)
 
 
 def leaders(svc: Service, via: Member, topic: str, partitions: int) -> dict[int, int]:

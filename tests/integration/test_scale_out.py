@@ -17,7 +17,7 @@ ShareFetch the application holds plus one fetched in the background, each at mos
 
 How the tests read a share-partition's start offset (SPSO): while several proxies run, from the
 ``kshare_share_partition_spso`` gauge of the proxy that owns the share-partition's state partition
-(``/ready`` names them); at the end of a fault test from DescribeShareGroupOffsets through one
+(``/ready`` names them), or leading by topic the highest any live proxy shows; at the end of a fault test from DescribeShareGroupOffsets through one
 proxy (the group's coordinator asks the others for the state they hold), and then, durably, from
 the one proxy left after the others were stopped with SIGTERM (it then owns, and replayed, every
 state partition).
@@ -63,6 +63,7 @@ from tests.harness.scale_out import (
     Service,
     SteadyProducer,
     busiest,
+    by_state_partition,
     check_ledger,
     data_topic,
     finish,
@@ -84,8 +85,10 @@ def group() -> str:
 # 1. the split, and consumption as through one proxy
 
 
-def test_split_and_consume_like_one_proxy(kafka39, topic_name, group):
-    """Three proxies split the 6 state partitions: each owns at least one (2 each: balanced), none
+def test_split_and_consume_like_one_proxy(kafka39, topic_name, group, monkeypatch):
+    """Leading by state partition (``--instance-leadership state-partition``, which the proxies
+    inherit from KSHARE_INSTANCE_LEADERSHIP; leading by topic, the default, is
+    test_balanced_leadership's). Three proxies split the 6 state partitions: each owns at least one (2 each: balanced), none
     is owned twice, all are owned, on one ownership epoch. Metadata from each proxy alone lists 3
     brokers (one per proxy for the single upstream broker, node ids slot * 2^20 + broker) and the
     same leader for every partition: the listener of the proxy owning the partition's state
@@ -93,6 +96,7 @@ def test_split_and_consume_like_one_proxy(kafka39, topic_name, group):
     proxy owning the group's state partition. Three ShareConsumers bootstrapped from all three get
     each of 3,000 records exactly once (no fault: no redelivery), each proxy delivered exactly
     the records of the share-partitions it owns, and every SPSO reaches its end offset."""
+    monkeypatch.setenv("KSHARE_INSTANCE_LEADERSHIP", "state-partition")
     n = 3000
     tid = data_topic(kafka39, topic_name, n)
     ends = end_offsets(kafka39.bootstrap, topic_name, PARTITIONS)
@@ -295,22 +299,23 @@ FAULTS = {"sigkill": kill_the_busiest, "sigstop-past-session": pause_the_busiest
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_one_fault_under_load(kafka39, topic_name, group, fault):
-    """See the functions of :data:`FAULTS` for what each fault does and checks besides the above."""
+    """See the functions of :data:`FAULTS` for what each fault does and checks besides the above.
+    Leading by topic (the default, docs/design/scale-out.md "Balanced leadership"): the state
+    follows its leader from proxy to proxy, and still nothing confirmed is delivered again, nothing
+    is lost."""
     one_fault_under_load(kafka39, topic_name, group, fault)
 
 
 @pytest.mark.parametrize("fault", [
-    "sigterm-rolling-restart",  # the one that moves leadership most: six hand-overs under load
+    "sigterm-rolling-restart",  # the one that moves ownership most: six hand-overs under load
     pytest.param("sigkill", marks=pytest.mark.skipif(not os.environ.get("KSHARE_FAILOVER_TESTS"),
                                                      reason="KSHARE_FAILOVER_TESTS=1")),
     pytest.param("sigstop-past-session", marks=pytest.mark.skipif(not os.environ.get("KSHARE_FAILOVER_TESTS"),
                                                                   reason="KSHARE_FAILOVER_TESTS=1")),
 ])
-def test_one_fault_under_load_leading_by_topic(kafka39, topic_name, group, fault, monkeypatch):
-    """The same with leadership by topic (KSHARE_INSTANCE_LEADERSHIP=topic, docs/design/scale-out.md
-    "Balanced leadership"): the state follows its leader from proxy to proxy, and still nothing
-    confirmed is delivered again, nothing is lost."""
-    monkeypatch.setenv("KSHARE_INSTANCE_LEADERSHIP", "topic")  # the proxies inherit it
+def test_one_fault_under_load_leading_by_state_partition(kafka39, topic_name, group, fault, monkeypatch):
+    """The same leading by state partition (``--instance-leadership state-partition``)."""
+    monkeypatch.setenv("KSHARE_INSTANCE_LEADERSHIP", "state-partition")  # the proxies inherit it
     one_fault_under_load(kafka39, topic_name, group, fault)
 
 
@@ -352,7 +357,7 @@ def one_fault_under_load(kafka39, topic_name, group, fault):
     check_ledger(ledger, ends, run.times, report, per_fault=run.per_fault)
     run.check(report)
     assert not svc.tracebacks(), "\n".join(svc.tracebacks())
-    protocol = "kshare-ownership-v2" if os.environ.get("KSHARE_INSTANCE_LEADERSHIP") == "topic" else "kshare-ownership-v1"
+    protocol = "kshare-ownership-v1" if by_state_partition() else "kshare-ownership-v2"
     assert any(protocol in p.output() for p in svc.proxies), f"the group did not run on {protocol}"
 
 
