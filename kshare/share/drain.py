@@ -11,6 +11,9 @@ proxy stops as before; what is still held at the deadline is released (and redel
 
 Clients notice nothing but empty fetches for the drain's length: they keep their connections and
 share sessions until the proxy closes them.
+
+A proxy of an instance group hands share-partitions over the same way when a rebalance gives their
+leadership to another proxy (``InstanceGroupMember._handing_over``), bounded by the same timeout.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 log = logging.getLogger("kshare.share")
@@ -45,6 +48,18 @@ def pause_all(partitions: Iterable[_Partition]) -> int:
     return held
 
 
+async def until_released(held: Callable[[], int], deadline: float, *, poll_s: float = 0.05,
+                         clock: Callable[[], float] = time.monotonic) -> int:
+    """Poll ``held()`` (the records members hold) until it is 0 or ``deadline`` (of ``clock``)
+    passed; returns the last count. Used by the drain and by an instance group's hand-over of
+    share-partitions another proxy leads now (kshare.share.instance_service)."""
+    count = held()
+    while count and clock() < deadline:
+        await asyncio.sleep(poll_s)
+        count = held()
+    return count
+
+
 async def drain(partitions: dict, timeout_s: float, *, poll_s: float = 0.05,
                 clock=time.monotonic) -> int:
     """Pause handing out records and wait, up to ``timeout_s``, until no record is held.
@@ -56,9 +71,8 @@ async def drain(partitions: dict, timeout_s: float, *, poll_s: float = 0.05,
         return held
     log.info("draining before stopping: %d record(s) held by share consumers; waiting up to %.0f s for their "
              "acknowledgements (--drain-timeout)", held, timeout_s)
-    while held and clock() - started < timeout_s:
-        await asyncio.sleep(poll_s)
-        held = pause_all(list(partitions.values()))
+    held = await until_released(lambda: pause_all(list(partitions.values())), started + timeout_s,
+                                poll_s=poll_s, clock=clock)
     if held:
         log.warning("drain timeout (%.0f s): %d record(s) still held by share consumers are released and will be "
                     "delivered again", timeout_s, held)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import messages
 from ..protocol.codes import ApiKey
+from .drain import until_released
 from .errors import ErrorCode
 from .ownership import GroupOwnership, Instance, OwnershipMap, plan_claims
 from .states import ShareSnapshot, StateBatch
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kshare.share")
 
 EPOCH_WAIT_S = 10.0  # how long a proxy asked at a map epoch it has not applied yet waits for it
+# how long a proxy asked for a copy it is still handing over waits before answering "not yet" (less
+# than the asker's request timeout, kshare.share.peers.PEER_TIMEOUT_S)
+HANDOVER_ANSWER_WAIT_S = 7.0
 
 
 class InstanceGroupMember:
@@ -141,12 +145,104 @@ class InstanceGroupMember:
                 if epoch == previous.epoch and previous.leader_index(key.topic_id, key.partition) == before >= 0 \
                         and ownership.leads(key.topic_id, key.partition):
                     kept[key] = decision.epoch
+        # What this proxy served under the map just before (or was handing over) and another proxy
+        # leads now is handed over: no more records go out, the members' acknowledgements of what
+        # they hold still arrive and are written, then it leaves memory and the new leader, whose
+        # confirmation waits for that, takes the state over (docs/design/scale-out.md, "Hand-over").
+        # Only where this proxy keeps the state partition: one that moves is claimed by its new owner
+        # at once, which fences every write of it from here.
+        moving = set()
+        if decision.by_topic and self.handover_timeout_s() > 0:
+            served = {key for key, epoch in ownership.confirmed.items() if follows and epoch == previous.epoch} \
+                | ownership.releasing
+            keeps = ownership.claimed & set(decision.partitions_of(ownership.me))
+            for key in served:
+                sp = self.partitions.get(key)
+                if key not in kept and sp is not None and sp.ready and not ownership.leads(key.topic_id, key.partition) \
+                        and self.store.partition_of(key) in keeps:
+                    moving.add(key)
+        ownership.stop_releasing([k for k in ownership.releasing if k not in moving])
         ownership.confirmed = kept
-        states = [sp for key, sp in self.partitions.items() if key not in kept]
+        states = [sp for key, sp in self.partitions.items() if key not in kept and key not in moving]
         await self._take_out_of_service(states)
-        if states:
-            log.info("instance group: ownership epoch %d: %d share-partition(s) to confirm again before serving",
-                     decision.epoch, len(states))
+        if moving:
+            self._hand_over(moving, decision.epoch)
+        if states or moving:
+            log.info("instance group: ownership epoch %d: %d share-partition(s) to confirm again before serving, "
+                     "%d handed over to their new leaders", decision.epoch, len(states), len(moving))
+
+    # -- handing share-partitions over without redelivering what members hold ----------------------
+
+    def handover_timeout_s(self: ShareGroupService) -> float:
+        """How long a hand-over waits for the members' acknowledgements (``--drain-timeout``)."""
+        cfg = getattr(self.proxy, "config", None)
+        return float(getattr(cfg, "drain_timeout_s", 10.0))
+
+    def _hand_over(self: ShareGroupService, keys: set[SharePartitionKey], epoch: int) -> None:
+        ownership = self.ownership
+        assert isinstance(ownership, GroupOwnership)
+        ownership.start_releasing(keys)
+        for key in keys:
+            engine = self.partitions[key].engine
+            if engine is not None:
+                engine.paused = True
+        task = asyncio.get_running_loop().create_task(self._handing_over(keys, epoch))
+        handovers = self._handovers()
+        for key in keys:
+            handovers[key] = task
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    def _handovers(self: ShareGroupService) -> dict[SharePartitionKey, asyncio.Task]:
+        """share-partition -> the hand-over task it is part of (while it runs)."""
+        handovers = getattr(self, "_handover_tasks", None)
+        if handovers is None:
+            handovers = self._handover_tasks = {}
+        return handovers
+
+    def _held(self: ShareGroupService, keys: set[SharePartitionKey]) -> int:
+        held = 0
+        for key in keys:
+            sp = self.partitions.get(key)
+            engine = sp.engine if sp is not None else None
+            if engine is not None and key in self.ownership.releasing:
+                held += engine.acquired_count()
+        return held
+
+    async def _handing_over(self: ShareGroupService, keys: set[SharePartitionKey], epoch: int) -> None:
+        """Wait (up to the hand-over timeout) until the members hold nothing of ``keys``, then take
+        them out of service (their queued writes land first): the new leader's confirmation reads
+        the copy from then on."""
+        ownership = self.ownership
+        assert isinstance(ownership, GroupOwnership)
+        started = time.monotonic()
+        first = held = self._held(keys)
+        try:
+            held = await until_released(lambda: self._held(keys), started + self.handover_timeout_s())
+        finally:
+            handovers = self._handovers()
+            task = asyncio.current_task()
+            mine = [k for k in keys if handovers.get(k) is task]
+            for key in mine:
+                del handovers[key]
+            # a newer map may have taken some over already (handing them over again, or leading
+            # them here again): only what is still this hand-over's goes
+            still = [k for k in mine if k in ownership.releasing]
+            ownership.stop_releasing(still)
+            await self._take_out_of_service([self.partitions[k] for k in still if k in self.partitions])
+        if still:
+            log.log(logging.WARNING if held else logging.INFO,
+                    "instance group: handed %d share-partition(s) over (ownership epoch %d) in %.2f s; %d record(s) "
+                    "were held by members, %d still held at the end are delivered again (--drain-timeout %.0f s)",
+                    len(still), epoch, time.monotonic() - started, first, held, self.handover_timeout_s())
+
+    async def _handed_over(self: ShareGroupService, keys: Sequence[SharePartitionKey], timeout: float) -> bool:
+        """Wait (bounded) for the hand-overs of ``keys`` under way here; whether none is left."""
+        handovers = self._handovers()
+        waiting = {handovers[k] for k in keys if k in handovers}
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout)
+        return not any(k in handovers for k in keys)
 
     # -- leading by topic: the state follows its leader ------------------------------------------
 
@@ -275,6 +371,12 @@ class InstanceGroupMember:
         topics_refused = {} if refused else await topic_refusals(self, conn, Operation.DESCRIBE,
                                                                  [t.topic_id for t in req.topics])
         code = refused or await self._at_epoch(epoch)
+        if not code:
+            # what this proxy is handing over is answered once its members' acknowledgements are in
+            # (bounded: the asker's request must not time out; its client asks again)
+            keys = [SharePartitionKey(req.group_id, t.topic_id, p.partition) for t in req.topics for p in t.partitions]
+            if not await self._handed_over(keys, HANDOVER_ANSWER_WAIT_S):
+                code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         results = []
         async with self._ownership_lock:  # the map's claims applied
             ownership = self.ownership
@@ -359,6 +461,8 @@ class InstanceGroupMember:
         assert isinstance(ownership, GroupOwnership)
         gone = set(partitions)
         ownership.claimed = frozenset(p for p in ownership.claimed if p not in gone)
+        # a hand-over of state written there ends now: its writes would be fenced by the new owner
+        ownership.stop_releasing([k for k in ownership.releasing if self.store.partition_of(k) in gone])
         states = [sp for key, sp in self.partitions.items() if self.store.partition_of(key) in gone]
         # leading by topic: a share-partition whose state goes with these is confirmed again (from
         # the partition's next owner) before it is served here again

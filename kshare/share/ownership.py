@@ -23,6 +23,7 @@ partitions still carry the fencing, the group records and the groups' coordinati
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -285,6 +286,28 @@ class GroupOwnership:
         self.map: OwnershipMap | None = None
         self.claimed: frozenset[int] = frozenset()
         self.confirmed: dict[SharePartitionKey, int] = {}  # by topic: share-partition -> map epoch confirmed at
+        # by topic: share-partitions this proxy led under the map before and is handing over (their
+        # engines hand nothing out; their members' acknowledgements are still taken and written)
+        self.releasing: set[SharePartitionKey] = set()
+        self._releasing_tps: dict[TopicPartition, int] = {}  # topic-partition -> keys releasing
+
+    def start_releasing(self, keys: Iterable[SharePartitionKey]) -> None:
+        for key in keys:
+            if key not in self.releasing:
+                self.releasing.add(key)
+                tp = (key.topic_id, key.partition)
+                self._releasing_tps[tp] = self._releasing_tps.get(tp, 0) + 1
+
+    def stop_releasing(self, keys: Iterable[SharePartitionKey]) -> None:
+        for key in keys:
+            if key in self.releasing:
+                self.releasing.discard(key)
+                tp = (key.topic_id, key.partition)
+                left = self._releasing_tps[tp] - 1
+                if left:
+                    self._releasing_tps[tp] = left
+                else:
+                    del self._releasing_tps[tp]
 
     @property
     def epoch(self) -> int:
@@ -304,9 +327,19 @@ class GroupOwnership:
         return m is not None and m.leader_index(topic_id, partition) == self.my_index() >= 0
 
     def owns(self, key: SharePartitionKey) -> bool:
-        return self.owns_partition(key.topic_id, key.partition)
+        """Whether this proxy may load (initialise, confirm) the share-partition: it leads it. A
+        share-partition being handed over is served only by the engine it has."""
+        return self._leads_here(key.topic_id, key.partition)
 
     def owns_partition(self, topic_id: bytes, partition: int) -> bool:
+        """Whether requests for the topic-partition are served here: it is led here, or a share-partition
+        of it is being handed over (its acknowledgements are taken; a group's share-partition not
+        loaded here is refused when it would load, by ``owns``)."""
+        if self._releasing_tps and (topic_id, partition) in self._releasing_tps:
+            return True
+        return self._leads_here(topic_id, partition)
+
+    def _leads_here(self, topic_id: bytes, partition: int) -> bool:
         if not self.by_topic:
             return state_partition_of(topic_id, partition, self.partitions) in self.claimed
         m = self.map

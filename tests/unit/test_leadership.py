@@ -298,3 +298,33 @@ def test_the_instance_group_offers_v2_first_when_by_topic() -> None:
     assert (v2.name, v1.name) == (PROTOCOL_BY_TOPIC, PROTOCOL)
     c = Candidate.decode(v2.metadata(["state"]).user_data)
     assert (c.held, c.topics) == ({tid.hex(): [1, 2]}, {tid.hex(): 3})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.integers(0, 3)), max_size=40))
+def test_a_share_partition_being_handed_over_is_served_only_through_its_engine(ops) -> None:
+    """While share-partitions are handed over (``releasing``), requests for their topic-partitions
+    are served here (``owns_partition``: the members' acknowledgements are taken) but none of them,
+    nor another group's share-partition of the same topic-partition, may be loaded here (``owns``):
+    against a model of the set, after any sequence of starts and stops."""
+    tid = b"\x0d" * 16
+    m = assign({k: _cand(k, topics={tid: 4}) for k in "ab"}, 4, by_topic=True)
+    own = GroupOwnership("a", 4)
+    own.map = m
+    own.claimed = frozenset(m.partitions_of("a"))
+    led = {p for p in range(4) if own.owns_partition(tid, p)}
+    model: set[SharePartitionKey] = set()
+    groups = ["g0", "g1", "g2"]
+    for start, g, p in ops:
+        key = SharePartitionKey(groups[g], tid, p)
+        if start:
+            own.start_releasing([key])
+            model.add(key)
+        else:
+            own.stop_releasing([key])
+            model.discard(key)
+        assert own.releasing == model
+        for q in range(4):
+            assert own.owns_partition(tid, q) == (q in led or any(k.partition == q for k in model))
+            for name in groups:
+                assert own.owns(SharePartitionKey(name, tid, q)) == (q in led)
