@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from .options import Options
 
@@ -133,30 +134,63 @@ class CommitChannel:
         self._consumer.close()
 
 
-class RetryNotices(CommitChannel):
+class RetryNotices:
     """Task attempts that started again: "attempt k of task i of micro-batch b of run r began",
     so whichever worker holds what an earlier attempt read releases it instead of accepting it
-    at the commit (that attempt failed; its rows never reached the sink). Kept in the metadata of
-    a second marker group of the stream, newest last, within the broker's metadata limit."""
+    at the commit (that attempt failed; its rows never reached the sink).
+
+    One record per task index: the metadata of the committed offset of a marker group of its own
+    (``<marker group>.retries.<index>``), newest last, within the broker's metadata limit. Writing
+    is read-modify-write, safe only because the attempts of one task index never run at once (a
+    task is tried again after its attempt failed; speculation is refused). With one record for
+    all tasks, the two tasks of an executor that died were tried again at the same moment, and
+    one notice could overwrite the other: at the commit, the worker holding that failed attempt's
+    records accepted them, though its rows never reached the sink. One AdminClient reads and
+    writes the records of every index (blocking calls)."""
 
     MAX_CHARS = 3000  # offset.metadata.max.bytes is 4096 by default
 
     def __init__(self, opts: Options, stream: str) -> None:
-        super().__init__(opts, stream, marker_group(opts, stream) + ".retries")
+        conf = {k: v for k, v in opts.kafka if k not in ("client.rack", "request.timeout.ms")}
+        conf.update({"bootstrap.servers": opts.bootstrap, "logger": log})
+        self._admin = AdminClient(conf)
+        self._prefix = marker_group(opts, stream) + ".retries."
+        self._topic = opts.topics[0]
 
-    def notices(self) -> set[tuple[int, int, int, int]]:
-        tp = self._retry(lambda: self._consumer.committed([self._tp], timeout=10.0))
+    def group(self, index: int) -> str:
+        return f"{self._prefix}{index}"
+
+    def _committed(self, index: int) -> TopicPartition:
+        group = self.group(index)
+
+        def call() -> list[TopicPartition]:
+            request = [ConsumerGroupTopicPartitions(group, [TopicPartition(self._topic, 0)])]
+            return self._admin.list_consumer_group_offsets(request)[group].result(10.0).topic_partitions
+
+        return retried(call)[0]
+
+    def notices(self, index: int) -> set[tuple[int, int, int]]:
+        """(run, batch, attempt) of every attempt of task ``index`` that began again."""
         out = set()
-        for item in (tp.metadata or "").split(";"):
+        for item in (self._committed(index).metadata or "").split(";"):
             parts = item.split(":")
-            if len(parts) == 4:
+            if len(parts) == 3:
                 out.add(tuple(int(x) for x in parts))
         return out  # type: ignore[return-value]
 
     def add(self, run: int, batch: int, index: int, attempt: int) -> None:
-        # read-modify-write: retries are rare, and the worst a lost update does is a duplicate
-        tp = self._retry(lambda: self._consumer.committed([self._tp], timeout=10.0))
-        items = [x for x in (tp.metadata or "").split(";") if x] + [f"{run}:{batch}:{index}:{attempt}"]
+        group = self.group(index)
+        tp = self._committed(index)
+        items = [x for x in (tp.metadata or "").split(";") if x] + [f"{run}:{batch}:{attempt}"]
         while len(";".join(items)) > self.MAX_CHARS:
             items.pop(0)
-        self._write(max(tp.offset, 0) + 1, ";".join(items))
+        offset = TopicPartition(self._topic, 0, max(tp.offset, 0) + 1, metadata=";".join(items))
+
+        def call() -> list[TopicPartition]:
+            request = [ConsumerGroupTopicPartitions(group, [offset])]
+            return self._admin.alter_consumer_group_offsets(request)[group].result(10.0).topic_partitions
+
+        retried(call)
+
+    def close(self) -> None:
+        pass  # an AdminClient has no close: its handle goes with it

@@ -208,16 +208,16 @@ class MemberHost:
                 release.append(h)
         if accept:  # what a failed attempt read is released, even in its (surviving) worker
             loop = asyncio.get_running_loop()
-            streams = sorted({h.tag.stream for h in accept})
             tps = {(a.topic, a.partition) for h in accept for a in h.acquired}
+            tasks = sorted({(h.tag.stream, h.tag.index) for h in accept})
             *all_notices, ledger = await asyncio.gather(  # the rejects ledger too: kshare.spark.reject
-                *(loop.run_in_executor(None, self._retries(s).notices) for s in streams),
+                *(loop.run_in_executor(None, self._retries(s).notices, i) for s, i in tasks),
                 loop.run_in_executor(None, self._rejects_ledger().read, tps))
-            for stream, notices in zip(streams, all_notices, strict=True):
-                failed = [h for h in accept if h.tag.stream == stream and any(
-                    n[:3] == (h.tag.run, h.tag.batch, h.tag.index) and n[3] > h.tag.attempt for n in notices)]
-                accept = [h for h in accept if h not in failed]
-                release += failed
+            retried = dict(zip(tasks, all_notices, strict=True))
+            failed = [h for h in accept if any((run, batch) == (h.tag.run, h.tag.batch) and attempt > h.tag.attempt
+                                               for run, batch, attempt in retried[(h.tag.stream, h.tag.index)])]
+            accept = [h for h in accept if h not in failed]
+            release += failed
             self._mark_rejected(accept, ledger)
         if accept or release:
             log.info("kshare: marker %s: accept %s, release %s", markers, [h.tag for h in accept],

@@ -246,6 +246,38 @@ def test_the_commit_channel_carries_the_marker(kshare39, kafka39):
         reader.close()
 
 
+def test_retry_notices_of_tasks_tried_again_at_once_are_all_kept(kshare39, kafka39):
+    """The tasks an executor ran when it died are tried again at the same moment, each writing
+    "attempt 1 of task i began" from a worker of its own; every notice must be kept, or the worker
+    holding that task's failed attempt accepts its records at the commit (rows that never reached
+    the sink). Eight workers write at once, twice each (attempts 1 and 2), through kshare."""
+    from kshare.spark.commits import RetryNotices
+    from kshare.spark.options import parse
+
+    topic, group = _names(kafka39, "notices")
+    opts = parse({"kafka.bootstrap.servers": kshare39.bootstrap, "kafka.share.group.id": group, "subscribe": topic})
+    workers = [RetryNotices(opts, "s1") for _ in range(8)]
+    start = threading.Barrier(len(workers))
+    failures: list[BaseException] = []
+
+    def task(index: int) -> None:
+        try:
+            for attempt in (1, 2):
+                start.wait(30)
+                workers[index].add(7, 3, index, attempt)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=task, args=(i,)) for i in range(len(workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures
+    reader = RetryNotices(opts, "s1")
+    assert {i: reader.notices(i) for i in range(len(workers))} == {i: {(7, 3, 1), (7, 3, 2)} for i in range(8)}
+
+
 @pytest.fixture(scope="module")
 def kshare_tansu(tansu) -> Iterator[share.ShareProxyThread]:
     """kshare in front of the real Tansu broker, which drops offset-commit metadata."""
