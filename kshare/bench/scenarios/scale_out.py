@@ -12,8 +12,9 @@ consumers' for context. On 2 cores the total throughput cannot scale with proxie
 consumers share the cores): the CPU split is the measured part, and "N proxies on N cores" is a model from
 it (stated as such in the report). Every run checks that each record was read. Then the state writes alone
 (:mod:`kshare.bench.state_writes`), with and without an instance group's claims: the consumption runs are too short
-for the broker's CPU to show what fencing costs. ``--quick``: 200,000 records, one proxy with and without an
-instance group only.
+for the broker's CPU to show what fencing costs. Then the hand-overs (:mod:`.scale_out_handover`): the leaders'
+split per proxy, a SIGTERM rolling restart and a SIGKILL under load, leading by topic and by state partition side
+by side. ``--quick``: 200,000 records, one proxy with and without an instance group only, no hand-overs.
 
 (Was ``benchmarks/bench_scale_out.py --only throughput``; its failover part is ``scale_out_failover``.)
 """
@@ -36,15 +37,19 @@ from ..procs import cpu_seconds, load
 from ..state_writes import StateRun, state_part, state_table
 from .common import UPSTREAM, results, scenario
 from .instance_group import Upstream, bootstrap_of, leaders, log, start_service, upstream_of
+from .scale_out_handover import handover_part, handover_section
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
 
+# ho_*: the hand-over part (.scale_out_handover; ho_records 0 leaves it out), as issue 42 measured it
 SIZES = (
     {"records": 500_000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [0, 1, 2, 3],
-     "state_partitions": 10, "state_writers": 16, "state_seconds": 8.0},
+     "state_partitions": 10, "state_writers": 16, "state_seconds": 8.0, "ho_records": 40_000, "ho_rate": 1000.0,
+     "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "split_topics": 5},
     {"records": 200_000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [0, 1],
-     "state_partitions": 10, "state_writers": 16, "state_seconds": 4.0},
+     "state_partitions": 10, "state_writers": 16, "state_seconds": 4.0, "ho_records": 0, "ho_rate": 1000.0,
+     "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "split_topics": 5},
 )
 
 
@@ -252,11 +257,18 @@ def throughput_tables(runs: list[ThroughputRun], counts: list[int]) -> tuple[str
 
 def run(env: Env, progress: Progress, *, records: int, value_size: int, partitions: int, consumers: int,
         proxies: list[int], state_partitions: int, state_writers: int, state_seconds: float,
-        repeats: int) -> dict[str, Any]:
+        repeats: int, ho_records: int = 0, ho_rate: float = 1000.0, ho_partitions: int = 12, ho_consumers: int = 4,
+        ho_session_ms: int = 6000, split_topics: int = 5) -> dict[str, Any]:
     k3 = upstream_of(env)
-    progress.begin("scale_out", 2)
+    progress.begin("scale_out", 3 if ho_records else 2)
     tput = throughput_part(k3, records, value_size, partitions, consumers, repeats, state_partitions, proxies)
     progress.step(f"{len(tput)} runs")
+    handover = None
+    if ho_records:  # leadership splits and hand-overs, by topic and by state partition side by side
+        handover = handover_part(k3, records=ho_records, rate=ho_rate, partitions=ho_partitions,
+                                 consumers=ho_consumers, session_ms=ho_session_ms, state_partitions=state_partitions,
+                                 split_topics=split_topics)
+        progress.step(f"{len(handover['runs'])} hand-over runs")
     # the state writes alone: the cost of an instance group's fencing, with a resolution the short
     # consumption runs above do not have (kshare.bench.state_writes)
     state = state_part(k3.bootstrap, k3.pid, state_writers, state_seconds, repeats, state_partitions, log=log.info)
@@ -275,6 +287,7 @@ def run(env: Env, progress: Progress, *, records: int, value_size: int, partitio
         medians={str(n): m for n, m in med.items()},
         state_runs=[asdict(r) for r in state],
         state_medians=state_table(state)[1],
+        handover=handover,
     )
 
 
@@ -287,7 +300,7 @@ def section(res: dict[str, Any]) -> list[str]:
             "acknowledgement) bootstrapped from all proxies, a fresh group and service per run, "
             f"{cfg.get('state_partitions')} state partitions; configurations alternated over {cfg.get('repeats')} "
             "round(s), medians. The proxies, the broker and the consumers share the machine's cores.", "",
-            *text.split("\n"), "", *_state_section(res)]
+            *text.split("\n"), "", *_state_section(res), *handover_section(res.get("handover"))]
 
 
 def _state_section(res: dict[str, Any]) -> list[str]:
@@ -325,6 +338,6 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 SCENARIO = scenario(
     __name__, "Scale-out: 1-3 kshare proxies as one instance group, throughput and the CPU split",
     needs=frozenset({UPSTREAM}),
-    opt_in=True,  # about 10 minutes
+    opt_in=True,  # about 10 minutes, and 8 more for the hand-overs
     max_repeats=3,
 )
