@@ -138,6 +138,11 @@ class ShareCollector(Collector):
         for labels, n in stats.member_releases.items():
             releases.add_metric(list(labels), n)
         yield releases
+        ack_errors = CounterMetricFamily("kshare_share_acknowledgement_errors", "Records whose acknowledgement "
+                                         "was answered with an error, by error", labels=["group", "topic", "error"])
+        for labels, n in stats.ack_errors.items():
+            ack_errors.add_metric(list(labels), n)
+        yield ack_errors
 
         members = GaugeMetricFamily("kshare_share_group_members", "Members of each share group",
                                     labels=["group", "state"])

@@ -302,8 +302,15 @@ class ShareGroupService(InstanceGroupMember):
                              reason: str) -> None:
         """What the member holds on the group's share-partitions (``only`` these (topic id,
         partition), if given) goes back to the queue, counted under ``reason``
-        (kshare.share.stats.RELEASE_REASONS); returns once that is durable."""
-        wanted = None if only is None else set(only)
+        (kshare.share.stats.RELEASE_REASONS); returns once that is durable.
+
+        A session closing (or its connection) releases only the partitions the member does not
+        fetch through another session: on a Kafka cluster each share-partition lives on its
+        leader, and a client whose partition moved to another broker closes its session with the
+        old one, which holds nothing of it any more. Here one share-partition serves every
+        listener: releasing there would take back what the member just acquired through the new
+        leader's listener (and may still acknowledge there), and deliver it again."""
+        wanted = None if only is None else set(only) - self.sessions.partitions_of(group_id, member_id)
         writes = []
         released = 0
         with gathering_writes(self.store):

@@ -66,6 +66,7 @@ class ShareSessionCache:
         self.max_sessions = max_sessions
         self.sessions: OrderedDict[SessionKey, ShareSession] = OrderedDict()
         self.by_owner: dict[object, set[SessionKey]] = {}
+        self.by_member: dict[tuple[str, str], set[SessionKey]] = {}  # (group, member) -> its sessions' keys
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -109,8 +110,15 @@ class ShareSessionCache:
 
     def close_member(self, group_id: str, member_id: str) -> list[ShareSession]:
         """Drop every session of a member (it left the group or was removed)."""
-        gone = [k for k in self.sessions if k[0] == group_id and k[1] == member_id]
+        gone = list(self.by_member.get((group_id, member_id), ()))
         return [s for s in map(self._pop, gone) if s is not None]
+
+    def partitions_of(self, group_id: str, member_id: str) -> set[TopicPartition]:
+        """The share-partitions in the member's open sessions (one per listener it fetches from)."""
+        out: set[TopicPartition] = set()
+        for key in self.by_member.get((group_id, member_id), ()):
+            out.update(self.sessions[key].partitions)
+        return out
 
     def close_owner(self, owner: object) -> list[ShareSession]:
         """Drop the sessions bound to a connection that closed."""
@@ -118,11 +126,18 @@ class ShareSessionCache:
 
     def _put(self, session: ShareSession) -> None:
         self.sessions[session.key] = session
+        self.by_member.setdefault(session.key[:2], set()).add(session.key)
         if session.owner is not None:
             self.by_owner.setdefault(session.owner, set()).add(session.key)
 
     def _pop(self, key: SessionKey) -> ShareSession | None:
         session = self.sessions.pop(key, None)
+        if session is not None:
+            member = self.by_member.get(key[:2])
+            if member is not None:
+                member.discard(key)
+                if not member:
+                    del self.by_member[key[:2]]
         if session is not None and session.owner is not None:
             keys = self.by_owner.get(session.owner)
             if keys is not None:

@@ -32,5 +32,7 @@ class ShareStats:
         self.lock_timeouts: Counter[tuple[str, str]] = Counter()  # (group, topic) -> locks that ran out
         # (group, topic, reason) -> records released because the member holding them went (RELEASE_REASONS)
         self.member_releases: Counter[tuple[str, str, str]] = Counter()
+        # (group, topic, error name) -> records whose acknowledgement was answered with that error
+        self.ack_errors: Counter[tuple[str, str, str]] = Counter()
         # called with the seconds each durable state write took (a histogram, wired in by app.py)
         self.on_state_write: Callable[[float], None] = _ignore

@@ -142,6 +142,7 @@ def test_a_rolling_restart_and_a_crash_lose_nothing_and_redeliver_little(cluster
         stats = proxy.service.stats
         why["released by reason"] = {reason: n for (g, _t, reason), n in stats.member_releases.items() if g == group}
         why["lock timeouts"] = sum(n for (g, _t), n in stats.lock_timeouts.items() if g == group)
+        why["acknowledgement errors"] = {e: n for (g, _t, e), n in stats.ack_errors.items() if g == group}
         log.info("%d records, %d deliveries, %d redeliveries (%.1f %%): %s", len(expected), deliveries, redelivered,
                  100 * redelivered / len(expected), why)
         assert redelivered <= 0.10 * len(expected), (deliveries, len(expected), why)

@@ -113,6 +113,7 @@ class AckOutcome:
     partition: int
     error_code: int
     write: asyncio.Future | None = None
+    records: int = 0  # offsets its acknowledgement batches cover (counted if it fails)
 
 
 class Resolved(dict):
@@ -172,7 +173,32 @@ async def apply_acknowledgements(
             if code == ErrorCode.NONE:
                 _count_acks(service, group_id, topic.name, batches)
             outcomes.append(AckOutcome(topic_id, partition, code, write))
+    covered = {(topic_id, partition): _offsets(batches) for topic_id, partition, batches in acks}
+    for o in outcomes:
+        o.records = covered.get((o.topic_id, o.partition), 0)
     return outcomes
+
+
+def _offsets(batches: Sequence[Any]) -> int:
+    return sum(b.last_offset - b.first_offset + 1 for b in batches)
+
+
+def count_failed_acks(service: ShareGroupService, group_id: str, failed: Iterable[tuple[bytes, int, int]]) -> None:
+    """(topic id, records, error code) of acknowledgements that did not happen: counted in
+    ``kshare_share_acknowledgement_errors_total``, since a client that drops a failed acknowledgement
+    (librdkafka does) only shows it as a lock that runs out and a redelivery, a lock duration later."""
+    for topic_id, records, code in failed:
+        if code and records:
+            topic = service.upstream.by_id.get(topic_id)
+            name = topic.name if topic is not None else topic_id.hex()
+            service.stats.ack_errors[(group_id, name, ErrorCode(code).name)] += records
+
+
+def count_dropped_acks(service: ShareGroupService, group_id: str, topics: Sequence[Any], code: int) -> None:
+    """The acknowledgements a request carried, not applied because the request as a whole failed
+    (``code``: its share session, say)."""
+    count_failed_acks(service, group_id, ((t.topic_id, _offsets(p.acknowledgement_batches), code)
+                                          for t in topics for p in t.partitions))
 
 
 def _count_acks(service: ShareGroupService, group_id: str, topic: str, batches: Sequence[Any]) -> None:
@@ -188,8 +214,10 @@ def _count_acks(service: ShareGroupService, group_id: str, topic: str, batches: 
         service.stats.acks[(group_id, topic, ACK_TYPE_NAMES.get(t, str(t)))] += n
 
 
-async def await_writes(outcomes: list[AckOutcome]) -> list[tuple[AckOutcome, int]]:
-    """Each outcome with its final error code, once its durable write is acknowledged."""
+async def await_writes(outcomes: list[AckOutcome], service: ShareGroupService,
+                       group_id: str) -> list[tuple[AckOutcome, int]]:
+    """Each outcome with its final error code, once its durable write is acknowledged; the ones
+    that failed are counted (:func:`count_failed_acks`)."""
     done = []
     for o in outcomes:
         code = o.error_code
@@ -199,6 +227,7 @@ async def await_writes(outcomes: list[AckOutcome]) -> list[tuple[AckOutcome, int
             except Exception:  # noqa: BLE001 - WriteFailed: the acknowledgement did not happen
                 code = ErrorCode.COORDINATOR_NOT_AVAILABLE
         done.append((o, code))
+    count_failed_acks(service, group_id, ((o.topic_id, o.records, code) for o, code in done))
     return done
 
 

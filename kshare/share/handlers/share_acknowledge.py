@@ -15,6 +15,7 @@ from .common import (
     Resolved,
     apply_acknowledgements,
     await_writes,
+    count_dropped_acks,
     group_refusal,
     session_key,
     topic_refusals,
@@ -46,6 +47,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     opened = service.sessions.open(session_key(group_id, member_id, conn), req.share_session_epoch, (), (),
                                    fetch=False, owner=conn)
     if opened.error_code:
+        count_dropped_acks(service, group_id, req.topics, opened.error_code)
         return version, Response(error_code=opened.error_code, acquisition_lock_timeout_ms=lock_ms)
     acks = [(t.topic_id, p.partition_index, p.acknowledgement_batches) for t in req.topics for p in t.partitions]
     renew = version >= 2 and req.is_renew_ack
@@ -55,7 +57,7 @@ async def handle(service: ShareGroupService, conn: ClientConnection, header: Any
     if req.share_session_epoch == FINAL_EPOCH and opened.session is not None:
         await service.release_member(group_id, member_id, list(opened.session.partitions), SESSION_CLOSED)
     by_topic: dict[bytes, list[Any]] = {}
-    for o, code in await await_writes(outcomes):
+    for o, code in await await_writes(outcomes, service, group_id):
         by_topic.setdefault(o.topic_id, []).append(Response.PartitionData(
             partition_index=o.partition, error_code=code,
             current_leader=Response.LeaderIdAndEpoch(leader_id=-1, leader_epoch=-1)))

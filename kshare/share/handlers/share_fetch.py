@@ -37,6 +37,7 @@ from .common import (
     Resolved,
     apply_acknowledgements,
     await_writes,
+    count_dropped_acks,
     group_refusal,
     session_key,
     split_ranges,
@@ -100,6 +101,7 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
     opened = service.sessions.open(session_key(group_id, member_id, conn), req.share_session_epoch, added, forgotten,
                                    owner=conn)
     if opened.error_code:
+        count_dropped_acks(service, group_id, req.topics, opened.error_code)
         return _error(version, opened.error_code, None, lock_ms)
     session = opened.session
     assert session is not None
@@ -127,7 +129,7 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
     if req.share_session_epoch == FINAL_EPOCH:
         # the session ends: what the member still holds on its partitions goes back to the queue
         await service.release_member(group_id, member_id, list(session.partitions), SESSION_CLOSED)
-        await _settle_acks(outcomes, out)
+        await _settle_acks(service, group_id, outcomes, out)
         return version, out.build(lock_ms)
 
     later: list[tuple[PartitionLog, int]] | None = None
@@ -165,7 +167,7 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
         if conn.closed and out.record_count:
             # the connection closed while this fetch waited: nobody will get these records
             await service.release_member(group_id, member_id, list(session.partitions), CONNECTION_CLOSED)
-    acks_changed = await _settle_acks(outcomes, out)
+    acks_changed = await _settle_acks(service, group_id, outcomes, out)
     if later:
         # once this answer is written (the rest of this turn of the event loop): a Fetch request
         # written first would make the client wait for that syscall too
@@ -225,10 +227,11 @@ def answer_ahead(out: ResponseBuilder, waiting: set[tuple[bytes, int]], version:
     return pieces[:last + 1], (body, pieces[last + 1:])
 
 
-async def _settle_acks(outcomes: list[AckOutcome], out: ResponseBuilder) -> bool:
+async def _settle_acks(service: ShareGroupService, group_id: str, outcomes: list[AckOutcome],
+                       out: ResponseBuilder) -> bool:
     """Each acknowledgement's error code once its write is done; whether any code changed."""
     changed = False
-    for o, code in await await_writes(outcomes):
+    for o, code in await await_writes(outcomes, service, group_id):
         p = out.partition(o.topic_id, o.partition)
         if p.acknowledge_error_code != code:
             p.acknowledge_error_code = code
@@ -302,6 +305,8 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
         held = engine.acquired_count(member_id)
         sp.fair.fetching(member_id, max_records, held, now)
         if not engine.can_acquire():
+            if held == 0:
+                sp.fair.refused(member_id)  # it waits for room: others take exact shares meanwhile
             continue
         # Fair acquisition: when the members here want more than the lock budget, or than the
         # records waiting (up to the last seen high watermark, not held by anyone), each gets its
@@ -312,11 +317,14 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
             available = max(0, plog.high_watermark - engine.start_offset - engine.acquired_count())
         want = max_records - out.record_count
         acquire_mode = mode
-        cap = sp.fair.cap(member_id, held, engine.max_record_locks, now, cfg.record_lock_duration_ms,
-                          group.assigned_members(topic_id, partition), available, engine.acquired_count)
+        locks, waiting = sp.fair.caps(member_id, held, engine.max_record_locks, now, cfg.record_lock_duration_ms,
+                                      group.assigned_members(topic_id, partition), available, engine.acquired_count)
+        cap = locks if waiting is None else waiting if locks is None else min(locks, waiting)
+        whole = False  # batch-optimized and capped: whole batches if they fit (fairness.whole_batches)
         if cap is not None and cap < want:
             if cap == 0:
                 continue  # it holds its share already; acknowledgements here wake this fetch
+            whole = mode == AcquireMode.BATCH_OPTIMIZED and held == 0 and not engine.key_ordered
             want, acquire_mode = cap, AcquireMode.RECORD_LIMIT
         offset = engine.next_fetch_offset()
         # Offsets from SPEO + the records still wanted on cannot be acquired by this request:
@@ -362,6 +370,9 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
             continue
         fetched = [FetchedBatch(b.base_offset, b.last_offset, b.is_control, b.is_transactional, b.producer_id)
                    for b, _ in read.batches]
+        if whole and sp.fair.whole_batches(member_id, read.fetch_offset, want, waiting,
+                                           (b.last_offset for b in fetched), now):
+            acquire_mode = AcquireMode.BATCH_OPTIMIZED  # its cap rounded up to the end of a batch
         max_keys = None
         if engine.key_ordered:
             engine.learn_keys(fetched, _record_keys(read.batches, engine.keys_known_to, sp), read.fetch_offset)
