@@ -305,8 +305,6 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
         held = engine.acquired_count(member_id)
         sp.fair.fetching(member_id, max_records, held, now)
         if not engine.can_acquire():
-            if held == 0:
-                sp.fair.refused(member_id)  # it waits for room: others take exact shares meanwhile
             continue
         # Fair acquisition: when the members here want more than the lock budget, or than the
         # records waiting (up to the last seen high watermark, not held by anyone), each gets its
@@ -317,14 +315,11 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
             available = max(0, plog.high_watermark - engine.start_offset - engine.acquired_count())
         want = max_records - out.record_count
         acquire_mode = mode
-        locks, waiting = sp.fair.caps(member_id, held, engine.max_record_locks, now, cfg.record_lock_duration_ms,
-                                      group.assigned_members(topic_id, partition), available, engine.acquired_count)
-        cap = locks if waiting is None else waiting if locks is None else min(locks, waiting)
-        whole = False  # batch-optimized and capped: whole batches if they fit (fairness.whole_batches)
+        cap = sp.fair.cap(member_id, held, engine.max_record_locks, now, cfg.record_lock_duration_ms,
+                          group.assigned_members(topic_id, partition), available, engine.acquired_count)
         if cap is not None and cap < want:
             if cap == 0:
                 continue  # it holds its share already; acknowledgements here wake this fetch
-            whole = mode == AcquireMode.BATCH_OPTIMIZED and held == 0 and not engine.key_ordered
             want, acquire_mode = cap, AcquireMode.RECORD_LIMIT
         offset = engine.next_fetch_offset()
         # Offsets from SPEO + the records still wanted on cannot be acquired by this request:
@@ -370,9 +365,6 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
             continue
         fetched = [FetchedBatch(b.base_offset, b.last_offset, b.is_control, b.is_transactional, b.producer_id)
                    for b, _ in read.batches]
-        if whole and sp.fair.whole_batches(member_id, read.fetch_offset, want, waiting,
-                                           (b.last_offset for b in fetched), now):
-            acquire_mode = AcquireMode.BATCH_OPTIMIZED  # its cap rounded up to the end of a batch
         max_keys = None
         if engine.key_ordered:
             engine.learn_keys(fetched, _record_keys(read.batches, engine.keys_known_to, sp), read.fetch_offset)
