@@ -103,7 +103,8 @@ def _option(*decls: str, env: str, **kwargs: object):
          metavar="SECONDS",
          help="On SIGTERM, first hand no more records out and wait up to this long for the share consumers to "
               "acknowledge what they hold (written before the proxy stops), so a restart redelivers nothing; "
-              "what is still held then is released. 0: stop at once.")
+              "what is still held then is released. In an instance group it also bounds a rebalance's hand-over of "
+              "share-partitions (docs/design/scale-out.md). 0: stop at once, no hand-over.")
 @_option("--group-limit", "group_limits", env="GROUP_LIMIT", multiple=True, metavar="NAME=VALUE",
          help="A broker-level share group bound, e.g. group.share.max.size=500 (repeatable; in the "
               "environment, space-separated).")

@@ -16,6 +16,7 @@ with that epoch, no start offset): :meth:`InstanceGroupMember.confirm_state`, an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from ..protocol.codes import ApiKey
 from .drain import until_released
 from .errors import ErrorCode
 from .ownership import GroupOwnership, Instance, OwnershipMap, plan_claims
+from .state.errors import StateNotOwned
 from .states import ShareSnapshot, StateBatch
 from .store import SharePartitionKey
 from .tasks import shared_task
@@ -104,6 +106,8 @@ class InstanceGroupMember:
         memory = getattr(self.store, "memory", None)
         if memory is not None:  # where share-partitions new to the store go (set before claiming)
             memory.home = ownership.state_partition if decision.by_topic else None
+        # before anything is awaited: no write of these goes to a state partition given up from now on
+        rehome = {} if plan.again else self._gate_rehomes(previous, decision, plan.lost)
         if decision.by_topic or (previous is not None and previous.by_topic):
             # first: nothing is served from before this map that may have moved meanwhile
             await self._reconfirm(previous, decision)
@@ -128,6 +132,10 @@ class InstanceGroupMember:
                      ",".join(map(str, gained)), time.monotonic() - started, replayed, adopted)
         if self.proxy is not None:
             self.proxy.view = ownership.view()
+        if rehome:
+            task = asyncio.get_running_loop().create_task(self._rehome(rehome, decision.epoch))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
 
     async def _reconfirm(self: ShareGroupService, previous: OwnershipMap | None, decision: OwnershipMap) -> None:
         """Leading by topic, a new map: what this proxy served under the map just before and still
@@ -235,6 +243,91 @@ class InstanceGroupMember:
                     "instance group: handed %d share-partition(s) over (ownership epoch %d) in %.2f s; %d record(s) "
                     "were held by members, %d still held at the end are delivered again (--drain-timeout %.0f s)",
                     len(still), epoch, time.monotonic() - started, first, held, self.handover_timeout_s())
+
+    # -- keeping a share-partition whose state partition moves away ---------------------------------
+
+    def _rehoming(self: ShareGroupService) -> dict[SharePartitionKey, asyncio.Future]:
+        """share-partition -> the gate holding its writes while its state moves (while it does)."""
+        gates = getattr(self, "_rehome_gates", None)
+        if gates is None:
+            gates = self._rehome_gates = {}
+        return gates
+
+    def _gate_rehomes(self: ShareGroupService, previous: OwnershipMap | None, decision: OwnershipMap,
+                      lost: Sequence[int]) -> dict[SharePartitionKey, tuple[SharePartitionState, asyncio.Future | None]]:
+        """Leading by topic, a state partition moving to another proxy takes the state of share-partitions
+        this proxy goes on leading with it; its new owner fences this proxy's writes there as soon as it
+        claims it. So their writes wait behind a gate from now on (their engines keep serving: what members
+        hold stays theirs), and :meth:`_rehome` takes the state over into a partition this proxy keeps, as
+        a new leader would, before it opens the gate. Returns each one's state and its write under way."""
+        if not lost or previous is None or not previous.by_topic or not decision.by_topic \
+                or decision.epoch != previous.epoch + 1 or self.handover_timeout_s() <= 0:
+            return {}
+        ownership = self.ownership
+        assert isinstance(ownership, GroupOwnership)
+        me_before = next((i for i, inst in enumerate(previous.instances) if inst.id == ownership.me), -1)
+        gone, gates = set(lost), self._rehoming()
+        out = {}
+        loop = asyncio.get_running_loop()
+        for key, sp in self.partitions.items():
+            if sp.ready and ownership.confirmed.get(key) == previous.epoch and key not in ownership.releasing \
+                    and previous.leader_index(key.topic_id, key.partition) == me_before >= 0 \
+                    and ownership.leads(key.topic_id, key.partition) and self.store.partition_of(key) in gone:
+                under_way = sp.writes.writing_done
+                gate = gates[key] = loop.create_future()
+                sp.writes.gate(gate)
+                out[key] = (sp, under_way if under_way is not None and not under_way.done() else None)
+        return out
+
+    async def _rehome(self: ShareGroupService, items: dict[SharePartitionKey, tuple[SharePartitionState,
+                      asyncio.Future | None]], epoch: int) -> None:
+        started = time.monotonic()
+        done = await asyncio.gather(*(self._rehome_one(key, sp, under_way, epoch)
+                                      for key, (sp, under_way) in items.items()))
+        kept = sum(done)
+        log.log(logging.INFO if kept == len(done) else logging.WARNING,
+                "instance group: ownership epoch %d: the state of %d share-partition(s) led here moved to a state "
+                "partition kept here in %.2f s, their members keeping what they hold%s", epoch, kept,
+                time.monotonic() - started, f"; {len(done) - kept} could not and start again from their state"
+                if kept < len(done) else "")
+
+    async def _rehome_one(self: ShareGroupService, key: SharePartitionKey, sp: SharePartitionState,
+                          under_way: asyncio.Future | None, epoch: int) -> bool:
+        """Let the write under way land (or fail: the engine is rebuilt then), take the state over from the
+        state partition's new owner into one kept here (``confirm_state``: with the given state partition
+        released, this proxy holds no copy), then open the gate: the writes queued meanwhile follow it."""
+        gate = self._rehoming().get(key)
+        engine = sp.engine
+        ok = False
+        try:
+            if under_way is not None:
+                with contextlib.suppress(Exception):  # a failed write breaks the engine: seen below
+                    await asyncio.shield(under_way)
+            deadline = time.monotonic() + self.handover_timeout_s()
+
+            def current() -> bool:
+                return sp.ready and sp.engine is engine and self.partitions.get(key) is sp \
+                    and self.ownership.epoch == epoch
+
+            while current() and time.monotonic() < deadline:
+                code = await self.confirm_state(key)
+                if code == ErrorCode.NONE:
+                    ok = current() and self.store.state_epoch(key) is not None
+                    break
+                if code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            self._rehoming().pop(key, None)
+            if gate is not None and not gate.done():
+                if ok:
+                    gate.set_result(None)
+                else:
+                    gate.set_exception(StateNotOwned(f"the state of {key} could not be moved"))
+                    gate.exception()
+        if not ok and self.partitions.get(key) is sp:
+            await self._take_out_of_service([sp])  # served again from its state, confirmed as any other
+        return ok
 
     async def _handed_over(self: ShareGroupService, keys: Sequence[SharePartitionKey], timeout: float) -> bool:
         """Wait (bounded) for the hand-overs of ``keys`` under way here; whether none is left."""
@@ -463,9 +556,12 @@ class InstanceGroupMember:
         ownership.claimed = frozenset(p for p in ownership.claimed if p not in gone)
         # a hand-over of state written there ends now: its writes would be fenced by the new owner
         ownership.stop_releasing([k for k in ownership.releasing if self.store.partition_of(k) in gone])
-        states = [sp for key, sp in self.partitions.items() if self.store.partition_of(key) in gone]
+        rehoming = self._rehoming()
+        states = [sp for key, sp in self.partitions.items()
+                  if self.store.partition_of(key) in gone and key not in rehoming]
         # leading by topic: a share-partition whose state goes with these is confirmed again (from
-        # the partition's next owner) before it is served here again
+        # the partition's next owner) before it is served here again (one still led here keeps its
+        # engine meanwhile: _rehome)
         for key in [k for k in ownership.confirmed if self.store.partition_of(k) in gone]:
             del ownership.confirmed[key]
         await self._take_out_of_service(states)
@@ -480,6 +576,12 @@ class InstanceGroupMember:
     async def _take_out_of_service(self: ShareGroupService, states: list[SharePartitionState]) -> None:
         """Stop serving these share-partitions here: their queued writes land first (up to 10 s),
         then their engines go and their waiting fetches are woken (they answer without them)."""
+        gates = self._rehoming()
+        for sp in states:  # writes held while its state moved: they fail (its engine is rebuilt)
+            gate = gates.pop(sp.key, None)
+            if gate is not None and not gate.done():
+                gate.set_exception(StateNotOwned(f"{sp.key} left this proxy while its state moved"))
+                gate.exception()
         pending = [sp.pending_done for sp in states if sp.pending_done is not None and not sp.pending_done.done()]
         if pending:
             await asyncio.wait(pending, timeout=10)
