@@ -368,7 +368,7 @@ class SharePartition(Acknowledging, KeyOrder):
         old_start = self._begin()
         self._expire(now)
         if self._key_ordered:
-            self._begin_keyed_acquire(member_id, fetched_batches, record_keys, fetch_offset, max_keys)
+            self._begin_keyed_acquire(member_id, fetched_batches, record_keys, fetch_offset, max_keys, max_records)
         pieces: list[list[int]] = []  # [first, last, delivery count], merged as they come
         total = 0
         if max_records > 0 and fetched_batches:
@@ -695,9 +695,13 @@ class SharePartition(Acknowledging, KeyOrder):
         else:
             target = t.target
             r.count += t.delivery_increment
+        was = r.state
         r.state = target
         if target == _ARCHIVED and r.count > 0 and t is not _T_SKIP:
             self._archived.append((r.first, r.last, r.count))
+        if self._key_ordered and (was == _ACQUIRED) != (target == _ACQUIRED):
+            # (before _finish_keys forgets their keys) one member at a time holds a key's records
+            self._count_out(r.first, r.last, member if target == _ACQUIRED else r.member, target == _ACQUIRED)
         if self._key_ordered and target in TERMINAL_STATES:
             # (acknowledged by the member holding it: its keys stay with it, see _acquire_keyed)
             self._finish_keys(r.first, r.last, holder)
@@ -739,6 +743,8 @@ class SharePartition(Acknowledging, KeyOrder):
     def _finish(self, old_start: int) -> ShareUpdate | None:
         """Merge touched ranges, move the SPSO, and build the durable update of the operation."""
         ranges = self._ranges
+        if self._key_ordered:
+            self._wake_keys()  # the keys the operation finished or freed: their next records may go
         if self._touch_hi >= self._touch_lo and ranges:
             lo = index_of(ranges, max(self._touch_lo, ranges[0].first))
             hi = index_of(ranges, min(self._touch_hi, ranges[-1].last))
