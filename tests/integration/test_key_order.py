@@ -1,9 +1,10 @@
 """Key-ordered sharing (``kshare.share.ordering=key``, docs/design/ordering-and-backoff.md), end to end
 with confluent-kafka ShareConsumers through kshare in front of Apache Kafka 3.9.
 
-Within a share-partition no two records of one key are out at once and the records of a key are
-delivered in offset order, whatever the number of consumers; records without a key are not held
-back; a consumer killed while it holds a key's record blocks that key only until the lock expires;
+Within a share-partition the records of one key are out to one consumer at a time (a run of them,
+in offset order) and a key's records are processed in offset order, never two at once, whatever
+the number of consumers; records without a key are not held back; a consumer killed while it holds
+a key's run blocks that key only until the lock expires, and the run comes back whole, in order;
 a restart of the proxy keeps the order. Off by default (the differential suite runs without it).
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -94,18 +97,30 @@ def _run(bootstrap: str, group: str, topic: str, consumers: int, expected: int,
 
 
 def assert_key_order(log: list[Processed]) -> None:
-    """Per key: processing intervals never overlap, and records come in offset order (a record
-    processed again, after a redelivery, only before any later record of its key)."""
+    """Per key: processing intervals never overlap; a record is processed only after every earlier
+    record of its key was processed (at least once) before it; and the last processings of a key's
+    records are in offset order. A record processed again (a redelivery) may come after later
+    records of its key only as part of a replay in order: a run whose acknowledgement a crash lost
+    is delivered again whole (27, 35, 27, 35), as a Kafka consumer group replays from its committed
+    offset; a replay that stopped short (27, 35, 27) breaks the order of the last processings."""
     by_key: dict[bytes, list[Processed]] = defaultdict(list)
     for p in log:
         if p.key is not None:
             by_key[p.key].append(p)
     for key, items in by_key.items():
         items.sort(key=lambda p: p.start)
+        offsets = sorted({p.offset for p in items})
         for a, b in zip(items, items[1:], strict=False):
             assert b.start >= a.end, f"{key!r}: offset {b.offset} ({b.consumer}) began before offset {a.offset} " \
                                      f"({a.consumer}) was done"
-            assert b.offset >= a.offset, f"{key!r}: offset {b.offset} delivered before offset {a.offset}"
+        done: set[int] = set()
+        for p in items:
+            missing = [o for o in offsets[:offsets.index(p.offset)] if o not in done]
+            assert not missing, f"{key!r}: offset {p.offset} ({p.consumer}) delivered before offset {missing[0]}"
+            done.add(p.offset)
+        last = {p.offset: i for i, p in enumerate(items)}
+        order = sorted(last, key=last.__getitem__)
+        assert order == offsets, f"{key!r}: last processings out of offset order: {order}"
 
 
 def test_eight_consumers_keep_every_key_in_order_and_go_faster_than_one(kshare39, kafka39):
@@ -147,7 +162,8 @@ def test_eight_consumers_keep_every_key_in_order_and_go_faster_than_one(kshare39
 def test_the_key_order_check_can_fail():
     """``assert_key_order`` refuses two records of a key processed at once, and a key's records
     processed out of offset order, and accepts a redelivered record processed again before the
-    key's later records."""
+    key's later records, and a run processed again whole, in order, but not a replay stopping
+    short."""
     def p(consumer: str, offset: int, start: float, end: float, key: bytes = b"k", dc: int = 1) -> Processed:
         return Processed(consumer, key, offset, dc, start, end)
 
@@ -157,37 +173,50 @@ def test_the_key_order_check_can_fail():
         assert_key_order([p("a", 0, 0, 1), p("b", 1, 0.5, 2)])
     with pytest.raises(AssertionError, match="delivered before"):
         assert_key_order([p("a", 1, 0, 1), p("b", 0, 1, 2)])
+    # a run delivered again whole, in order (its acknowledgement lost), is a replay
+    assert_key_order([p("a", 0, 0, 1), p("a", 1, 1, 2), p("b", 0, 3, 4, dc=2), p("b", 1, 4, 5, dc=2)])
+    with pytest.raises(AssertionError, match="last processings out of offset order"):
+        assert_key_order([p("a", 0, 0, 1), p("a", 1, 1, 2), p("b", 0, 3, 4, dc=2)])
 
 
 def test_keyless_records_are_not_held_back(kshare39, kafka39):
-    """A record without a key waits for nothing: with one key's record held, keyless records and
-    other keys go to a second consumer at once, the held key's later records do not."""
+    """A record without a key waits for nothing: with key A's run held by one consumer, keyless
+    records and other keys go to a second consumer at once, key A's later records do not (until
+    the run is accepted; then in offset order)."""
     topic = f"keyorder-nokey-{uuid.uuid4().hex[:10]}"
     kafka39.create_topic(topic, partitions=1)
-    produce(kafka39.bootstrap, topic, [b"a0", b"a1", b"n0", b"b0", b"n1", b"a2"],
-            keys=[b"A", b"A", None, b"B", None, b"A"], per_batch=1)
+    produce(kafka39.bootstrap, topic, [b"a0", b"n0", b"b0"], keys=[b"A", None, b"B"], per_batch=1)
     group = f"keyorder-nokey-{uuid.uuid4().hex[:8]}"
     share_group(kshare39.bootstrap, group, **{"kshare.share.ordering": "key"})
     with subscribed(kshare39.bootstrap, group, topic, explicit=True) as holder:
         held = []
         deadline = time.monotonic() + 30
-        while not held and time.monotonic() < deadline:
-            held = records_of(holder, 0.3)
-        # the holder, alone in the group, took one record of each key and the keyless ones
-        assert sorted(m.value() for m in held) == [b"a0", b"b0", b"n0", b"n1"], [m.value() for m in held]
+        while len(held) < 3 and time.monotonic() < deadline:
+            held += records_of(holder, 0.3)
+        # the holder, alone in the group, took every record: the runs of keys A and B, and n0
+        assert sorted(m.value() for m in held) == [b"a0", b"b0", b"n0"], [m.value() for m in held]
         for m in held:
             if m.key() != b"A":
                 holder.acknowledge(m, AcknowledgeType.ACCEPT)
         holder.commit_sync(30)
+        # key A's later records, another keyless one and key B's next, produced while a0 is held
+        produce(kafka39.bootstrap, topic, [b"a1", b"n1", b"b1", b"a2"], keys=[b"A", None, b"B", b"A"],
+                per_batch=1)
         with subscribed(kshare39.bootstrap, group, topic, explicit=True) as other:
             got = []
-            end = time.monotonic() + 3
-            while time.monotonic() < end:
-                got += [m.value() for m in records_of(other, 0.3)]
-            assert got == [], f"key A's later records went out while a0 was held: {got}"
+            end = time.monotonic() + 5
+            while time.monotonic() < end and len(got) < 3:
+                for m in records_of(other, 0.3):
+                    got.append(m.value())
+                    other.acknowledge(m, AcknowledgeType.ACCEPT)
+                other.commit_sync(30)
+            time.sleep(1)
+            got += [m.value() for m in records_of(other, 0.5)]
+            assert sorted(got) == [b"b1", b"n1"], f"expected n1 and b1 at once, and nothing of key A: {got}"
             holder.acknowledge(next(m for m in held if m.key() == b"A"), AcknowledgeType.ACCEPT)
             holder.commit_sync(30)
-            # now a1, and a2 only once a1 is accepted, whichever consumer gets them
+            # now a1 and a2, in order, whichever consumer gets them
+            got = []
             end = time.monotonic() + 20
             while len(got) < 2 and time.monotonic() < end:
                 for c in (other, holder):
@@ -204,7 +233,8 @@ def test_a_lost_consumer_blocks_its_key_only_until_the_lock_expires(kshare39, ka
     at once; key A's come back at the latest when the lock (3 s) expires, the held one first (its
     second delivery), then the rest in offset order. SIGKILL closes its connection, which gives its
     records back at once (as Apache Kafka does); SIGSTOP keeps the connection open, so the key
-    waits for the lock to expire."""
+    waits for the lock to expire. (Runs of a key longer than one record, and their loss:
+    ``test_a_lost_consumers_run_comes_back_whole_in_order``.)"""
     topic = f"keyorder-{how}-{uuid.uuid4().hex[:10]}"
     kafka39.create_topic(topic, partitions=1)
     produce(kafka39.bootstrap, topic, [b"a0", b"a1", b"a2"], keys=[b"A"] * 3, per_batch=3)
@@ -214,7 +244,8 @@ def test_a_lost_consumer_blocks_its_key_only_until_the_lock_expires(kshare39, ka
                                               "share.record.lock.duration.ms": int(lock_s * 1000),
                                               "share.session.timeout.ms": 60000})
     with HolderProcess(kshare39.bootstrap, group, topic) as holder:
-        assert [v for _, v, _ in holder.held] == [b"a0"], holder.held  # one record of key A, no more
+        # one record of key A, no more (a key going to a member that did not finish its last run)
+        assert [v for _, v, _ in holder.held] == [b"a0"], holder.held
         acquired = time.monotonic()
         if how == "sigkill":
             holder.kill()
@@ -330,3 +361,59 @@ def test_order_holds_when_a_proxy_of_an_instance_group_is_killed(kafka39):
     # offsets are per partition here: a key lives in one partition, so (key, offset) names a record
     assert len({(p.key, p.offset) for p in log}) == 600
     assert_key_order(log)
+
+
+RUN_HOLDER_SCRIPT = r"""
+import json, sys, time
+from confluent_kafka import AcknowledgeType, ShareConsumer
+bootstrap, group, topic = sys.argv[1:4]
+c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                   "share.acknowledgement.mode": "explicit", "log_level": 0})
+c.subscribe([topic])
+polls = 0
+while polls < 2:
+    msgs = [m for m in c.poll(0.5) if m.error() is None]
+    if msgs:
+        polls += 1
+        for m in msgs:
+            print(json.dumps([polls, m.offset(), m.value().decode(), m.delivery_count()]), flush=True)
+            if polls == 1:
+                c.acknowledge(m, AcknowledgeType.ACCEPT)  # sent with the next poll's ShareFetch
+print("HOLDING", flush=True)
+while True:  # never acknowledges the second poll's records; heartbeats go on until SIGKILL
+    time.sleep(1)
+"""
+
+
+def test_a_lost_consumers_run_comes_back_whole_in_order(kshare39, kafka39):
+    """A consumer that accepted key A's first record gets the key's next records as one run in its
+    next poll (twice as many: two); SIGKILLed holding that run, the run comes back whole to the
+    live consumer, in offset order (each record's second delivery), then the key's later records."""
+    topic = f"keyorder-run-{uuid.uuid4().hex[:10]}"
+    kafka39.create_topic(topic, partitions=1)
+    values = [f"a{i}".encode() for i in range(6)]
+    produce(kafka39.bootstrap, topic, values, keys=[b"A"] * 6, per_batch=6)
+    group = f"keyorder-run-{uuid.uuid4().hex[:8]}"
+    share_group(kshare39.bootstrap, group, **{"kshare.share.ordering": "key", "share.session.timeout.ms": 60000})
+    proc = subprocess.Popen([sys.executable, "-c", RUN_HOLDER_SCRIPT, kshare39.bootstrap, group, topic],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    held: list[tuple[int, bytes, int]] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("HOLDING"):
+                break
+            poll, _, v, dc = json.loads(line)
+            held.append((poll, v.encode(), dc))
+        assert held == [(1, b"a0", 1), (2, b"a1", 1), (2, b"a2", 1)], held
+    finally:
+        proc.kill()
+        proc.wait(10)
+    seen: list[tuple[bytes, int]] = []
+    with subscribed(kshare39.bootstrap, group, topic, explicit=True) as live:
+        deadline = time.monotonic() + 30
+        while len(seen) < 5 and time.monotonic() < deadline:
+            for m in records_of(live, 0.2):
+                seen.append((m.value(), m.delivery_count()))
+                live.acknowledge(m, AcknowledgeType.ACCEPT)
+    assert seen == [(b"a1", 2), (b"a2", 2), (b"a3", 1), (b"a4", 1), (b"a5", 1)], seen
