@@ -6,6 +6,7 @@ differences between a scrape before and after (they are process-wide), gauges as
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -186,3 +187,37 @@ def test_a_share_service_loop_that_ends_makes_the_proxy_not_ready_and_not_live(k
         assert value(scrape(port), "kshare_ready") == 0
     errors = [r for r in caplog.records if r.name.startswith("kshare.share") and r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].exc_info is not None, [r.getMessage() for r in errors]
+
+
+def test_releases_and_refused_acknowledgements_are_counted(kafka39) -> None:
+    """What explains a redelivery is exported: a member whose connection closes with records held
+    (``kshare_share_member_releases_total{reason="connection_closed"}``), and acknowledgements the
+    proxy refused (``kshare_share_acknowledgement_errors_total``, by error), each in records."""
+    from tests.harness.share import Raw, acquired, partitions
+
+    topic = group = f"metrics-releases-{uuid.uuid4().hex[:8]}"
+    kafka39.create_topic(topic, partitions=1)
+    with ShareProxyThread(kafka39.bootstrap, metrics_port=0) as proxy:
+        port = proxy.app.metrics_server.port
+        share_group(proxy.bootstrap, group)
+        produce(proxy.bootstrap, topic, [f"v{i}" for i in range(10)], per_batch=10)
+
+        async def main() -> None:
+            raw = await Raw.open(proxy.bootstrap, "releases")
+            tid = await raw.topic_id(topic)
+            member, _ = await raw.join(group, topic)
+            got = await raw.fetch(group, member, 0, {tid: [0]}, max_wait_ms=5000)
+            assert acquired(got) == [(0, 9, 1)], got
+            acked = await raw.ack(group, member, 1, {(tid, 0): [(0, 4, [1])]})
+            assert partitions(acked)[(tid, 0)].error_code == 0, acked
+            # offsets 0-4 are acknowledged already: refused, 5 records
+            acked = await raw.ack(group, member, 2, {(tid, 0): [(0, 4, [1])]})
+            assert partitions(acked)[(tid, 0)].error_code == 121, acked  # INVALID_RECORD_STATE
+            await raw.close()  # with offsets 5-9 still held
+
+        asyncio.run(main())
+        labels = {"group": group, "topic": topic}
+        wait_until(lambda: value(scrape(port), "kshare_share_member_releases_total", reason="connection_closed",
+                                 **labels) == 5, 10, "5 records released by the connection's close")
+        assert value(scrape(port), "kshare_share_acknowledgement_errors_total", error="INVALID_RECORD_STATE",
+                     **labels) == 5
