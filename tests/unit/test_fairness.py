@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kshare.share.fairness import PACE_SPREAD, FairShare
+from kshare.share.fairness import PACE_SPREAD, QUIET_MS, ROUND_UP_MS, FairShare, rounded_up
 
 IDLE = 30_000
 
@@ -187,3 +187,83 @@ def test_cap_is_the_smaller_of_the_two_shares(fetches, expected, budget, availab
 
     want = reference()
     assert fair.cap("m0", held, budget, now, IDLE, assigned, available, held_of) == want
+
+
+def _batches(sizes: list[int], first: int) -> list[tuple[int, int]]:
+    out, o = [], first
+    for n in sizes:
+        out.append((o, o + n - 1))
+        o += n
+    return out
+
+
+@given(st.lists(st.integers(1, 2000), min_size=1, max_size=20), st.integers(0, 5000), st.integers(1, 3000))
+def test_rounded_up_ends_at_the_end_of_the_batch_holding_the_cap(sizes, skip, cap):
+    """Against a model that lists the offsets: from ``start`` (anywhere in the first batch) to the
+    end of the batch holding the cap-th offset; None when the batches end before it."""
+    batches = _batches(sizes, 1000)
+    start = batches[0][0] + min(skip, sizes[0] - 1)
+    offsets = [o for a, z in batches for o in range(max(a, start), z + 1)]
+    if cap > len(offsets):
+        expect = None
+    else:
+        end = next(z for a, z in batches if a <= offsets[cap - 1] <= z)
+        expect = len([o for o in offsets if o <= end])
+    assert rounded_up(start, cap, [z for _, z in batches]) == expect
+
+
+def paced(n: int, ms_per_record: float, wanted: int = 500, records: int = 100) -> FairShare:
+    """``n`` members that each acquired ``records`` records and settled them at ``ms_per_record``."""
+    fair = members(n, wanted)
+    for i in range(n):
+        fair.acquired(f"m{i}", records, 0)
+        fair.fetching(f"m{i}", wanted, 0, int(records * ms_per_record))
+    return fair
+
+
+def test_fast_members_take_whole_batches():
+    """13 members, budget 2000: each may lock 153; a member that settles the 437 records beyond
+    its share of a 590-record batch within ROUND_UP_MS takes the whole batch."""
+    fair = paced(13, 0.1)
+    cap = fair.cap("m0", 0, 2000, 10, IDLE, available=1_000_000)
+    assert cap == 2000 // 13
+    assert fair.whole_batches("m0", 0, cap, [589, 1179])
+    assert fair.whole_batches("m0", 0, cap, [100, 200])  # the batches end within its cap
+
+
+def test_slow_members_and_members_of_unknown_pace_take_exact_shares():
+    """A batch they would hold longer (5 ms a record: the 437 records beyond the share 2 s more)
+    would pin the share-partition's window while the others wait for room."""
+    assert not paced(13, 5.0).whole_batches("m0", 0, 153, [589])
+    assert not members(13).whole_batches("m0", 0, 153, [589])  # no cycle measured yet
+    assert paced(13, ROUND_UP_MS / 437).whole_batches("m0", 0, 153, [589])
+    assert not paced(13, 1.1 * ROUND_UP_MS / 437).whole_batches("m0", 0, 153, [589])
+
+
+def test_a_cycle_of_round_trips_does_not_count_as_work_per_record():
+    """Cycles of 150 and of 590 records that both last 300 ms: the records more cost nothing, so
+    the member takes whole batches although 300 ms / 150 records is 2 ms a record."""
+    fair = members(2)
+    t = 0
+    for n in (150, 590, 150, 590, 150):
+        fair.acquired("m0", n, t)
+        t += 300
+        fair.fetching("m0", 500, 0, t)
+    assert fair.whole_batches("m0", 0, 150, [589])
+
+
+@given(st.floats(0.0, 10.0), st.floats(0.0, 500.0), st.lists(st.integers(1, 2000), min_size=3, max_size=12))
+def test_the_measured_cost_of_a_record_more_is_the_slope_of_the_cycles(per_record, fixed, sizes):
+    """Cycles lasting ``fixed + per_record * n`` (whole ms): once their sizes vary enough, the fit
+    finds ``per_record`` (within the ms rounding), and never a negative cost."""
+    fair = members(1)
+    t = 0
+    for n in sizes:
+        fair.acquired("m0", n, t)
+        t += max(1, int(fixed + per_record * n))
+        fair.fetching("m0", 500, 0, t)
+    m = fair.members["m0"]
+    if m.ms_per_extra is not None:
+        assert m.ms_per_extra >= 0
+        if min(sizes) >= 50 and fixed >= 1:
+            assert abs(m.ms_per_extra - per_record) <= 1.0 / (max(sizes) - min(sizes)) * 10 + 1e-6
