@@ -317,9 +317,11 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
         acquire_mode = mode
         cap = sp.fair.cap(member_id, held, engine.max_record_locks, now, cfg.record_lock_duration_ms,
                           group.assigned_members(topic_id, partition), available, engine.acquired_count)
+        whole = False  # batch-optimized and capped: whole batches where they cost little time (fairness)
         if cap is not None and cap < want:
             if cap == 0:
                 continue  # it holds its share already; acknowledgements here wake this fetch
+            whole = mode == AcquireMode.BATCH_OPTIMIZED and held == 0 and not engine.key_ordered
             want, acquire_mode = cap, AcquireMode.RECORD_LIMIT
         offset = engine.next_fetch_offset()
         # Offsets from SPEO + the records still wanted on cannot be acquired by this request:
@@ -365,6 +367,8 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
             continue
         fetched = [FetchedBatch(b.base_offset, b.last_offset, b.is_control, b.is_transactional, b.producer_id)
                    for b, _ in read.batches]
+        if whole and sp.fair.whole_batches(member_id, read.fetch_offset, want, (b.last_offset for b in fetched)):
+            acquire_mode = AcquireMode.BATCH_OPTIMIZED  # its cap rounded up to the end of a batch
         max_keys = None
         if engine.key_ordered:
             engine.learn_keys(fetched, _record_keys(read.batches, engine.keys_known_to, sp), read.fetch_offset)
