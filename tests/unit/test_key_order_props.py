@@ -234,15 +234,59 @@ class KeyOrderMachine(RuleBasedStateMachine):
             self.finisher.pop(k, None)
         self._forget_keys_without_work()
 
-    @rule(member=st.sampled_from(MEMBERS), data=st.data())
-    def acknowledge(self, member: str, data: st.DataObject) -> None:
-        held = self._acquired_by(member)
-        if not held:
+    def _a_holder(self, data: st.DataObject) -> str | None:
+        """A member holding records, if any (acknowledging members that hold nothing explores nothing)."""
+        holders = [m for m in MEMBERS if self._acquired_by(m)]
+        return data.draw(st.sampled_from(holders)) if holders else None
+
+    @rule(data=st.data())
+    def acknowledge(self, data: st.DataObject) -> None:
+        member = self._a_holder(data)
+        if member is None:
             return
+        held = self._acquired_by(member)
         chosen = sorted(data.draw(st.sets(st.sampled_from(held), min_size=1)))
-        ack = data.draw(st.sampled_from([AcknowledgeType.ACCEPT, AcknowledgeType.ACCEPT,
-                                         AcknowledgeType.RELEASE, AcknowledgeType.REJECT]))
-        result = self.sp.acknowledge(member, [(o, o, int(ack)) for o in chosen])
+        kinds = st.sampled_from([AcknowledgeType.ACCEPT, AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE,
+                                 AcknowledgeType.REJECT])
+        acks = [(o, data.draw(kinds)) for o in chosen]  # (one type per record: a run's may differ)
+        self._acknowledge(member, acks)
+
+    @rule(data=st.data(), batches=st.integers(1, 6), max_records=st.sampled_from([2, 5, 12, 40]),
+          record_limit=st.booleans(), max_keys=st.sampled_from([None, 1, 2]))
+    def fetch_with_acknowledgements(self, data: st.DataObject, batches: int, max_records: int, record_limit: bool,
+                                    max_keys: int | None) -> None:
+        """A consumer's ShareFetch carrying the acknowledgements of what it holds (mostly ACCEPT):
+        the keys it finishes go on with it (affinity), in runs growing each time."""
+        member = self._a_holder(data)
+        if member is None:
+            return
+        kinds = st.sampled_from([AcknowledgeType.ACCEPT] * 5 + [AcknowledgeType.RELEASE, AcknowledgeType.REJECT])
+        self._acknowledge(member, [(o, data.draw(kinds)) for o in self._acquired_by(member)])
+        self.acquire(member, batches, max_records, record_limit, max_keys)
+
+    @rule(data=st.data())
+    def release_out_of_run(self, data: st.DataObject) -> None:
+        """The consumer's own choice: RELEASE a record of its run and ACCEPT some later ones, the
+        rest of the run still held (the released record must wait until the run is done)."""
+        member = self._a_holder(data)
+        if member is None:
+            return
+        runs: dict[int, list[int]] = {}
+        for o in self._acquired_by(member):
+            k = self.log.key_of.get(o)
+            if k is not None:
+                runs.setdefault(k, []).append(o)
+        runs = {k: r for k, r in runs.items() if len(r) >= 2}
+        if not runs:
+            return
+        run = runs[data.draw(st.sampled_from(sorted(runs)))]
+        i = data.draw(st.integers(0, len(run) - 2))
+        later = sorted(data.draw(st.sets(st.sampled_from(run[i + 1:]), max_size=len(run) - i - 2)))
+        self._acknowledge(member, [(run[i], AcknowledgeType.RELEASE), *((o, AcknowledgeType.ACCEPT) for o in later)])
+
+    def _acknowledge(self, member: str, acks: list[tuple[int, AcknowledgeType]]) -> None:
+        chosen = [o for o, _ in acks]
+        result = self.sp.acknowledge(member, [(o, o, int(ack)) for o, ack in acks])
         assert result.error_code == 0
         self._record(result.update)
         states = self._state_of()
