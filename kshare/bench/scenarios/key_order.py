@@ -19,6 +19,9 @@ Ratios are what to read: the machine is shared and absolute figures move by +-30
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 import random
 import signal
 import threading
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clients
 from ..format import fmt_num, fmt_ratio, table
 from ..procs import ProxyProcess, free_port, load
-from .common import UPSTREAM, alternate, median, polled, scenario, target, work_member
+from .common import UPSTREAM, alternate, median, scenario, target, work_member
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
@@ -45,6 +48,9 @@ SIZES = (
 RATIO_TARGETS = {20: 0.6, 200: 0.8}
 BUSY_KILLED_TARGET = 3.0
 KILL_AT = 1 / 3  # of the records processed
+# KSHARE_BENCH_REJOIN_LOG=<file>: the first consumer of the key-ordered runs across the kill writes its
+# librdkafka debug lines (cgrp, broker, fetch), timed, there, with the kill and the restart marked
+_REJOIN_LOG: dict[str, str] = {}
 
 
 def _produce_keyed(bootstrap: str, topic: str, records: int, keys: int) -> None:
@@ -71,25 +77,88 @@ def _member(bootstrap: str, group: str, topic: str, work_s: float, start: thread
     work_member(c, start, stop, work_s, times)
 
 
+Processing = tuple[bytes | None, int, float, float]  # key, offset, start, end
+
+
 def _busy_member(bootstrap: str, group: str, topic: str, max_work_s: float, seed: int, start: threading.Event,
-                 stop: threading.Event, done: list[tuple[bytes | None, int, float, float]]) -> None:
+                 stop: threading.Event, out: tuple[list[Processing], list[list[Processing]]]) -> None:
     """An explicit-mode ShareConsumer: each record "processed" for a random 0..max_work_s (seeded), then
-    accepted; (key, offset, start, end) of each processing in ``done``."""
+    accepted (the acknowledgements go with its next poll's ShareFetch); (key, offset, start, end) of each
+    processing in ``out[0]``, and grouped by the poll that returned them in ``out[1]`` (its own list)."""
     from confluent_kafka import AcknowledgeType, ShareConsumer
 
+    done, polls = out
     rng = random.Random(seed)
-    c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "error_cb": clients._quiet,
-                       "log_level": 3, "share.acknowledgement.mode": "explicit"})
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": group, "error_cb": clients._quiet,
+                              "log_level": 3, "share.acknowledgement.mode": "explicit"}
+    if seed == 0 and _REJOIN_LOG.get("path"):
+        # the first consumer's librdkafka debug lines, timed (where its way back after a kill goes)
+        logger = logging.getLogger(f"kshare.bench.key_order.rdkafka.{uuid.uuid4().hex[:6]}")
+        handler = logging.FileHandler(_REJOIN_LOG["path"])
+        handler.setFormatter(logging.Formatter("%(created).3f %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+        config.update({"logger": logger, "debug": "cgrp,broker,fetch", "log_level": 7})
+    c = ShareConsumer(config)
     c.subscribe([topic])
     start.wait()
     try:
-        for m in polled(c, stop):
-            t0 = time.monotonic()
-            time.sleep(rng.uniform(0, max_work_s))
-            done.append((m.key(), m.offset(), t0, time.monotonic()))
-            c.acknowledge(m, AcknowledgeType.ACCEPT)
+        while not stop.is_set():
+            batch = []
+            for m in c.poll(0.1):
+                if m.error() is not None:
+                    continue
+                t0 = time.monotonic()
+                time.sleep(rng.uniform(0, max_work_s))
+                p = (m.key(), m.offset(), t0, time.monotonic())
+                done.append(p)
+                batch.append(p)
+                c.acknowledge(m, AcknowledgeType.ACCEPT)
+            if batch:
+                polls.append(batch)
     finally:
         c.close()
+
+
+def timeline(polls: list[list[list[Processing]]]) -> dict[str, float]:
+    """Where a key's time goes between its records, from the consumers' side (each consumer's polls, in
+    order): records per poll; a consumer's cycle (the end of a poll's last record to the start of the next
+    poll's first: the poll call, the ShareFetch carrying the acknowledgements and its answer); and each
+    key's consecutive records (by processing start) by how the second reached a consumer: in the same poll
+    (a run), in the same consumer's next poll (the answer to the ShareFetch that carried the first's
+    acknowledgement: affinity), a later poll of it, or another consumer, with the median gap (the first's
+    end to the second's start) of each."""
+    where: dict[tuple[bytes | None, int], tuple[int, int]] = {}
+    cycles: list[float] = []
+    sizes: list[int] = []
+    for c, mine in enumerate(polls):
+        for i, batch in enumerate(mine):
+            sizes.append(len(batch))
+            for k, o, _, _ in batch:
+                where[(k, o)] = (c, i)
+            if i:
+                cycles.append(batch[0][2] - mine[i - 1][-1][3])
+    every = sorted((p for mine in polls for batch in mine for p in batch), key=lambda p: p[2])
+    last: dict[bytes | None, Processing] = {}
+    gaps: dict[str, list[float]] = {"run": [], "next_poll": [], "later_poll": [], "other_consumer": []}
+    for p in every:
+        k = p[0]
+        q = last.get(k)
+        last[k] = p
+        if q is None or k is None:
+            continue
+        (c0, i0), (c1, i1) = where[(k, q[1])], where[(k, p[1])]
+        kind = ("other_consumer" if c0 != c1 else "run" if i0 == i1 else "next_poll" if i1 == i0 + 1
+                else "later_poll")
+        gaps[kind].append(p[2] - q[3])
+    n = max(1, sum(len(g) for g in gaps.values()))
+    out = {"records_per_poll": median(sizes), "cycle_ms": median(cycles) * 1000,
+           "cycle_p90_ms": sorted(cycles)[max(0, math.ceil(0.9 * len(cycles)) - 1)] * 1000 if cycles else float("nan")}
+    for kind, g in gaps.items():
+        out[f"{kind}_share"] = len(g) / n
+        out[f"{kind}_gap_ms"] = median(g) * 1000 if g else float("nan")
+    return out
 
 
 def _run_members(target: Callable[..., None], args: Callable[[int], tuple], results: list,
@@ -163,9 +232,11 @@ class KilledProxy:
 
     def kill(self) -> None:
         self.killed_at = time.monotonic()
+        _mark("SIGKILL")
         self.proxy.stop(signal.SIGKILL)
         self.proxy = self._start()
         self.ready_at = time.monotonic()
+        _mark("restarted proxy ready")
 
     def stop(self) -> None:
         self.proxy.stop()
@@ -179,18 +250,24 @@ def busy_consumers(bootstrap: str, upstream: str, records: int, ordering: str, k
     the records are processed. Checks key order when ordered."""
     topic = clients.create_topic(upstream, f"bench-keybusy-{uuid.uuid4().hex[:8]}", 1)
     group = f"bench-keybusy-{uuid.uuid4().hex[:8]}"
-    done: list[tuple[bytes | None, int, float, float]] = []
+    done: list[Processing] = []
+    polls: list[list[list[Processing]]] = [[] for _ in range(CONSUMERS)]
     midway = None
     if killed is not None:
         midway = (lambda: len(done) >= records * KILL_AT, killed.kill)
+        path = os.environ.get("KSHARE_BENCH_REJOIN_LOG") if ordering == "key" else None
+        if path:
+            _REJOIN_LOG["path"] = path
+            _mark(f"run of {records} records, ordering={ordering}")
     try:
         _produce_keyed(upstream, topic, records, keys)
         clients.share_group(bootstrap, group)
         clients.set_group_configs(bootstrap, group, {"kshare.share.ordering": ordering})
         t0 = _run_members(_busy_member, lambda i: (bootstrap, group, topic, max_work_ms / 1000, i),
-                          [done] * CONSUMERS, lambda: len({o for _, o, _, _ in done}) >= records,
+                          [(done, polls[i]) for i in range(CONSUMERS)], lambda: len({o for _, o, _, _ in done}) >= records,
                           f"busy, ordering={ordering}", midway=midway)
     finally:
+        _REJOIN_LOG.pop("path", None)
         clients.delete_topic(upstream, topic)
     if ordering == "key":
         check_key_order(done)
@@ -199,12 +276,21 @@ def busy_consumers(bootstrap: str, upstream: str, records: int, ordering: str, k
     out = {"busy": sum(b - a for _, _, a, b in done) / (last - t0), "useful_busy": sum(final.values()) / (last - t0),
            "records_per_s": records / (last - t0), "to_first_s": min(a for _, _, a, _ in done) - t0,
            "processed_again": len(done) - records}
+    if killed is None:
+        out["timeline"] = timeline(polls)
     if killed is not None:
         after = [a for _, _, a, _ in done if a >= killed.ready_at]
         out["down_s"] = killed.ready_at - killed.killed_at  # SIGKILL -> the new proxy ready
         out["stalled_s"] = stalled(done, killed.killed_at)
         out["first_after_s"] = (min(after) - killed.ready_at) if after else float("nan")
     return out
+
+
+def _mark(what: str) -> None:
+    path = _REJOIN_LOG.get("path")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.time():.3f} === {what}\n")
 
 
 def check_key_order(done: list[tuple[bytes | None, int, float, float]]) -> None:
@@ -292,6 +378,11 @@ def run(env: Env, progress: Progress, *, records: int, keys: int, many_keys: int
             if case == "killed":
                 for k in ("down_s", "stalled_s", "first_after_s"):
                     row[f"{k}_{o}"] = med(k, part="busy", case=case, ordering=o)
+            else:
+                lines = [s["timeline"] for s in samples if s["part"] == "busy" and s["case"] == case
+                         and s["ordering"] == o and "timeline" in s]
+                if lines:
+                    row[f"timeline_{o}"] = {k: median([t[k] for t in lines]) for k in lines[0]}
         busy.append(row)
     targets = [target(f"key-ordered / unordered records/s, {n} keys, {work_ms:g} ms of work", row["key_vs_none"],
                       RATIO_TARGETS[n], ">=") for n, row in zip((keys, many_keys), throughput, strict=True)
@@ -344,6 +435,29 @@ def section(res: dict[str, Any]) -> list[str]:
                          fmt_num(r.get(f"down_s_{o}"), 2), fmt_num(r.get(f"stalled_s_{o}"), 2)])
     out += table(["case", "ordering", f"consumers busy (of {n}; last processings only)", "records/s",
                   "processed again", "down, s", "stalled, s"], rows, "llrrrrr")
+    steady = next((r for r in res.get("busy", []) if r["case"] == "steady" and "timeline_key" in r), None)
+    if steady is not None:
+        out += [
+            "",
+            "Timeline, steady (from the consumers' side, medians over the repeats): records per poll; a consumer's "
+            "cycle, the end of a poll's last record to the start of its next poll's first (the poll call, the "
+            "ShareFetch carrying the acknowledgements, its answer), median and 90th percentile; and each key's "
+            "consecutive records by how the second came: in the same poll (a run), in the same consumer's next "
+            "poll (the answer to the ShareFetch carrying the first's acknowledgement), a later poll of it, another "
+            "consumer -- share of the key's steps and median gap from the first's end to the second's start.",
+            "",
+        ]
+        kinds = ("run", "next_poll", "later_poll", "other_consumer")
+        trows = []
+        for o in ORDERINGS:
+            t = steady.get(f"timeline_{o}")
+            if t is None:
+                continue
+            trows.append(["unordered" if o == "none" else "key-ordered", fmt_num(t["records_per_poll"], 1),
+                          f"{fmt_num(t['cycle_ms'], 1)} / {fmt_num(t['cycle_p90_ms'], 1)}",
+                          *(f"{t[f'{k}_share']:.0%}, {fmt_num(t[f'{k}_gap_ms'], 1)} ms" for k in kinds)])
+        out += table(["ordering", "records per poll", "cycle, ms (median / p90)", "same poll", "next poll",
+                      "later poll", "other consumer"], trows, "lrrrrrr")
     return [*out, ""]
 
 
