@@ -117,9 +117,13 @@ class InstanceGroupMember:
             await self._give_up(lost)
         if gained:
             started = time.monotonic()
-            # a fenced writer of a partition given back is replaced (the new one fences nobody but it)
-            await self.store.release([p for p in gained if p in self.store.claimed()])
-            await self.store.claim(gained)
+            ownership.gaining = frozenset(gained)  # what is served here already goes on meanwhile
+            try:
+                # a fenced writer of a partition given back is replaced (the new one fences nobody but it)
+                await self.store.release([p for p in gained if p in self.store.claimed()])
+                await self.store.claim(gained)
+            finally:
+                ownership.gaining = frozenset()
             # what was claimed now, with what stays: never what the store still holds fenced
             ownership.claimed = ownership.claimed | frozenset(gained)
             adopted = 0

@@ -290,6 +290,8 @@ class GroupOwnership:
         # engines hand nothing out; their members' acknowledgements are still taken and written)
         self.releasing: set[SharePartitionKey] = set()
         self._releasing_tps: dict[TopicPartition, int] = {}  # topic-partition -> keys releasing
+        # by topic: the state partitions of the map being applied that are still being claimed
+        self.gaining: frozenset[int] = frozenset()
 
     def start_releasing(self, keys: Iterable[SharePartitionKey]) -> None:
         for key in keys:
@@ -327,24 +329,30 @@ class GroupOwnership:
         return m is not None and m.leader_index(topic_id, partition) == self.my_index() >= 0
 
     def owns(self, key: SharePartitionKey) -> bool:
-        """Whether this proxy may load (initialise, confirm) the share-partition: it leads it. A
-        share-partition being handed over is served only by the engine it has."""
-        return self._leads_here(key.topic_id, key.partition)
+        """Whether this proxy may load (initialise, confirm) the share-partition: it leads it and has
+        claimed the state partition new state of it goes to. A share-partition being handed over is
+        served only by the engine it has."""
+        return self._leads_here(key.topic_id, key.partition, loading=True)
 
     def owns_partition(self, topic_id: bytes, partition: int) -> bool:
         """Whether requests for the topic-partition are served here: it is led here, or a share-partition
-        of it is being handed over (its acknowledgements are taken; a group's share-partition not
-        loaded here is refused when it would load, by ``owns``)."""
+        of it is being handed over (its acknowledgements are taken). By topic, also while the state
+        partition new state of it would go to is still being claimed: the share-partitions loaded
+        here keep their state where it is, and go on taking acknowledgements meanwhile (a group's
+        share-partition not loaded here is refused when it would load, by ``owns``)."""
         if self._releasing_tps and (topic_id, partition) in self._releasing_tps:
             return True
-        return self._leads_here(topic_id, partition)
+        return self._leads_here(topic_id, partition, loading=False)
 
-    def _leads_here(self, topic_id: bytes, partition: int) -> bool:
+    def _leads_here(self, topic_id: bytes, partition: int, *, loading: bool) -> bool:
         if not self.by_topic:
             return state_partition_of(topic_id, partition, self.partitions) in self.claimed
         m = self.map
         assert m is not None
-        return self.leads(topic_id, partition) and m.home(topic_id, partition, self.my_index()) in self.claimed
+        if not self.leads(topic_id, partition):
+            return False
+        home = m.home(topic_id, partition, self.my_index())
+        return home in self.claimed or (not loading and home in self.gaining)
 
     def state_partition(self, key: SharePartitionKey) -> int:
         """The state partition for a share-partition the store has no entry for: by topic, this
@@ -375,7 +383,16 @@ class GroupOwnership:
         def slot_of(owner: Instance | None) -> int | None:
             return owner.slot if owner is not None else None
 
+        releasing = self._releasing_tps
+
+        def partition_owner(topic_id: bytes, partition: int) -> int | None:
+            # what this proxy is handing over it still leads, as far as its own Metadata says: the
+            # members' acknowledgements of what they hold come here until it is done
+            if releasing and (topic_id, partition) in releasing:
+                return mine.slot
+            return slot_of(decision.owner_of_topic_partition(topic_id, partition))
+
         return ClusterView(
             me=mine.slot, peers=peers, epoch=decision.epoch,
-            partition_owner=lambda topic_id, partition: slot_of(decision.owner_of_topic_partition(topic_id, partition)),
+            partition_owner=partition_owner,
             group_owner=lambda group_id: slot_of(decision.owner_of_group(group_id)))

@@ -328,3 +328,31 @@ def test_a_share_partition_being_handed_over_is_served_only_through_its_engine(o
             assert own.owns_partition(tid, q) == (q in led or any(k.partition == q for k in model))
             for name in groups:
                 assert own.owns(SharePartitionKey(name, tid, q)) == (q in led)
+
+
+def test_while_its_new_home_is_claimed_a_leader_takes_requests_but_loads_nothing_new() -> None:
+    """By topic, a proxy whose state partitions change leads a topic-partition whose new home (where
+    new state of it goes) it is still claiming: requests for it are served (what is loaded keeps its
+    state where it is), new share-partitions of it are not loaded until the claim is done. And while
+    a share-partition of a topic-partition is handed over, this proxy's Metadata still names itself
+    its leader (its members' acknowledgements come here)."""
+    tid = b"\x0e" * 16
+    m = assign({k: _cand(k, topics={tid: 6}) for k in "abc"}, 6, by_topic=True)
+    own = GroupOwnership("a", 6)
+    own.map = m
+    mine = [p for p in range(6) if m.owner_of_topic_partition(tid, p).id == "a"]
+    homes = {p: m.home(tid, p, own.my_index()) for p in mine}
+    own.gaining = frozenset(homes.values())
+    key = SharePartitionKey("g", tid, mine[0])
+    assert all(own.owns_partition(tid, p) for p in mine) and not own.owns(key)
+    own.claimed, own.gaining = frozenset(homes.values()), frozenset()
+    assert all(own.owns_partition(tid, p) for p in mine) and own.owns(key)
+    other = next(p for p in range(6) if p not in mine)
+    view = own.view()
+    assert view is not None
+    slot = {i.id: i.slot for i in m.instances}
+    assert view.partition_owner(tid, other) == slot[m.owner_of_topic_partition(tid, other).id] != slot["a"]
+    own.start_releasing([SharePartitionKey("g", tid, other)])
+    assert view.partition_owner(tid, other) == slot["a"] and own.owns_partition(tid, other)
+    own.stop_releasing([SharePartitionKey("g", tid, other)])
+    assert view.partition_owner(tid, other) != slot["a"] and not own.owns_partition(tid, other)
