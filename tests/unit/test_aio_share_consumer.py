@@ -19,6 +19,8 @@ from aiokafka.errors import (
 )
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import ConsumerRecord
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kshare import AIOShareConsumer, ShareConsumerRecord
 from kshare.clients.errors import GroupMaxSizeReachedError, InvalidRecordStateError, error_for, error_name
@@ -65,6 +67,46 @@ def test_records_of_every_codec_with_their_delivery_counts(codec: str) -> None:
     assert [r.offset for r in split] == list(range(10, 18))
     holed = c._decode("t", 0, raw, [(10, 11, 1), (13, 17, 1)])
     assert [r.offset for r in holed] == [10, 11, 13, 14, 15, 16, 17]
+
+
+def compacted_batch(base: int, deltas: list[int], codec: int) -> bytes:
+    """A batch whose records sit at ``base`` + ``deltas`` (ascending; offsets missing in between, as
+    compaction leaves them)."""
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=0, producer_id=-1,
+                                  producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    for d in deltas:
+        b.append(d, timestamp=1000 + d, key=None, value=f"v{base + d}".encode(), headers=[])
+    data = bytearray(b.build())
+    struct.pack_into(">q", data, 0, base)
+    return bytes(data)
+
+
+@given(st.lists(st.tuples(st.integers(1, 40), st.sets(st.integers(0, 39))), min_size=1, max_size=6),
+       st.lists(st.tuples(st.integers(0, 60), st.integers(1, 60), st.integers(1, 5)), max_size=8),
+       st.sampled_from([0, 1]))
+def test_records_taken_in_part_against_a_model(layout, picks, codec) -> None:
+    """Batches of up to 40 offsets, some compacted (records missing), and acquired ranges over them
+    with their delivery counts (whole batches, parts, several per batch, none): the records are
+    those present at acquired offsets, in order, each with its range's count."""
+    raw, present, base = b"", [], 0
+    for size, missing in layout:
+        deltas = [d for d in range(size) if d not in missing or d == size - 1]  # a batch keeps its last
+        raw += compacted_batch(base, deltas, codec)
+        present += [base + d for d in deltas]
+        base += size
+    ranges, at = [], 0
+    for gap, length, count in picks:
+        a = at + gap
+        if a >= base:
+            break
+        z = min(base - 1, a + length - 1)
+        ranges.append((a, z, count))
+        at = z + 1
+    want = [(o, next(c for a, z, c in ranges if a <= o <= z)) for o in present
+            if any(a <= o <= z for a, z, _ in ranges)]
+    out = consumer()._decode("t", 0, raw, ranges)
+    assert [(r.offset, r.delivery_count) for r in out] == want
+    assert all(r.value == f"v{r.offset}".encode() for r in out)
 
 
 def test_deserializers() -> None:
