@@ -148,7 +148,7 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
         ConfigDef("kshare.share.redelivery.backoff.max.ms", "int", "60000", _int_in(0, 86_400_000),
                   "kshare: the longest redelivery backoff, however many deliveries"),
         ConfigDef("kshare.share.ordering", "string", "none", _one_of("none", "key"),
-                  "kshare: key: records of one key are acquired one at a time, in offset order "
+                  "kshare: key: records of one key go to one consumer at a time, in offset order "
                   "(none: no order, as Apache Kafka)"),
     )
 }
