@@ -120,7 +120,6 @@ def test_what_is_waiting_is_spread_without_counting_what_members_hold():
 def test_quiet_members_holding_nothing_do_not_compete():
     """Eight members (a Spark query at parallelism 4 whose Python workers take turns): the four
     reading now get 500 each out of 2,000, not 250 because the other four fetched a while ago."""
-    from kshare.share.fairness import QUIET_MS
 
     fair = members(8, wanted=500, now=0)
     held = dict.fromkeys((f"m{i}" for i in range(8)), 0)
