@@ -332,7 +332,7 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
             # what its key budget lets it take may end well before the window does (every other key out)
             end = engine.key_read_end(member_id, _key_budget(sp, engine, member_id, now, cfg.record_lock_duration_ms,
                                                              group.assigned_members(topic_id, partition)),
-                                      plog.high_watermark if plog.high_watermark >= 0 else None)
+                                      plog.high_watermark if plog.high_watermark >= 0 else None, want)
             if end is not None:
                 if end < offset:
                     continue  # nothing for it now (acknowledgements here wake this fetch)
