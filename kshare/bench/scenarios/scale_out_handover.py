@@ -47,6 +47,7 @@ class HandoverRun:
     redelivered: int  # deliveries beyond each record's first
     after_confirmation: int
     lost: int
+    never_confirmed: int  # delivered, never redelivered, and the client never learnt its acknowledgement
     longest_partition_gap_s: float
     longest_total_gap_s: float
     held_at_kill: int | None  # SIGKILL: the killed proxy's acquired records, last sample
@@ -204,8 +205,23 @@ def handover_run(k3: Upstream, kind: str, mode: str, drain_s: float, *, records:
                 time.sleep(1.0)
         gen.thread.join(600)
         ends = {q: records // partitions + (1 if q < records % partitions else 0) for q in range(partitions)}
-        _wait(lambda: len(ledger.confirmed) >= records, 300, "every record confirmed")
-        time.sleep(1.0)  # a redelivery would show
+
+        def delivered() -> set[tuple[int, int]]:
+            with ledger.lock:
+                return {(d.partition, d.offset) for d in ledger.deliveries}
+
+        # every record delivered (not: confirmed; an acknowledgement whose answer a closed connection
+        # lost is durable, and its record rightly not delivered again, but the ledger never confirms it)
+        try:
+            _wait(lambda: len(delivered()) >= records, 300, "every record delivered")
+        except TimeoutError:
+            got = delivered()
+            short = {q: end - sum(1 for p, _ in got if p == q) for q, end in ends.items()}
+            log.warning(f"  records not delivered per partition: { {q: n for q, n in short.items() if n} }")
+            for p in proxies:
+                log.warning(f"  {p.name}: " + "".join(p.notes()[-15:]))
+            raise
+        time.sleep(2.0)  # a redelivery would show
     finally:
         for c in cons:
             c.ask_to_stop()
@@ -216,9 +232,10 @@ def handover_run(k3: Upstream, kind: str, mode: str, drain_s: float, *, records:
     with ledger.lock:
         deliveries = list(ledger.deliveries)
     v = judge(ledger, ends, [first])
-    lost = sum(ends.values()) - v.distinct
+    lost = sum(ends.values()) - v.distinct  # 0: the wait above saw every record
     part_gap, total_gap = _gaps(deliveries, first, partitions)
     run = HandoverRun(kind, mode, drain_s, records, v.deliveries, v.redeliveries, len(v.after_confirmation), lost,
+                      v.never_confirmed,
                       part_gap, total_gap, held_at_kill, held_max, steps, before, load())
     log.info(f"  {kind} leading by {mode}, drain {drain_s:g} s: {run.redelivered:,} of {records:,} delivered again "
              f"({run.redelivered_pct:.2f} %), {run.after_confirmation} after confirmation, {lost} lost; longest gap "
@@ -258,17 +275,19 @@ def handover_section(part: dict[str, Any] | None) -> list[str]:
     out += ["", f"Hand-overs under load: {cfg.get('records'):,} records at {cfg.get('rate'):,.0f}/s over "
             f"{cfg.get('partitions')} partitions, {cfg.get('consumers')} ShareConsumers (explicit ACCEPT + commit_sync) "
             f"bootstrapped from 3 proxies, session {cfg.get('session_ms')} ms:", "",
-            "| fault | leadership | drain timeout | delivered again | % | after confirmation | lost | longest gap, "
-            "a partition (s) | longest gap, all (s) | held by the killed proxy (last / max 1 s) | load |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+            "| fault | leadership | drain timeout | delivered again | % | after confirmation | lost | acknowledgement "
+            "never confirmed | longest gap, a partition (s) | longest gap, all (s) | held by the killed proxy (last / "
+            "max 1 s) | load |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in part.get("runs", []):
         if "error" in r:
             out.append(f"| {r['kind']} | {r['leadership']} | {r['drain_timeout_s']:g} s | failed: {r['error']} "
-                       "| | | | | | | |")
+                       "| | | | | | | | |")
             continue
         held = "" if r["held_at_kill"] is None else f"{r['held_at_kill']} / {r['held_max_1s']}"
         out.append(f"| {r['kind']} | {r['leadership']} | {r['drain_timeout_s']:g} s | {r['redelivered']:,} | "
                    f"{100.0 * r['redelivered'] / max(1, r['records']):.2f} | {r['after_confirmation']} | {r['lost']} | "
+                   f"{r.get('never_confirmed', '')} | "
                    f"{r['longest_partition_gap_s']} | {r['longest_total_gap_s']} | {held} | "
                    f"{r['load_before']} -> {r['load_after']} |")
     return [*out, ""]
