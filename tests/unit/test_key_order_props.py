@@ -545,3 +545,29 @@ def test_a_record_released_out_of_its_run_waits_until_the_rest_of_the_run_is_don
     assert _taken(sp.acquire("c", batch, 8, fetch_offset=sp.next_fetch_offset(), max_keys=1)) == []
     sp.release_member("b")
     assert _taken(sp.acquire("c", batch, 8, fetch_offset=sp.next_fetch_offset(), max_keys=1)) == [7]
+
+
+def test_a_run_stops_before_a_record_still_in_its_redelivery_backoff():
+    """A run is the key's next unfinished records with none skipped: it ends before the first one
+    that may not go yet (here one released later, still in its redelivery backoff), and the records
+    after it wait too."""
+    keys = Keys(array("q", range(8)), array("q", [1] * 8))
+    batch = [FetchedBatch(0, 7)]
+    clock = Clock()
+    sp = SharePartition(0, key_ordered=True, clock=clock, redelivery_backoff_ms=1000, redelivery_backoff_max_ms=1000)
+    assert _taken(sp.acquire("a", batch, 8, fetch_offset=0, record_keys=[keys], max_keys=1)) == [0]
+    sp.acknowledge("a", [(0, 0, int(AcknowledgeType.ACCEPT))])
+    assert _taken(sp.acquire("a", batch, 8, fetch_offset=sp.next_fetch_offset(), max_keys=1)) == [1, 2]
+    sp.acknowledge("a", [(1, 2, int(AcknowledgeType.ACCEPT))])
+    assert _taken(sp.acquire("a", batch, 8, fetch_offset=sp.next_fetch_offset(), max_keys=1)) == [3, 4, 5, 6]
+    sp.acknowledge("a", [(3, 3, int(AcknowledgeType.RELEASE))])  # back after 1 s
+    clock.now += 500
+    sp.acknowledge("a", [(4, 4, int(AcknowledgeType.RELEASE)), (5, 6, int(AcknowledgeType.ACCEPT))])  # 4: after 1.5 s
+    clock.now += 600
+    sp.expire_locks()  # (the timer: 3's backoff is over, 4's is not)
+    assert _taken(sp.acquire("a", batch, 8, fetch_offset=sp.next_fetch_offset(), max_keys=1)) == [3]
+    assert [o for r in sp.in_flight() if r.waits_for_key for o in range(r.first_offset, r.last_offset + 1)] == [7]
+    sp.acknowledge("a", [(3, 3, int(AcknowledgeType.ACCEPT))])
+    clock.now += 500
+    sp.expire_locks()
+    assert _taken(sp.acquire("a", batch, 8, fetch_offset=sp.next_fetch_offset(), max_keys=1)) == [4, 7]
