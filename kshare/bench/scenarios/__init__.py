@@ -16,7 +16,7 @@ there is one.
 A new scenario: a module here with its ``SCENARIO``, and its name in ``_MODULES`` (the order of a
 full run and of ``kshare bench --list``). Modules that are not scenarios: :mod:`.common` (what they all
 share), :mod:`.failover_analysis` (the failover scenario's pure analysis), :mod:`.instance_group` (the
-scale-out scenarios' proxies).
+scale-out scenarios' proxies), :mod:`.scale_out_handover` (the hand-over part of ``scale_out``).
 """
 
 from __future__ import annotations
