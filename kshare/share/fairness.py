@@ -18,7 +18,8 @@ this). ``FairShare`` divides the budget among the members that fetch from the pa
 * In batch-optimized mode (``whole_batches``) a member holding nothing here takes whole record
   batches, its share rounded up to the end of the batch that holds its last record, when the
   records beyond its share add little to the time it holds them (its time goes to round trips,
-  not to work on each record). Apache Kafka 4.4 hands out whole batches too, first come, first
+  not to work on each record: 100 asyncio consumers in one process, not 24 that work 5 ms on
+  each record). Apache Kafka 4.4 hands out whole batches too, first come, first
   served (``SharePartition.acquire``: at most ``maxFetchRecords``
   and the lock budget's room, rounded up to the end of the batch holding the last of them). A
   share of a batch would otherwise cost the client the whole batch (a broker never re-encodes
@@ -42,11 +43,10 @@ PACE_SPREAD = 8.0  # a member's weight stays within [median / 8, median * 8]
 PACE_EWMA = 0.3  # weight of a new pace sample
 DEFAULT_WANTED = 500  # what a member that has not fetched yet is taken to ask for (clients' default)
 QUIET_MS = 2000  # a member holding nothing that has not fetched for this long is not competing
-ROUND_UP_MS = 250  # whole batches when the records beyond a share add at most this to its hold (whole_batches)
+ROUND_UP_MS = 100  # whole batches when the records beyond a share add at most this to its hold (whole_batches)
 FIT_EWMA = 0.2  # weight of a new cycle in a member's time-over-records fit
 FIT_SPREAD = 0.25  # the fit's slope counts once the cycles' sizes vary by this (coefficient of variation)
 FIT_CYCLES = 4  # ... and it has this many cycles
-EXTRA_FLOOR = 0.25  # the cost of a record more is taken as at least this part of the member's pace
 
 
 @dataclass(slots=True)
@@ -57,7 +57,7 @@ class _Member:
     cycle_start_ms: int = -1  # when it last went from holding nothing to holding records
     cycle_records: int = 0  # records acquired in the current cycle
     acquired_total: int = 0  # records acquired since it joined the partition (metrics)
-    fit: list[float] | None = None  # cycles' records and ms, averaged: [n, ms, n*n, n*ms]
+    fit: list[float] | None = None  # cycles' records and ms, averaged: [n, ms, n*n, n*ms, ms*ms]
     fitted: int = 0  # cycles in the fit
     ms_per_extra: float | None = None  # how much longer its cycles last per record more (measured)
 
@@ -104,24 +104,22 @@ class FairShare:
         from offset ``start``: whether it takes whole batches, its cap rounded up to the end of
         the batch holding its ``cap``-th offset (``rounded_up``; the batches read, by their last
         offsets). Yes when the offsets beyond its cap add at most ``ROUND_UP_MS`` to the time it
-        holds what it takes: each adds at most its pace (a cycle's fixed part, its round trips,
-        does not grow), and its measured cost of one record more where cycles of different sizes
-        tell it (no less than ``EXTRA_FLOOR`` of its pace: a fit over a few cycles on a loaded
-        machine is noisy). A member working on every record for a while (5 ms each: a 590-record batch
-        held 3 s) keeps its exact share, or its batches would pin the share-partition's window
-        while the others wait for room; one whose time goes to round trips takes whole batches.
-        Not before its pace is known. Counted in offsets: records others hold among them only
-        make the acquisition smaller."""
+        holds what it takes. Each adds at most its pace (a cycle's fixed part, its round trips,
+        does not grow), and at most its measured cost of one record more where cycles of
+        different sizes tell it (an upper bound: ``_fit_cycle``). A member working on every
+        record (5 ms each) so takes at most 20 records more than its share, or batches held for
+        seconds would pin the share-partition's window while the others wait for room; one
+        whose time goes to round trips takes whole batches. Not before its pace is known.
+        Counted in offsets: records others hold among them only make the acquisition smaller."""
         n = rounded_up(start, cap, batch_lasts)
         if n is None or n <= cap:
             return True  # nothing to round: the batches end within its cap
         m = self.members.get(member_id)
         if m is None or m.ms_per_record is None:
             return False  # no cycle of its own yet
-        per_record = m.ms_per_record
-        if m.ms_per_extra is not None:  # a quarter of its pace at least: the fit is noisy (loaded machines)
-            per_record = min(per_record, max(m.ms_per_extra, per_record * EXTRA_FLOOR))
-        return (n - cap) * per_record <= ROUND_UP_MS
+        per_record = m.ms_per_record if m.ms_per_extra is None else min(m.ms_per_record, m.ms_per_extra)
+        extra = (n - cap) * per_record
+        return extra <= ROUND_UP_MS
 
     def leave(self, member_id: str) -> None:
         self.members.pop(member_id, None)
@@ -214,19 +212,26 @@ class FairShare:
 
 
 def _fit_cycle(m: _Member, n: int, ms: int) -> None:
-    """One more cycle of ``n`` records that lasted ``ms``: the least-squares slope of ms over
-    records (averaged with ``FIT_EWMA``), once the cycles' sizes differ enough to tell."""
-    sample = (n, ms, n * n, n * ms)
+    """One more cycle of ``n`` records that lasted ``ms``: the least-squares fit of ms over records
+    (moments averaged with ``FIT_EWMA``), and from it an upper bound of what one record more costs
+    the member: the slope plus twice its standard error, so that a few noisy cycles (a loaded
+    machine) do not pass for a member that works fast. Unknown (None) until the cycles' sizes
+    vary (``FIT_SPREAD``) over ``FIT_CYCLES`` cycles."""
+    sample = (n, ms, n * n, n * ms, ms * ms)
     if m.fit is None:
         m.fit = list(map(float, sample))
         return
     f = m.fit
-    for i in range(4):
+    for i in range(5):
         f[i] += FIT_EWMA * (sample[i] - f[i])
     m.fitted += 1
-    var = f[2] - f[0] * f[0]
-    if m.fitted >= FIT_CYCLES and var >= (FIT_SPREAD * f[0]) ** 2:
-        m.ms_per_extra = max(0.0, (f[3] - f[0] * f[1]) / var)
+    var_n = f[2] - f[0] * f[0]
+    if m.fitted < FIT_CYCLES or var_n < (FIT_SPREAD * f[0]) ** 2:
+        return
+    slope = (f[3] - f[0] * f[1]) / var_n
+    residual = max(0.0, f[4] - f[1] * f[1] - slope * slope * var_n)  # variance of ms the fit leaves
+    cycles = min(m.fitted + 1, (2 - FIT_EWMA) / FIT_EWMA)  # what the averages weigh, in cycles
+    m.ms_per_extra = max(0.0, slope + 2 * (residual / (var_n * cycles)) ** 0.5)
 
 
 def rounded_up(start: int, cap: int, batch_lasts: Iterable[int]) -> int | None:
