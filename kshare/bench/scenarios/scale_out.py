@@ -46,10 +46,10 @@ if TYPE_CHECKING:
 SIZES = (
     {"records": 500_000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [0, 1, 2, 3],
      "state_partitions": 10, "state_writers": 16, "state_seconds": 8.0, "ho_records": 40_000, "ho_rate": 1000.0,
-     "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "split_topics": 5},
+     "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "ho_work_ms": 2.0, "split_topics": 5},
     {"records": 200_000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [0, 1],
      "state_partitions": 10, "state_writers": 16, "state_seconds": 4.0, "ho_records": 0, "ho_rate": 1000.0,
-     "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "split_topics": 5},
+     "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "ho_work_ms": 2.0, "split_topics": 5},
 )
 
 
@@ -258,7 +258,7 @@ def throughput_tables(runs: list[ThroughputRun], counts: list[int]) -> tuple[str
 def run(env: Env, progress: Progress, *, records: int, value_size: int, partitions: int, consumers: int,
         proxies: list[int], state_partitions: int, state_writers: int, state_seconds: float,
         repeats: int, ho_records: int = 0, ho_rate: float = 1000.0, ho_partitions: int = 12, ho_consumers: int = 4,
-        ho_session_ms: int = 6000, split_topics: int = 5) -> dict[str, Any]:
+        ho_session_ms: int = 6000, ho_work_ms: float = 2.0, split_topics: int = 5) -> dict[str, Any]:
     k3 = upstream_of(env)
     progress.begin("scale_out", 3 if ho_records else 2)
     tput = throughput_part(k3, records, value_size, partitions, consumers, repeats, state_partitions, proxies)
@@ -267,7 +267,7 @@ def run(env: Env, progress: Progress, *, records: int, value_size: int, partitio
     if ho_records:  # leadership splits and hand-overs, by topic and by state partition side by side
         handover = handover_part(k3, records=ho_records, rate=ho_rate, partitions=ho_partitions,
                                  consumers=ho_consumers, session_ms=ho_session_ms, state_partitions=state_partitions,
-                                 split_topics=split_topics)
+                                 split_topics=split_topics, work_ms=ho_work_ms)
         progress.step(f"{len(handover['runs'])} hand-over runs")
     # the state writes alone: the cost of an instance group's fencing, with a resolution the short
     # consumption runs above do not have (kshare.bench.state_writes)

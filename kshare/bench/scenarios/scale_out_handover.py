@@ -4,8 +4,9 @@ side by side in one run.
 
 * **Splits**: 3 proxies; ``split_topics`` fresh topics each of 4 and of 12 partitions; the leaders Metadata
   names through the proxies, counted per proxy (issue 42's targets: 2/1/1 and 4/4/4).
-* **SIGTERM rolling restart**: 3 proxies, ``ho_consumers`` ShareConsumers (explicit ACCEPT + ``commit_sync``,
-  :class:`~kshare.bench.ledgers.AckingConsumer`) bootstrapped from all three, ``ho_records`` records
+* **SIGTERM rolling restart**: 3 proxies, ``ho_consumers`` ShareConsumers (explicit ACCEPT after ``ho_work_ms``
+  of work a record, ``commit_sync`` once a poll of up to 100: each holds what it polled while it works on it)
+  bootstrapped from all three, ``ho_records`` records
   produced at ``ho_rate`` records/s over ``ho_partitions`` partitions while each proxy in turn gets SIGTERM
   (it drains, ``--drain-timeout``, and leaves), the other two take over, and it is started again on the same
   ports; run leading by topic and by state partition with the default drain timeout, and by topic with
@@ -131,6 +132,64 @@ class _Load:
         self.producer.flush(60)
 
 
+def _working_consumer(base: type) -> type:
+    """An :class:`~kshare.bench.ledgers.AckingConsumer` that works ``work_s`` on each record before it
+    acknowledges it (ACCEPT), committing once per poll: it holds what it polled for the batch's length,
+    as an application does, so a hand-over has acquired records to keep or to release."""
+    from confluent_kafka import AcknowledgeType, KafkaException
+
+    from ..ledgers import Delivery, error_name
+
+    class WorkingConsumer(base):  # type: ignore[misc, valid-type]
+        work_s = 0.0
+
+        def _run(self) -> None:
+            c, ledger = self.consumer, self.ledger
+            try:
+                while not self._stop.is_set():
+                    try:
+                        msgs = c.poll(self.poll_s)
+                    except KafkaException as exc:
+                        with ledger.lock:
+                            ledger.poll_errors[error_name(exc)] += 1
+                        time.sleep(self.error_pause_s)
+                        continue
+                    got: dict[int, list[int]] = collections.defaultdict(list)
+                    for m in msgs:
+                        if m.error() is not None:
+                            continue
+                        with ledger.lock:
+                            ledger.deliveries.append(Delivery(self.index, m.partition(), m.offset(),
+                                                              m.delivery_count() or 0, time.monotonic()))
+                        time.sleep(self.work_s)
+                        try:
+                            c.acknowledge(m, AcknowledgeType.ACCEPT)
+                        except Exception:  # noqa: BLE001 - no longer in flight on the client
+                            with ledger.lock:
+                                ledger.refused += 1
+                            continue
+                        got[m.partition()].append(m.offset())
+                    if not got:
+                        continue
+                    try:
+                        results = c.commit_sync(15)
+                    except KafkaException as exc:
+                        with ledger.lock:
+                            ledger.commit_errors[error_name(exc)] += 1
+                        continue
+                    done = time.monotonic()
+                    for tp, err in (results or {}).items():
+                        if err is None and tp.partition in got:
+                            ledger.confirm(tp.partition, got[tp.partition], done)
+                        elif err is not None:
+                            with ledger.lock:
+                                ledger.commit_errors[error_name(err)] += 1
+            except BaseException as exc:  # noqa: BLE001 - reported by the run
+                self.errors.append(exc)
+
+    return WorkingConsumer
+
+
 def _acquired(p: ProxyProc) -> int:
     got = http_get(p.metrics_port, "/metrics")
     if got is None or got[0] != 200:
@@ -155,7 +214,7 @@ def _gaps(deliveries: list[Any], since: float, partitions: int) -> tuple[float, 
 
 
 def handover_run(k3: Upstream, kind: str, mode: str, drain_s: float, *, records: int, rate: float, partitions: int,
-                 consumers: int, session_ms: int, state_partitions: int) -> HandoverRun:
+                 consumers: int, session_ms: int, state_partitions: int, work_ms: float) -> HandoverRun:
     from ..ledgers import AckingConsumer, Ledger, judge  # confluent-kafka: imported when a run needs it
 
     before = load()
@@ -171,8 +230,10 @@ def handover_run(k3: Upstream, kind: str, mode: str, drain_s: float, *, records:
         boot = bootstrap_of(proxies)
         group = f"bench-so-ho-{uuid.uuid4().hex[:8]}"
         clients.share_group(boot, group)
-        cons = [AckingConsumer(i, boot, group, topic, ledger, max_poll=100, commit_callback=False, poll_s=0.2,
-                               error_pause_s=0.05, config=QUIET).start() for i in range(consumers)]
+        working = _working_consumer(AckingConsumer)
+        working.work_s = work_ms / 1000
+        cons = [working(i, boot, group, topic, ledger, max_poll=100, commit_callback=False, poll_s=0.2,
+                        error_pause_s=0.05, config=QUIET).start() for i in range(consumers)]
         gen = _Load(k3.bootstrap, topic, records, rate, partitions)
         _wait(lambda: len(ledger.confirmed) >= records // 8, 120, "the first eighth confirmed")
         first = time.monotonic()
@@ -245,10 +306,10 @@ def handover_run(k3: Upstream, kind: str, mode: str, drain_s: float, *, records:
 
 
 def handover_part(k3: Upstream, *, records: int, rate: float, partitions: int, consumers: int, session_ms: int,
-                  state_partitions: int, split_topics: int) -> dict[str, Any]:
+                  state_partitions: int, split_topics: int, work_ms: float) -> dict[str, Any]:
     splits = splits_part(k3, state_partitions, split_topics)
     common = {"records": records, "rate": rate, "partitions": partitions, "consumers": consumers,
-              "session_ms": session_ms, "state_partitions": state_partitions}
+              "session_ms": session_ms, "state_partitions": state_partitions, "work_ms": work_ms}
     configs = [("sigterm-rolling-restart", "topic", 10.0), ("sigterm-rolling-restart", "state-partition", 10.0),
                ("sigterm-rolling-restart", "topic", 0.0), ("sigkill", "topic", 10.0),
                ("sigkill", "state-partition", 10.0)]
@@ -273,8 +334,9 @@ def handover_section(part: dict[str, Any] | None) -> list[str]:
         by[(r["leadership"], r["partitions"])].append("/".join(map(str, r["split"])))
     out += [f"| {mode} | {n} | {', '.join(s)} |" for (mode, n), s in sorted(by.items())]
     out += ["", f"Hand-overs under load: {cfg.get('records'):,} records at {cfg.get('rate'):,.0f}/s over "
-            f"{cfg.get('partitions')} partitions, {cfg.get('consumers')} ShareConsumers (explicit ACCEPT + commit_sync) "
-            f"bootstrapped from 3 proxies, session {cfg.get('session_ms')} ms:", "",
+            f"{cfg.get('partitions')} partitions, {cfg.get('consumers')} ShareConsumers (explicit ACCEPT after "
+            f"{cfg.get('work_ms', 0):g} ms of work a record, commit_sync once a poll of up to 100) bootstrapped from 3 "
+            f"proxies, session {cfg.get('session_ms')} ms:", "",
             "| fault | leadership | drain timeout | delivered again | % | after confirmation | lost | acknowledgement "
             "never confirmed | longest gap, a partition (s) | longest gap, all (s) | held by the killed proxy (last / "
             "max 1 s) | load |",
