@@ -41,10 +41,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kshare.share")
 
+# a share-partition whose state moves: its state, its write under way, the state partition's new owner
+Rehome = tuple["SharePartitionState", "asyncio.Future | None", "Instance | None"]
+
 EPOCH_WAIT_S = 10.0  # how long a proxy asked at a map epoch it has not applied yet waits for it
 # how long a proxy asked for a copy it is still handing over waits before answering "not yet" (less
 # than the asker's request timeout, kshare.share.peers.PEER_TIMEOUT_S)
 HANDOVER_ANSWER_WAIT_S = 7.0
+# how long a share-partition's acknowledgements may wait while its state moves to a state partition its
+# leader keeps (the clients waiting for their answers poll nothing else meanwhile); then it is served
+# again from its state instead (what members hold is delivered again)
+REHOME_WAIT_S = 3.0
 
 
 class InstanceGroupMember:
@@ -258,12 +265,13 @@ class InstanceGroupMember:
         return gates
 
     def _gate_rehomes(self: ShareGroupService, previous: OwnershipMap | None, decision: OwnershipMap,
-                      lost: Sequence[int]) -> dict[SharePartitionKey, tuple[SharePartitionState, asyncio.Future | None]]:
+                      lost: Sequence[int]) -> dict[SharePartitionKey, Rehome]:
         """Leading by topic, a state partition moving to another proxy takes the state of share-partitions
         this proxy goes on leading with it; its new owner fences this proxy's writes there as soon as it
         claims it. So their writes wait behind a gate from now on (their engines keep serving: what members
         hold stays theirs), and :meth:`_rehome` takes the state over into a partition this proxy keeps, as
-        a new leader would, before it opens the gate. Returns each one's state and its write under way."""
+        a new leader would, before it opens the gate. Returns each one's state, its write under way and the
+        state partition's new owner."""
         if not lost or previous is None or not previous.by_topic or not decision.by_topic \
                 or decision.epoch != previous.epoch + 1 or self.handover_timeout_s() <= 0:
             return {}
@@ -280,14 +288,14 @@ class InstanceGroupMember:
                 under_way = sp.writes.writing_done
                 gate = gates[key] = loop.create_future()
                 sp.writes.gate(gate)
-                out[key] = (sp, under_way if under_way is not None and not under_way.done() else None)
+                out[key] = (sp, under_way if under_way is not None and not under_way.done() else None,
+                            decision.owner(self.store.partition_of(key)))
         return out
 
-    async def _rehome(self: ShareGroupService, items: dict[SharePartitionKey, tuple[SharePartitionState,
-                      asyncio.Future | None]], epoch: int) -> None:
+    async def _rehome(self: ShareGroupService, items: dict[SharePartitionKey, Rehome], epoch: int) -> None:
         started = time.monotonic()
-        done = await asyncio.gather(*(self._rehome_one(key, sp, under_way, epoch)
-                                      for key, (sp, under_way) in items.items()))
+        done = await asyncio.gather(*(self._rehome_one(key, sp, under_way, holder, epoch)
+                                      for key, (sp, under_way, holder) in items.items()))
         kept = sum(done)
         log.log(logging.INFO if kept == len(done) else logging.WARNING,
                 "instance group: ownership epoch %d: the state of %d share-partition(s) led here moved to a state "
@@ -296,31 +304,52 @@ class InstanceGroupMember:
                 if kept < len(done) else "")
 
     async def _rehome_one(self: ShareGroupService, key: SharePartitionKey, sp: SharePartitionState,
-                          under_way: asyncio.Future | None, epoch: int) -> bool:
-        """Let the write under way land (or fail: the engine is rebuilt then), take the state over from the
-        state partition's new owner into one kept here (``confirm_state``: with the given state partition
-        released, this proxy holds no copy), then open the gate: the writes queued meanwhile follow it."""
+                          under_way: asyncio.Future | None, holder: Instance | None, epoch: int) -> bool:
+        """Let the write under way land (or fail: the engine is rebuilt then), take the state over from
+        ``holder``, the new owner of the state partition it was in (this proxy led it and wrote it there
+        until now: no other copy is newer), into a partition kept here, then open the gate: the writes
+        queued meanwhile follow it. Bounded by REHOME_WAIT_S: acknowledgements wait behind the gate,
+        and a client waiting for the answer to one polls nothing else meanwhile."""
         gate = self._rehoming().get(key)
         engine = sp.engine
+        ownership = self.ownership
         ok = False
+
+        def current() -> bool:
+            return sp.ready and sp.engine is engine and self.partitions.get(key) is sp and ownership.epoch == epoch
+
         try:
             if under_way is not None:
                 with contextlib.suppress(Exception):  # a failed write breaks the engine: seen below
                     await asyncio.shield(under_way)
-            deadline = time.monotonic() + self.handover_timeout_s()
-
-            def current() -> bool:
-                return sp.ready and sp.engine is engine and self.partitions.get(key) is sp \
-                    and self.ownership.epoch == epoch
-
-            while current() and time.monotonic() < deadline:
-                code = await self.confirm_state(key)
-                if code == ErrorCode.NONE:
-                    ok = current() and self.store.state_epoch(key) is not None
+            deadline = time.monotonic() + min(self.handover_timeout_s(), REHOME_WAIT_S)
+            while holder is not None and current() and time.monotonic() < deadline:
+                try:
+                    code, copy = await asyncio.wait_for(self._ask_copy(holder, key, epoch),
+                                                        max(0.1, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001 - not answering (yet): asked again until the deadline
+                    await asyncio.sleep(0.1)
+                    continue
+                if code == ErrorCode.REBALANCE_IN_PROGRESS:
+                    break  # a newer map: it is confirmed as any other share-partition
+                if code:
+                    await asyncio.sleep(0.1)
+                    continue
+                if copy is None or not current() or self.store.state_epoch(key) is not None:
                     break
-                if code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                try:
+                    await self.store.adopt(key, copy[1], copy[0] + 1)
+                except Exception as exc:  # noqa: BLE001 - served again from its state
+                    log.info("instance group: moving the state of %s failed: %r", key, exc)
                     break
-                await asyncio.sleep(0.1)
+                assert isinstance(ownership, GroupOwnership)
+                ownership.confirmed[key] = epoch
+                getattr(self.store, "frozen", set()).discard(key)
+                task = asyncio.get_running_loop().create_task(self._drop_copies_at([holder], key, epoch, copy[0] + 1))
+                self._releases.add(task)
+                task.add_done_callback(self._releases.discard)
+                ok = current()
+                break
         finally:
             self._rehoming().pop(key, None)
             if gate is not None and not gate.done():
