@@ -11,6 +11,13 @@ newest by state epoch (its own included), writes it into its own state partition
 state epoch if it came from elsewhere, and tells the holders to drop theirs (WriteShareGroupState
 with that epoch, no start offset): :meth:`InstanceGroupMember.confirm_state`, answered by
 :meth:`InstanceGroupMember.answer_copies` and :meth:`InstanceGroupMember.drop_copies`.
+
+A rebalance moves nothing members hold, bounded by ``--drain-timeout``: a share-partition whose
+leadership moves away is *handed over* (it hands nothing out, takes its members' acknowledgements
+until they hold nothing, then leaves; the new leader's question waits for that), and one whose state
+partition moves away while this proxy goes on leading it is *re-homed* (its writes wait behind a gate
+while its state is taken over from the partition's new owner into a partition kept here; its engine,
+with what members hold, stays): :meth:`InstanceGroupMember._hand_over`, :meth:`InstanceGroupMember._rehome`.
 """
 
 from __future__ import annotations
