@@ -297,7 +297,15 @@ FAULTS = {"sigkill": kill_the_busiest, "sigstop-past-session": pause_the_busiest
           "sigterm-rolling-restart": restart_each_with_sigterm}
 
 
-@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("fault", [
+    "sigkill",
+    "sigstop-past-session",
+    # Opt-in while issue 42's open defect stands: in 1 of 3 to 1 of 9 runs one partition goes 10-25 s
+    # without a delivery after the first SIGTERM (nothing lost, nothing confirmed delivered again);
+    # the cause is not established. By state partition the same restart runs in CI (below).
+    pytest.param("sigterm-rolling-restart", marks=pytest.mark.skipif(
+        not os.environ.get("KSHARE_FAILOVER_TESTS"), reason="KSHARE_FAILOVER_TESTS=1 (issue 42: an intermittent stall)")),
+])
 def test_one_fault_under_load(kafka39, topic_name, group, fault):
     """See the functions of :data:`FAULTS` for what each fault does and checks besides the above.
     Leading by topic (the default, docs/design/scale-out.md "Balanced leadership"): the state
