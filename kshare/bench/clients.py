@@ -40,11 +40,23 @@ def admin(bootstrap: str):
 def create_topic(bootstrap: str, name: str, partitions: int = 1, timeout: float = 60.0, *,
                  configs: Mapping[str, str] | None = None, replication_factor: int = 1) -> str:
     """Create ``name`` and wait until every partition has a leader (TimeoutError if not in ``timeout`` s)."""
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
     client = admin(bootstrap)
     topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=dict(configs or {}))
-    client.create_topics([topic], operation_timeout=timeout, request_timeout=timeout)[name].result(timeout)
+    for attempt in range(3):
+        try:
+            client.create_topics([topic], operation_timeout=timeout, request_timeout=timeout)[name].result(timeout)
+            break
+        except KafkaException as exc:
+            code = exc.args[0].code()
+            if attempt and code == KafkaError.TOPIC_ALREADY_EXISTS:
+                break  # the earlier attempt did create it
+            # librdkafka fails a request in flight when it replaces its bootstrap connection by the
+            # cluster's own broker (seen on a cluster of three just started): sent again
+            if code not in (KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT) or attempt == 2:
+                raise
     deadline = time.monotonic() + timeout
     while True:
         md = client.list_topics(topic=name, timeout=10).topics.get(name)
