@@ -299,7 +299,9 @@ FAULTS = {"sigkill": kill_the_busiest, "sigstop-past-session": pause_the_busiest
 
 @pytest.mark.parametrize("fault", [
     "sigkill",
-    "sigstop-past-session",
+    # 90 s (a pause past the instance session): opt-in, to keep CI near its 25 minutes
+    pytest.param("sigstop-past-session", marks=pytest.mark.skipif(
+        not os.environ.get("KSHARE_FAILOVER_TESTS"), reason="KSHARE_FAILOVER_TESTS=1")),
     # Opt-in while issue 42's open defect stands: in 1 of 3 to 1 of 9 runs one partition goes 10-25 s
     # without a delivery after the first SIGTERM (nothing lost, nothing confirmed delivered again);
     # the cause is not established. By state partition the same restart runs in CI (below).
