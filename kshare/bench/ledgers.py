@@ -71,12 +71,16 @@ class AckingConsumer:
 
     ``throttle``: hold the consumer to the throttle's rate once set. ``commit_callback``: also count a record
     confirmed when the acknowledgement commit callback lists it (False: ``commit_sync()``'s answer alone).
-    ``config``: further ShareConsumer settings (e.g. a quiet ``error_cb``)."""
+    ``work_s``: time spent on each record before it is acknowledged (it holds what it polled for the
+    batch's length, as an application does). ``config``: further ShareConsumer settings (e.g. a quiet
+    ``error_cb``)."""
 
     def __init__(self, index: int, bootstrap: str, group: str, topic: str, ledger: Ledger, *,
                  max_poll: int = 100, throttle: Throttle | None = None, commit_callback: bool = True,
-                 poll_s: float = 0.5, error_pause_s: float = 0.1, config: dict[str, Any] | None = None) -> None:
+                 poll_s: float = 0.5, error_pause_s: float = 0.1, work_s: float = 0.0,
+                 config: dict[str, Any] | None = None) -> None:
         self.index = index
+        self.work_s = work_s
         self.ledger = ledger
         self.throttle = throttle
         self.poll_s, self.error_pause_s = poll_s, error_pause_s
@@ -143,6 +147,9 @@ class AckingConsumer:
                     with ledger.lock:
                         ledger.deliveries.append(Delivery(self.index, m.partition(), m.offset(),
                                                           m.delivery_count() or 0, now))
+                    if self.work_s:
+                        time.sleep(self.work_s)
+                        now = time.monotonic()
                     try:
                         c.acknowledge(m, AcknowledgeType.ACCEPT)
                     except Exception:  # noqa: BLE001 - e.g. no longer in flight after a session reset

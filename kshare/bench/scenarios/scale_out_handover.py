@@ -132,64 +132,6 @@ class _Load:
         self.producer.flush(60)
 
 
-def _working_consumer(base: type) -> type:
-    """An :class:`~kshare.bench.ledgers.AckingConsumer` that works ``work_s`` on each record before it
-    acknowledges it (ACCEPT), committing once per poll: it holds what it polled for the batch's length,
-    as an application does, so a hand-over has acquired records to keep or to release."""
-    from confluent_kafka import AcknowledgeType, KafkaException
-
-    from ..ledgers import Delivery, error_name
-
-    class WorkingConsumer(base):  # type: ignore[misc, valid-type]
-        work_s = 0.0
-
-        def _run(self) -> None:
-            c, ledger = self.consumer, self.ledger
-            try:
-                while not self._stop.is_set():
-                    try:
-                        msgs = c.poll(self.poll_s)
-                    except KafkaException as exc:
-                        with ledger.lock:
-                            ledger.poll_errors[error_name(exc)] += 1
-                        time.sleep(self.error_pause_s)
-                        continue
-                    got: dict[int, list[int]] = collections.defaultdict(list)
-                    for m in msgs:
-                        if m.error() is not None:
-                            continue
-                        with ledger.lock:
-                            ledger.deliveries.append(Delivery(self.index, m.partition(), m.offset(),
-                                                              m.delivery_count() or 0, time.monotonic()))
-                        time.sleep(self.work_s)
-                        try:
-                            c.acknowledge(m, AcknowledgeType.ACCEPT)
-                        except Exception:  # noqa: BLE001 - no longer in flight on the client
-                            with ledger.lock:
-                                ledger.refused += 1
-                            continue
-                        got[m.partition()].append(m.offset())
-                    if not got:
-                        continue
-                    try:
-                        results = c.commit_sync(15)
-                    except KafkaException as exc:
-                        with ledger.lock:
-                            ledger.commit_errors[error_name(exc)] += 1
-                        continue
-                    done = time.monotonic()
-                    for tp, err in (results or {}).items():
-                        if err is None and tp.partition in got:
-                            ledger.confirm(tp.partition, got[tp.partition], done)
-                        elif err is not None:
-                            with ledger.lock:
-                                ledger.commit_errors[error_name(err)] += 1
-            except BaseException as exc:  # noqa: BLE001 - reported by the run
-                self.errors.append(exc)
-
-    return WorkingConsumer
-
-
 def _acquired(p: ProxyProc) -> int:
     got = http_get(p.metrics_port, "/metrics")
     if got is None or got[0] != 200:
@@ -230,10 +172,9 @@ def handover_run(k3: Upstream, kind: str, mode: str, drain_s: float, *, records:
         boot = bootstrap_of(proxies)
         group = f"bench-so-ho-{uuid.uuid4().hex[:8]}"
         clients.share_group(boot, group)
-        working = _working_consumer(AckingConsumer)
-        working.work_s = work_ms / 1000
-        cons = [working(i, boot, group, topic, ledger, max_poll=100, commit_callback=False, poll_s=0.2,
-                        error_pause_s=0.05, config=QUIET).start() for i in range(consumers)]
+        cons = [AckingConsumer(i, boot, group, topic, ledger, max_poll=100, commit_callback=False, poll_s=0.2,
+                               error_pause_s=0.05, work_s=work_ms / 1000, config=QUIET).start()
+                for i in range(consumers)]
         gen = _Load(k3.bootstrap, topic, records, rate, partitions)
         _wait(lambda: len(ledger.confirmed) >= records // 8, 120, "the first eighth confirmed")
         first = time.monotonic()
