@@ -18,7 +18,7 @@ from kshare.cli import main
 
 # modules of the package that are not scenarios: what the scenarios share, the failover scenario's pure
 # analysis, the scale-out scenarios' proxies
-HELPERS = {"common", "failover_analysis", "instance_group", "scale_out_handover"}
+HELPERS = {"common", "failover_analysis", "instance_group", "scale_out_budget", "scale_out_handover"}
 MICRO = {"codec", "engine", "record_keys", "state_replay"}
 
 # smaller than --quick: a smoke run of each, well under a second

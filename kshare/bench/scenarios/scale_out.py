@@ -14,7 +14,9 @@ it (stated as such in the report). Every run checks that each record was read. T
 (:mod:`kshare.bench.state_writes`), with and without an instance group's claims: the consumption runs are too short
 for the broker's CPU to show what fencing costs. Then the hand-overs (:mod:`.scale_out_handover`): the leaders'
 split per proxy, a SIGTERM rolling restart and a SIGKILL under load, leading by topic and by state partition side
-by side. ``--quick``: 200,000 records, one proxy with and without an instance group only, no hand-overs.
+by side. Then two proxies against one, each held to the same small CPU budget (:mod:`.scale_out_budget`, a cgroup
+per proxy: measured scaling, not the model). ``--quick``: 200,000 records, one proxy with and without an instance
+group only, no hand-overs, no budgets.
 
 (Was ``benchmarks/bench_scale_out.py --only throughput``; its failover part is ``scale_out_failover``.)
 """
@@ -37,19 +39,24 @@ from ..procs import cpu_seconds, load
 from ..state_writes import StateRun, state_part, state_table
 from .common import UPSTREAM, results, scenario
 from .instance_group import Upstream, bootstrap_of, leaders, log, start_service, upstream_of
+from .scale_out_budget import budget_part, budget_section, budget_targets
 from .scale_out_handover import handover_part, handover_section
 
 if TYPE_CHECKING:
     from ..runner import Env, Progress
 
-# ho_*: the hand-over part (.scale_out_handover; ho_records 0 leaves it out), as issue 42 measured it
+# ho_*: the hand-over part (.scale_out_handover; ho_records 0 leaves it out), as issue 42 measured it; bu_*: the
+# budget part (.scale_out_budget; bu_records 0 leaves it out), its own rounds
 SIZES = (
     {"records": 500_000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [0, 1, 2, 3],
      "state_partitions": 10, "state_writers": 16, "state_seconds": 8.0, "ho_records": 40_000, "ho_rate": 1000.0,
-     "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "ho_work_ms": 2.0, "split_topics": 5},
+     "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "ho_work_ms": 2.0, "split_topics": 5,
+     "bu_records": 1_500_000, "bu_partitions": 4, "bu_consumers": 4, "bu_rounds": 4, "bu_cores": 0.07,
+     "bu_period_ms": 20.0},
     {"records": 200_000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [0, 1],
      "state_partitions": 10, "state_writers": 16, "state_seconds": 4.0, "ho_records": 0, "ho_rate": 1000.0,
-     "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "ho_work_ms": 2.0, "split_topics": 5},
+     "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "ho_work_ms": 2.0, "split_topics": 5,
+     "bu_records": 0, "bu_partitions": 4, "bu_consumers": 4, "bu_rounds": 1, "bu_cores": 0.07, "bu_period_ms": 20.0},
 )
 
 
@@ -258,11 +265,19 @@ def throughput_tables(runs: list[ThroughputRun], counts: list[int]) -> tuple[str
 def run(env: Env, progress: Progress, *, records: int, value_size: int, partitions: int, consumers: int,
         proxies: list[int], state_partitions: int, state_writers: int, state_seconds: float,
         repeats: int, ho_records: int = 0, ho_rate: float = 1000.0, ho_partitions: int = 12, ho_consumers: int = 4,
-        ho_session_ms: int = 6000, ho_work_ms: float = 2.0, split_topics: int = 5) -> dict[str, Any]:
+        ho_session_ms: int = 6000, ho_work_ms: float = 2.0, split_topics: int = 5, bu_records: int = 0,
+        bu_partitions: int = 4, bu_consumers: int = 4, bu_rounds: int = 4, bu_cores: float = 0.07,
+        bu_period_ms: float = 20.0) -> dict[str, Any]:
     k3 = upstream_of(env)
-    progress.begin("scale_out", 3 if ho_records else 2)
+    progress.begin("scale_out", 2 + bool(ho_records) + bool(bu_records))
     tput = throughput_part(k3, records, value_size, partitions, consumers, repeats, state_partitions, proxies)
     progress.step(f"{len(tput)} runs")
+    budget = None
+    if bu_records:  # two proxies against one, each held to a CPU budget: scaling measured
+        budget = budget_part(k3, records=bu_records, value_size=value_size, partitions=bu_partitions,
+                             consumers=bu_consumers, rounds=bu_rounds, cores=bu_cores, period_ms=bu_period_ms,
+                             ceiling=True, state_partitions=state_partitions)
+        progress.step(budget.get("skipped") or f"{len(budget['runs'])} budget runs")
     handover = None
     if ho_records:  # leadership splits and hand-overs, by topic and by state partition side by side
         handover = handover_part(k3, records=ho_records, rate=ho_rate, partitions=ho_partitions,
@@ -288,6 +303,8 @@ def run(env: Env, progress: Progress, *, records: int, value_size: int, partitio
         state_runs=[asdict(r) for r in state],
         state_medians=state_table(state)[1],
         handover=handover,
+        budget=budget,
+        targets=budget_targets(budget),
     )
 
 
@@ -300,7 +317,8 @@ def section(res: dict[str, Any]) -> list[str]:
             "acknowledgement) bootstrapped from all proxies, a fresh group and service per run, "
             f"{cfg.get('state_partitions')} state partitions; configurations alternated over {cfg.get('repeats')} "
             "round(s), medians. The proxies, the broker and the consumers share the machine's cores.", "",
-            *text.split("\n"), "", *_state_section(res), *handover_section(res.get("handover"))]
+            *text.split("\n"), "", *budget_section(res.get("budget")), *_state_section(res),
+            *handover_section(res.get("handover"))]
 
 
 def _state_section(res: dict[str, Any]) -> list[str]:
@@ -338,6 +356,6 @@ def plot(plt: Any, res: dict[str, Any]) -> Any:
 SCENARIO = scenario(
     __name__, "Scale-out: 1-3 kshare proxies as one instance group, throughput and the CPU split",
     needs=frozenset({UPSTREAM}),
-    opt_in=True,  # about 10 minutes, and 8 more for the hand-overs
+    opt_in=True,  # about 10 minutes, 8 more for the hand-overs and 8 for the budgets
     max_repeats=3,
 )
