@@ -75,13 +75,14 @@ class KShare:
                                              limits=config.group_limits, ownership=ownership,
                                              record_cache_bytes=config.record_cache_bytes)
             if name:
-                from .share.instance_group import InstanceGroup
+                from .share.instance_group import InstanceGroup, heartbeat_ms
                 from .share.peers import PeerClient
 
                 self.service.instances = InstanceGroup(
                     bootstrap, name, config.state_topic, me, self.service.apply_ownership,
                     session_timeout_ms=config.instance_session_timeout_ms,
-                    heartbeat_interval_ms=max(100, config.instance_session_timeout_ms // 5),
+                    # short: the others learn of a rebalance (a proxy leaving or joining) at their next heartbeat
+                    heartbeat_interval_ms=heartbeat_ms(config.instance_session_timeout_ms),
                     client_config=config.upstream_security.aiokafka_kwargs(),
                     by_topic=config.instance_leadership == "topic")
                 self.service.peers = PeerClient(security=peer_security(config))
@@ -116,7 +117,11 @@ class KShare:
             await self.metrics_server.stop()
         if self.service is not None:
             # the share consumers acknowledge what they hold while their connections stay open
-            await self.service.drain(self.config.drain_timeout_s)
+            held = await self.service.drain(self.config.drain_timeout_s)
+            if not held:
+                # an instance group's proxy moves its clients to the others before it closes their
+                # connections (records still held are released at the close, written before it leaves)
+                await self.service.leave_instance_group()
         await self.proxy.stop()
         if self.service is not None:
             # the closed connections' connection_lost callbacks run on the next loop turn: their

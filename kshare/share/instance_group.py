@@ -36,6 +36,16 @@ GROUP_PREFIX = "kshare-instances."
 PROTOCOL = "kshare-ownership-v1"  # leadership by state partition
 PROTOCOL_BY_TOPIC = "kshare-ownership-v2"  # leadership by topic-partition
 
+HEARTBEAT_MAX_MS = 500
+
+
+def heartbeat_ms(session_timeout_ms: int) -> int:
+    """The instance group's heartbeat interval: a fifth of the session, at most 500 ms, since the
+    other proxies learn of a rebalance (one leaving on SIGTERM, one joining) only at their next
+    heartbeat, and until then their Metadata answers route clients by the old map."""
+    return min(HEARTBEAT_MAX_MS, max(100, session_timeout_ms // 5))
+
+
 ChangeCallback = Callable[[OwnershipMap, list[int], list[int]], Awaitable[None] | None]
 # what this proxy reports at join: (topic id hex -> partitions whose state it holds,
 # topic id hex -> partition count of the topics share groups read)
@@ -190,6 +200,56 @@ class InstanceGroup:
                 log.exception("instance group %s: applying ownership epoch %d failed", self.group_id,
                               decision.epoch)
             self._first.set()
+
+    async def successor_map(self, timeout: float, *, poll_s: float = 0.05) -> OwnershipMap | None:
+        """After :meth:`stop`: the map the other proxies split ownership by without this one, read from
+        the group's members' assignments (DescribeGroups; every member's carries the whole map) once
+        the group is stable again without it; None when the group is empty (nobody takes over) or
+        after ``timeout``. Used by a proxy leaving on SIGTERM to route its clients to their new
+        leaders before it closes their connections."""
+        from aiokafka.admin import AIOKafkaAdminClient
+        from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+        deadline = asyncio.get_running_loop().time() + timeout
+        before = self.map.epoch if self.map is not None else 0
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=max(1000, int(timeout * 1000)),
+                                    **self.client_config)
+        try:
+            await asyncio.wait_for(admin.start(), timeout)
+            while True:
+                found = await self._described_map(admin, ConsumerProtocolMemberAssignment, before)
+                if found is not False:
+                    return found
+                if asyncio.get_running_loop().time() + poll_s > deadline:
+                    return None
+                await asyncio.sleep(poll_s)
+        except Exception as exc:  # noqa: BLE001 - a timeout or a refusal: clients find their leaders anyway
+            log.info("instance group %s: the others' new map not read (%r); clients find it through them",
+                     self.group_id, exc)
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    async def _described_map(self, admin: Any, assignment_cls: Any, before: int) -> OwnershipMap | None | bool:
+        """One DescribeGroups: the new map, None (nobody left to take over), or False (not yet)."""
+        for response in await admin.describe_consumer_groups([self.group_id]):
+            for group in response.groups:
+                error_code, state, members = group[0], group[2], group[5]
+                if error_code:
+                    return False
+                if state in ("Empty", "Dead"):
+                    return None
+                if state != "Stable":
+                    return False
+                for member in members:
+                    raw = member[-1]  # member_assignment, the last field in every version
+                    if not raw:
+                        continue
+                    decision = OwnershipMap.decode(assignment_cls.decode(raw).user_data)
+                    if decision.epoch > before and decision.instance(self.me.id) is None:
+                        return decision
+        return False
 
     async def stop(self) -> None:
         """Leave the group at once (the others take over without waiting for a session timeout)."""

@@ -59,6 +59,8 @@ HANDOVER_ANSWER_WAIT_S = 7.0
 # leader keeps (the clients waiting for their answers poll nothing else meanwhile); then it is served
 # again from its state instead (what members hold is delivered again)
 REHOME_WAIT_S = 3.0
+# how long a share-partition's first fetch under a new map waits for this proxy's claims of that map
+CLAIMS_WAIT_S = 5.0
 
 
 class InstanceGroupMember:
@@ -116,38 +118,44 @@ class InstanceGroupMember:
                         decision.epoch - 1, ",".join(map(str, plan.again)))
             await self._give_up(plan.again)
         ownership.map = decision
-        ownership.partitions = len(decision.owners)
-        memory = getattr(self.store, "memory", None)
-        if memory is not None:  # where share-partitions new to the store go (set before claiming)
-            memory.home = ownership.state_partition if decision.by_topic else None
-        # before anything is awaited: no write of these goes to a state partition given up from now on
-        rehome = {} if plan.again else self._gate_rehomes(previous, decision, plan.lost)
-        if decision.by_topic or (previous is not None and previous.by_topic):
-            # first: nothing is served from before this map that may have moved meanwhile
-            await self._reconfirm(previous, decision)
-        gained, lost = plan.gained, plan.lost
-        self.store.leader_epoch = decision.epoch  # the ownership epoch is written with the state
-        if lost:
-            await self._give_up(lost)
-        if gained:
-            started = time.monotonic()
-            ownership.gaining = frozenset(gained)  # what is served here already goes on meanwhile
-            try:
-                # a fenced writer of a partition given back is replaced (the new one fences nobody but it)
-                await self.store.release([p for p in gained if p in self.store.claimed()])
-                await self.store.claim(gained)
-            finally:
-                ownership.gaining = frozenset()
-            # what was claimed now, with what stays: never what the store still holds fenced
-            ownership.claimed = ownership.claimed | frozenset(gained)
-            adopted = 0
-            for record in self.store.groups().values():
-                if record.group_id not in self.coordinator.groups or not self.coordinator.groups[record.group_id].members:
-                    self._adopt_group(record)
-                    adopted += 1
-            replayed = sum(1 for k in self.store.share_partitions() if self.store.partition_of(k) in set(gained))
-            log.info("instance group: took over state partition(s) %s in %.2f s (%d share-partition(s), %d group(s))",
-                     ",".join(map(str, gained)), time.monotonic() - started, replayed, adopted)
+        # Before anything is awaited: while these are claimed (replayed), a share-partition led here
+        # may have its state in one of them, so none is initialised meanwhile (confirm_state waits)
+        ownership.gaining = frozenset(plan.gained)
+        try:
+            ownership.partitions = len(decision.owners)
+            memory = getattr(self.store, "memory", None)
+            if memory is not None:  # where share-partitions new to the store go (set before claiming)
+                memory.home = ownership.state_partition if decision.by_topic else None
+            # before anything is awaited: no write of these goes to a state partition given up from now on
+            rehome = {} if plan.again else self._gate_rehomes(previous, decision, plan.lost)
+            if decision.by_topic or (previous is not None and previous.by_topic):
+                # first: nothing is served from before this map that may have moved meanwhile
+                await self._reconfirm(previous, decision)
+            gained, lost = plan.gained, plan.lost
+            self.store.leader_epoch = decision.epoch  # the ownership epoch is written with the state
+            if lost:
+                await self._give_up(lost)
+            if gained:
+                started = time.monotonic()
+                ownership.gaining = frozenset(gained)  # what is served here already goes on meanwhile
+                try:
+                    # a fenced writer of a partition given back is replaced (the new one fences nobody but it)
+                    await self.store.release([p for p in gained if p in self.store.claimed()])
+                    await self.store.claim(gained)
+                finally:
+                    ownership.gaining = frozenset()
+                # what was claimed now, with what stays: never what the store still holds fenced
+                ownership.claimed = ownership.claimed | frozenset(gained)
+                adopted = 0
+                for record in self.store.groups().values():
+                    if record.group_id not in self.coordinator.groups or not self.coordinator.groups[record.group_id].members:
+                        self._adopt_group(record)
+                        adopted += 1
+                replayed = sum(1 for k in self.store.share_partitions() if self.store.partition_of(k) in set(gained))
+                log.info("instance group: took over state partition(s) %s in %.2f s (%d share-partition(s), %d group(s))",
+                         ",".join(map(str, gained)), time.monotonic() - started, replayed, adopted)
+        finally:
+            ownership.gaining = frozenset()  # (also when a step above failed)
         if self.proxy is not None:
             self.proxy.view = ownership.view()
         if rehome:
@@ -190,9 +198,15 @@ class InstanceGroupMember:
         ownership.stop_releasing([k for k in ownership.releasing if k not in moving])
         ownership.confirmed = kept
         states = [sp for key, sp in self.partitions.items() if key not in kept and key not in moving]
-        await self._take_out_of_service(states)
         if moving:
             self._hand_over(moving, decision.epoch)
+        if self.proxy is not None:
+            # Clients are routed by the new map from now on (naming this proxy for what it hands
+            # over), not once the claims below are done: until every proxy shows one map, a client
+            # told one leader by one proxy and another by the next drops its acknowledgements of
+            # what it holds ("leader changed since records were acquired").
+            self.proxy.view = ownership.view()
+        await self._take_out_of_service(states)
         if states or moving:
             log.info("instance group: ownership epoch %d: %d share-partition(s) to confirm again before serving, "
                      "%d handed over to their new leaders", decision.epoch, len(states), len(moving))
@@ -418,6 +432,12 @@ class InstanceGroupMember:
             return ErrorCode.NONE
         if not ownership.owns(key):
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        if not await self._claims_settled(decision):
+            # The state partitions this map gives this proxy are still being claimed: the copy of
+            # this share-partition may be in one of them, not replayed yet. Initialising it now
+            # (no copy anywhere) would start it over from its start offset: what was
+            # acknowledged would be delivered again.
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the client asks again
         others = [i for i in decision.instances if i.id != ownership.me]
         answers = await asyncio.gather(*(self._ask_copy(peer, key, epoch) for peer in others),
                                        return_exceptions=True)
@@ -446,6 +466,16 @@ class InstanceGroupMember:
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
         return ErrorCode.NONE
+
+    async def _claims_settled(self: ShareGroupService, decision: OwnershipMap) -> bool:
+        """Wait (bounded) until the claims of ``decision`` here are done; whether they are (and the
+        map is still ``decision``)."""
+        ownership = self.ownership
+        assert isinstance(ownership, GroupOwnership)
+        deadline = time.monotonic() + CLAIMS_WAIT_S
+        while ownership.gaining and ownership.map is decision and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return not ownership.gaining and ownership.map is decision
 
     async def _ask_copy(self: ShareGroupService, peer: Instance, key: SharePartitionKey, epoch: int
                         ) -> tuple[int, tuple[int, ShareSnapshot] | None]:

@@ -292,6 +292,18 @@ class GroupOwnership:
         self._releasing_tps: dict[TopicPartition, int] = {}  # topic-partition -> keys releasing
         # by topic: the state partitions of the map being applied that are still being claimed
         self.gaining: frozenset[int] = frozenset()
+        # leaving on SIGTERM (kshare.share.leaving): nothing is served here any more, and clients are
+        # routed by the map the others split ownership by without this proxy, once it is known
+        self.successors: OwnershipMap | None = None
+
+    def leave(self) -> None:
+        """Serve nothing from now on (every share request is refused with the error that sends its
+        client elsewhere); Metadata names this proxy's partitions' leaders as before until
+        :attr:`successors` is set."""
+        self.claimed = frozenset()
+        self.gaining = frozenset()
+        self.releasing.clear()
+        self._releasing_tps.clear()
 
     def start_releasing(self, keys: Iterable[SharePartitionKey]) -> None:
         for key in keys:
@@ -373,7 +385,11 @@ class GroupOwnership:
         return self.map.owner_of_topic_partition(topic_id, partition) if self.map is not None else None
 
     def view(self) -> ClusterView | None:
-        """What the proxy shows clients: every proxy's listeners, each owner by slot."""
+        """What the proxy shows clients: every proxy's listeners, each owner by slot. Leaving, once the
+        others' map is known, their owners (with this proxy's listeners still listed: its clients'
+        connections stay open until they moved)."""
+        if self.successors is not None and self.map is not None:
+            return _leaving_view(self.map, self.successors, self.me)
         decision = self.map
         mine = decision.instance(self.me) if decision is not None else None
         if decision is None or mine is None:
@@ -396,3 +412,21 @@ class GroupOwnership:
             me=mine.slot, peers=peers, epoch=decision.epoch,
             partition_owner=partition_owner,
             group_owner=lambda group_id: slot_of(decision.owner_of_group(group_id)))
+
+
+def _leaving_view(before: OwnershipMap, successors: OwnershipMap, me: str) -> ClusterView | None:
+    """A leaving proxy's view: the owners of the others' map, every proxy of it, and this proxy's
+    own listeners under its slot of the map before."""
+    mine = before.instance(me)
+    if mine is None:
+        return None
+    peers = {i.slot: Peer(i.slot, i.host, dict(i.broker_ports), i.broker_port_base) for i in successors.instances}
+    peers.setdefault(mine.slot, Peer(mine.slot, mine.host, dict(mine.broker_ports), mine.broker_port_base))
+
+    def slot_of(owner: Instance | None) -> int | None:
+        return owner.slot if owner is not None else None
+
+    return ClusterView(
+        me=mine.slot, peers=peers, epoch=successors.epoch,
+        partition_owner=lambda topic_id, partition: slot_of(successors.owner_of_topic_partition(topic_id, partition)),
+        group_owner=lambda group_id: slot_of(successors.owner_of_group(group_id)))

@@ -26,6 +26,7 @@ from .errors import ErrorCode
 from .handlers import HANDLERS
 from .instance_group import InstanceGroup
 from .instance_service import InstanceGroupMember
+from .leaving import SHARE_REQUESTS, Leaving, leave
 from .ownership import LocalOwnership, Ownership
 from .partition import SharePartition
 from .partition_log import PartitionLog, PartitionLogs
@@ -94,6 +95,7 @@ class ShareGroupService(InstanceGroupMember):
         self._remote_configs: dict[str, float] = {}  # group id -> when its configs were last asked
         self._asking_configs: dict[str, asyncio.Task] = {}  # group id -> the question in flight
         self.draining = False  # stopping: nothing is handed out any more (drain)
+        self.leaving: Leaving | None = None  # leaving the instance group on SIGTERM (kshare.share.leaving)
         self._topic_watch = TopicWatch()  # topics seen changed, looked up before the next refresh
         self._topics_wakeup = asyncio.Event()
         self._started_topics: set[tuple[str, str]] = set()  # (group, topic) whose first initialisation was logged
@@ -218,6 +220,17 @@ class ShareGroupService(InstanceGroupMember):
             return 0
         self.draining = True
         return await drain(self.partitions, timeout_s)
+
+    async def leave_instance_group(self) -> None:
+        """On SIGTERM, drained, in an instance group: leave it while the client connections stay
+        open, refusing share requests and showing the others' map until the clients moved
+        (kshare.share.leaving). A failure only costs the clients their next metadata refresh."""
+        if self.instances is None or not self.loaded:
+            return
+        try:
+            await leave(self)
+        except Exception as exc:  # noqa: BLE001 - the stop goes on: the others take over anyway
+            log.warning("leaving the instance group: %r; closing client connections now", exc)
 
     async def stop(self) -> None:
         self.stopping = True
@@ -469,7 +482,9 @@ class ShareGroupService(InstanceGroupMember):
         for h in HANDLERS:
             lo, hi = h.VERSIONS
 
-            def bound(conn, header, body, _handle=h.handle):
+            def bound(conn, header, body, _handle=h.handle, _share=h.API_KEY in SHARE_REQUESTS):
+                if _share and self.leaving is not None:
+                    self.leaving.request()  # a client that has not moved yet
                 return _handle(self, conn, header, body)
 
             applies = getattr(h, "applies", None)

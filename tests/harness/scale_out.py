@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import threading
@@ -327,7 +328,31 @@ def data_topic(broker: KafkaBroker, topic: str, records: int) -> bytes:
 
 
 def start_consumers(svc: Service, group: str, topic: str, ledger: Ledger) -> list[AckingConsumer]:
-    return [AckingConsumer(i, svc.bootstrap, group, topic, ledger).start() for i in range(CONSUMERS)]
+    """``CONSUMERS`` AckingConsumers bootstrapped from every proxy. With ``KSHARE_SCALE_OUT_LOGS``
+    each also writes its librdkafka debug lines (cgrp, broker, fetch, metadata), timed by the
+    wall clock (as the proxies' logs are) and ``time.monotonic()`` (as the ledger is), to ``<dir>/<instance group>-consumer<i>.log``."""
+    return [AckingConsumer(i, svc.bootstrap, group, topic, ledger, config=_debug_config(svc, i)).start()
+            for i in range(CONSUMERS)]
+
+
+def _debug_config(svc: Service, index: int) -> dict[str, Any]:
+    where = os.environ.get("KSHARE_SCALE_OUT_LOGS")
+    if not where:
+        return {}
+    os.makedirs(where, exist_ok=True)
+    logger = logging.getLogger(f"tests.scale_out.rdkafka.{svc.instance_group}.{index}")
+    handler = logging.FileHandler(os.path.join(where, f"{svc.instance_group}-consumer{index}.log"), "w")
+    handler.setFormatter(_MonotonicFormatter("%(created).3f %(monotonic).3f %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    return {"logger": logger, "debug": "cgrp,broker,fetch,metadata", "log_level": 7}
+
+
+class _MonotonicFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        record.monotonic = time.monotonic()
+        return super().format(record)
 
 
 def stop_consumers(consumers: Sequence[AckingConsumer]) -> None:

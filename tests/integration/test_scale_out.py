@@ -360,6 +360,7 @@ def one_fault_under_load(kafka39, topic_name, group, fault):
             load.stop()
         stop_consumers(consumers)
         svc.stop()
+        _keep_ledger(svc, ledger)
     for c in consumers:
         assert not c.errors, (c.index, c.errors)
     assert spread == ends, (spread, ends, svc.digest())
@@ -369,6 +370,86 @@ def one_fault_under_load(kafka39, topic_name, group, fault):
     assert not svc.tracebacks(), "\n".join(svc.tracebacks())
     protocol = "kshare-ownership-v1" if by_state_partition() else "kshare-ownership-v2"
     assert any(protocol in p.output() for p in svc.proxies), f"the group did not run on {protocol}"
+
+
+def _keep_ledger(svc: Service, ledger: Ledger) -> None:
+    """With ``KSHARE_SCALE_OUT_LOGS``: every delivery (consumer, partition, offset, delivery count,
+    monotonic time) beside the proxies' and consumers' logs, with the wall clock's offset."""
+    where = os.environ.get("KSHARE_SCALE_OUT_LOGS")
+    if not where:
+        return
+    with ledger.lock:
+        rows = [[d.consumer, d.partition, d.offset, d.delivery_count, round(d.at, 3)] for d in ledger.deliveries]
+    with open(os.path.join(where, f"{svc.instance_group}-deliveries.json"), "w") as f:
+        json.dump({"wall_minus_monotonic": time.time() - time.monotonic(), "deliveries": rows}, f)
+
+
+# ------------------------------------------------------------------------------------------------
+# a proxy leaving on SIGTERM routes its clients to the others before it closes their connections
+
+
+def test_a_proxy_leaving_on_sigterm_names_the_new_leaders_before_it_closes(kafka39, topic_name, group):
+    """A proxy stopped with SIGTERM leaves the instance group while its client connections stay
+    open (kshare.share.leaving): its Metadata answers name, for every partition it led, a listener
+    of the proxy leading it now, so a client that refreshes its metadata there after a
+    NOT_LEADER_OR_FOLLOWER goes straight to the new leader instead of waiting out a broker that is
+    down. Before, the connection closed as soon as the drain ended, before the others had a map."""
+    tid = data_topic(kafka39, topic_name, 300)
+    svc = Service(kafka39, "leave")
+    ledger = Ledger()
+    consumers: list[AckingConsumer] = []
+    try:
+        svc.start()
+        share_group(svc.proxies[0].bootstrap, group, **GROUP_CONFIGS)
+        consumers = start_consumers(svc, group, topic_name, ledger)
+        svc.wait(lambda: ledger.confirmed_count() >= 300, 60, "the backlog confirmed", lambda: ledger_state(ledger))
+        stop_consumers(consumers)  # nothing held: the drain ends at once
+        victim = busiest(svc, group, tid)
+        others = {p.listener_port for p in svc.proxies if p is not victim}
+        answers, closed_after = asyncio.run(_metadata_while_leaving(victim, topic_name))
+        assert victim.current.wait(30) == 0, victim.output()
+        _, led = answers[0]
+        assert led, ("the victim led none of the topic's partitions", answers[0])
+        moved = [(t, leaders) for t, leaders in answers[1:] if all(leaders[p][1] in others for p in led)]
+        assert moved, ("no Metadata answer of the leaving proxy named the new leaders before it closed",
+                       closed_after, answers[-3:], victim.output())
+        assert "left the instance group: the others took over" in victim.output()
+    finally:
+        stop_consumers(consumers)
+        svc.stop()
+
+
+async def _metadata_while_leaving(victim: Member, topic: str) -> tuple[list[Any], float]:
+    """Metadata for ``topic`` on one connection to ``victim``'s listener, before its SIGTERM (the
+    first answer: its node id and the partitions it leads) and every 20 ms after, until the
+    connection closes: [(seconds after the signal, {partition: (leader node, its port)})], and when
+    it closed."""
+    from kshare.clients.cluster import metadata_request
+    from kshare.clients.connection import KafkaConnection
+    from kshare.protocol.codes import ApiKey
+
+    conn = await KafkaConnection.open("127.0.0.1", victim.listener_port, client_id="kshare-leave-test")
+    version = conn.best_version(ApiKey.METADATA, hi=12)
+
+    async def ask() -> dict[int, tuple[int, int]]:
+        resp = await conn.request(ApiKey.METADATA, version, metadata_request([topic]))
+        ports = {b.node_id: b.port for b in resp.brokers}
+        return {p.partition_index: (p.leader_id, ports.get(p.leader_id, -1)) for t in resp.topics for p in t.partitions}
+
+    first = await ask()
+    led = [p for p, (_, port) in first.items() if port == victim.listener_port]
+    answers: list[Any] = [(0.0, led)]
+    t0 = time.monotonic()
+    victim.current.send_signal(signal.SIGTERM)
+    try:
+        while time.monotonic() - t0 < 20:
+            answers.append((round(time.monotonic() - t0, 2), await ask()))
+            await asyncio.sleep(0.02)
+    except Exception:  # noqa: BLE001 - the connection closed: the proxy is gone
+        pass
+    finally:
+        await conn.close()
+    return answers, round(time.monotonic() - t0, 2)
 
 
 # ------------------------------------------------------------------------------------------------

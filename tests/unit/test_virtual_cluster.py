@@ -179,3 +179,45 @@ def test_ownership_serves_what_is_claimed_not_what_the_map_says() -> None:
     ownership.claimed = frozenset(mine)
     for p in range(32):
         assert ownership.owns_partition(tid, p) == (state_partition_of(tid, p, 4) in mine)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(proxies=st.integers(2, 4), state_partitions=st.integers(1, 12), brokers=st.integers(1, 3),
+       me=st.integers(0, 3), version=st.sampled_from([10, 12, 13]), partitions=st.integers(1, 16),
+       group=st.text(min_size=1, max_size=12))
+def test_a_leaving_proxy_names_the_others_owners(proxies, state_partitions, brokers, me, version, partitions,
+                                                group) -> None:
+    """A proxy leaving on SIGTERM (kshare.share.leaving) serves nothing any more and, once it read
+    the map the others split ownership by without it, names their owners in its answers, with its
+    own listeners still listed (its clients' connections stay open until they moved)."""
+    me %= proxies
+    ownership = ownership_of(proxies, state_partitions, me)
+    mine = ownership.map.instance(f"p{me}")
+    others = {f"m{i}": Candidate(inst) for i, inst in enumerate(ownership.map.instances) if inst.id != f"p{me}"}
+    successors = assign(others, state_partitions)
+    tid = uuid.uuid4().bytes
+
+    ownership.leave()
+    assert not any(ownership.owns_partition(tid, p) for p in range(partitions))
+    assert not ownership.owns_group(group)
+    before = ownership.view()  # the others' map not known yet: still the map it had
+    assert before is not None and before.me == mine.slot
+
+    ownership.successors = successors
+    view = ownership.view()
+    assert view is not None and view.me == mine.slot
+    body = metadata(list(range(brokers)), {"t": (tid, partitions)}, version)
+    asyncio.run(rewrite.rewrite_metadata(_Proxy(view), body, version))
+    body = roundtrip(3, version, body)
+    nodes = {b.node_id: (b.host, b.port) for b in body.brokers}
+    for inst in [*successors.instances, mine]:
+        for b in range(brokers):
+            assert nodes[virtual_node(inst.slot, b)] == (inst.host, inst.broker_ports[b])
+    for p in body.topics[0].partitions:
+        owner = successors.owner_of_topic_partition(tid, p.partition_index)
+        assert owner is not None and owner.id != f"p{me}"
+        assert split_node(p.leader_id) == (owner.slot, p.partition_index % brokers)
+
+    answer = FindCoordinator(throttle_time_ms=0, error_code=0, error_message=None, node_id=0, host="kafka", port=9092)
+    asyncio.run(rewrite.rewrite_find_coordinator(_Proxy(view), answer, 3, FindCoordinatorRequest(key=group, key_type=0)))
+    assert split_node(answer.node_id)[0] == successors.owner_of_group(group).slot

@@ -363,7 +363,9 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
             # partition answered with an error: they would stay acquired, unseen, until their
             # locks ran out (30 s by default).
             earlier.error_code = ErrorCode.NONE
-        if not read.batches or sp.engine is not engine:
+        if not read.batches or sp.engine is not engine or engine.paused:
+            # paused while the read was awaited (a drain or a hand-over began): it must hand
+            # nothing out from now on, or the drain that counted nothing held would be wrong
             continue
         fetched = [FetchedBatch(b.base_offset, b.last_offset, b.is_control, b.is_transactional, b.producer_id)
                    for b, _ in read.batches]
