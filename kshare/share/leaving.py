@@ -80,7 +80,8 @@ async def leave(service: ShareGroupService, *, poll_s: float = 0.05) -> None:
     successors = await instances.successor_map(SUCCESSORS_WAIT_S)
     if successors is None:
         log.info(
-            "left the instance group: no other proxy took over within %.0f s; closing client connections",
+            "left the instance group: no map of the others seen (none left, or none within %.0f s); closing client "
+            "connections",
             SUCCESSORS_WAIT_S,
         )
         return
