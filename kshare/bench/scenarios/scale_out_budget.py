@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import statistics
@@ -148,6 +149,8 @@ class BudgetRun:
     leaders: dict[str, int]  # proxy -> partitions it led
     load_before: str
     load_after: str
+    # per proxy, its CPU seconds (all threads) every SAMPLE_S from the start: when each one had work
+    proxy_cpu_trace: list[list[float]] = dataclasses.field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -162,6 +165,19 @@ class BudgetRun:
         if not self.budget_cores:
             return []
         return [c / (self.seconds * self.budget_cores) for c in self.proxy_cpu]
+
+    def busy_until(self) -> list[float]:
+        """Per proxy, the share of the run after which it no longer used half its budget (CPU trace; 1.0: it
+        worked to the end): a proxy that finished its partitions early idles on its budget while the other works."""
+        if not self.budget_cores or not self.proxy_cpu_trace:
+            return []
+        out = []
+        for tr in self.proxy_cpu_trace:
+            busy = [
+                i + 1 for i in range(len(tr) - 1) if tr[i + 1] - tr[i] >= 0.5 * self.budget_cores * SAMPLE_S
+            ]
+            out.append(min(1.0, (busy[-1] if busy else 0) * SAMPLE_S / self.seconds))
+        return out
 
     def throttled_share(self) -> list[float]:
         return [
@@ -187,6 +203,18 @@ def _idle_ticks() -> tuple[int, float]:
 
 
 STATE_WRITES, DELIVERIES = "state writes", "deliveries"
+SAMPLE_S = 0.25
+
+
+def _run_ns(pid: int) -> int:
+    """Time on a CPU of all the threads of ``pid`` in ns (/proc/<pid>/task/*/schedstat: finer than utime's ticks,
+    which at a budget of a few % of a core count a handful a second)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+    return total
 
 
 def _epochs(proxies: list[ProxyProc]) -> list[Any]:
@@ -267,11 +295,22 @@ def budget_run(
         t0 = time.monotonic()
         start.set()
         deadline = t0 + timeout
+        trace: list[list[float]] = [[] for _ in proxies]
+        next_sample = t0
         while done.value < records:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise TimeoutError(f"read {done.value} of {records} through {config} proxies")
+            if (
+                now >= next_sample
+            ):  # each proxy's CPU through the run, read from /proc (costs the proxy nothing)
+                for tr, p in zip(trace, proxies, strict=True):
+                    tr.append(_run_ns(p.pid) / 1e9)
+                next_sample += SAMPLE_S
             time.sleep(0.005)
         t1 = time.monotonic()
+        for tr, p in zip(trace, proxies, strict=True):
+            tr.append(_run_ns(p.pid) / 1e9)
         cpu1 = [p.cpu() for p in proxies]
         st1 = [b.stat() for b in budgets]
         b1, c1, i1 = _proc_cpu(k3.pid), sum(_proc_cpu(pr.pid) for pr in procs), _idle_ticks()
@@ -313,7 +352,11 @@ def budget_run(
             c1 - c0,
             (i1[0] - i0[0]) / tick / (i1[1] - i0[1]),
             [
-                {k: v - a.get(k, 0) for k, v in b.items() if k != STATE_WRITES and v > a.get(k, 0)}
+                {
+                    k: v - a.get(k, 0)
+                    for k, v in b.items()
+                    if k not in (STATE_WRITES, DELIVERIES) and v > a.get(k, 0)
+                }
                 for a, b in zip(m0, m1, strict=True)
             ],
             [b.get(STATE_WRITES, 0) - a.get(STATE_WRITES, 0) for a, b in zip(m0, m1, strict=True)],
@@ -322,6 +365,7 @@ def budget_run(
             split,
             before,
             load(),
+            [[round(x - tr[0], 4) for x in tr] for tr in trace],
         )
     finally:
         for pr in procs:
@@ -402,7 +446,8 @@ def budget_part(
                     f"  round {r} {config}: {run.rate:>9,.0f} rec/s ({run.seconds:.2f} s; first->last record "
                     f"{run.data_rate:,.0f}) | proxy CPU [{' '.join(f'{c:.2f}' for c in run.proxy_cpu)}] s, "
                     f"quota used [{' '.join(f'{q:.2f}' for q in run.quota_used())}], throttled "
-                    f"[{' '.join(f'{t:.0%}' for t in run.throttled_share())}] of periods | broker "
+                    f"[{' '.join(f'{t:.0%}' for t in run.throttled_share())}] of periods, busy until "
+                    f"[{' '.join(f'{b:.2f}' for b in run.busy_until())}] of the run | broker "
                     f"{run.broker_cpu / run.seconds:.2f} cores, consumers {run.consumer_cpu / run.seconds:.2f}, "
                     f"idle {run.idle_cores:.2f} | requests {run.proxy_requests}, state writes "
                     f"{run.proxy_state_writes}, delivered {run.proxy_deliveries}, rebalanced {run.rebalanced} | leaders {run.leaders} | distinct {run.distinct:,}/{records:,} "
@@ -558,18 +603,19 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
     out = [
         "Every run, in order:",
         "",
-        "| round | configuration | records/s | first -> last record | proxy CPU s / M | quota used | throttled "
+        "| round | configuration | records/s | first -> last record | proxy CPU s / M | quota used | busy until | throttled "
         "| ShareFetches | broker CPU s / M | consumers (cores) | machine idle (cores) | rebalance | load before |",
-        "| ---: | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
+        "| ---: | --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for d in runs:
         if "error" in d:
-            out.append(f"| {d['round']} | {d['config']} | failed: {d['error']} | | | | | | | | | | |")
+            out.append(f"| {d['round']} | {d['config']} | failed: {d['error']} | | | | | | | | | | | |")
             continue
         r = BudgetRun(**d)
         out.append(
             f"| {r.round} | {r.config} | {r.rate:,.0f} | {r.data_rate:,.0f} | {sum(r.proxy_cpu) / r.records * 1e6:.2f} "
-            f"| {' / '.join(f'{q:.2f}' for q in r.quota_used())} | {' / '.join(f'{t:.0%}' for t in r.throttled_share())} "
+            f"| {' / '.join(f'{q:.2f}' for q in r.quota_used())} | {' / '.join(f'{b:.2f}' for b in r.busy_until())} "
+            f"| {' / '.join(f'{t:.0%}' for t in r.throttled_share())} "
             f"| {_sharefetches(r):,} | {r.broker_cpu / r.records * 1e6:.2f} | {r.consumer_cpu / r.seconds:.2f} "
             f"| {r.idle_cores:.2f} | {'yes' if r.rebalanced else ''} | {r.load_before} |"
         )
