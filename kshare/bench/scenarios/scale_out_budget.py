@@ -151,6 +151,9 @@ class BudgetRun:
     load_after: str
     # per proxy, its CPU seconds (all threads) every SAMPLE_S from the start: when each one had work
     proxy_cpu_trace: list[list[float]] = dataclasses.field(default_factory=list)
+    # CPU ns a fixed loop of Python took just before and after the run (thread time, so not the time other
+    # processes ran): how much work a CPU second of this VM bought then, which the host's own load moves
+    ns_per_op: float | None = None
 
     @property
     def rate(self) -> float:
@@ -204,6 +207,15 @@ def _idle_ticks() -> tuple[int, float]:
 
 STATE_WRITES, DELIVERIES = "state writes", "deliveries"
 SAMPLE_S = 0.25
+
+
+def _cpu_speed(n: int = 200_000) -> float:
+    """CPU ns (this thread's) per turn of a fixed Python loop."""
+    t = time.thread_time_ns()
+    x = 0
+    for i in range(n):
+        x += i * i % 7
+    return (time.thread_time_ns() - t) / n
 
 
 def _run_ns(pid: int) -> int:
@@ -295,6 +307,7 @@ def budget_run(
         t0 = time.monotonic()
         start.set()
         deadline = t0 + timeout
+        speed0 = _cpu_speed()
         trace: list[list[float]] = [[] for _ in proxies]
         next_sample = t0
         while done.value < records:
@@ -311,6 +324,7 @@ def budget_run(
         t1 = time.monotonic()
         for tr, p in zip(trace, proxies, strict=True):
             tr.append(_run_ns(p.pid) / 1e9)
+        speed1 = _cpu_speed()
         cpu1 = [p.cpu() for p in proxies]
         st1 = [b.stat() for b in budgets]
         b1, c1, i1 = _proc_cpu(k3.pid), sum(_proc_cpu(pr.pid) for pr in procs), _idle_ticks()
@@ -366,6 +380,7 @@ def budget_run(
             before,
             load(),
             [[round(x - tr[0], 4) for x in tr] for tr in trace],
+            (speed0 + speed1) / 2,
         )
     finally:
         for pr in procs:
@@ -603,18 +618,19 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
     out = [
         "Every run, in order:",
         "",
-        "| round | configuration | records/s | first -> last record | proxy CPU s / M | quota used | busy until | throttled "
+        "| round | configuration | records/s | first -> last record | proxy CPU s / M | CPU ns / loop turn "
+        "| quota used | busy until | throttled "
         "| ShareFetches | broker CPU s / M | consumers (cores) | machine idle (cores) | rebalance | load before |",
-        "| ---: | --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for d in runs:
         if "error" in d:
-            out.append(f"| {d['round']} | {d['config']} | failed: {d['error']} | | | | | | | | | | | |")
+            out.append(f"| {d['round']} | {d['config']} | failed: {d['error']} | | | | | | | | | | | | |")
             continue
         r = BudgetRun(**d)
         out.append(
             f"| {r.round} | {r.config} | {r.rate:,.0f} | {r.data_rate:,.0f} | {sum(r.proxy_cpu) / r.records * 1e6:.2f} "
-            f"| {' / '.join(f'{q:.2f}' for q in r.quota_used())} | {' / '.join(f'{b:.2f}' for b in r.busy_until())} "
+            f"| {_f(r.ns_per_op, '.0f')} | {' / '.join(f'{q:.2f}' for q in r.quota_used())} | {' / '.join(f'{b:.2f}' for b in r.busy_until())} "
             f"| {' / '.join(f'{t:.0%}' for t in r.throttled_share())} "
             f"| {_sharefetches(r):,} | {r.broker_cpu / r.records * 1e6:.2f} | {r.consumer_cpu / r.seconds:.2f} "
             f"| {r.idle_cores:.2f} | {'yes' if r.rebalanced else ''} | {r.load_before} |"
@@ -676,7 +692,14 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     env = runner.Env(options, runner.Progress())
     meta = {
-        "command": shlex.join(["python", "-m", __name__, *(argv if argv is not None else sys.argv[1:])]),
+        "command": shlex.join(
+            [
+                "python",
+                "-m",
+                "kshare.bench.scenarios.scale_out_budget",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
+        ),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "repeats": {"scale_out": args.rounds},
         "machine": machine_info(),
