@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import messages
 from ..protocol.codes import ApiKey
+from .copy_exchange import CopyExchange
 from .drain import until_released
 from .errors import ErrorCode
 from .ownership import GroupOwnership, Instance, OwnershipMap, plan_claims
 from .state.errors import StateNotOwned
-from .states import ShareSnapshot, StateBatch
+from .states import ShareSnapshot
 from .store import SharePartitionKey
 from .tasks import shared_task
 
@@ -477,35 +478,28 @@ class InstanceGroupMember:
             await asyncio.sleep(0.01)
         return not ownership.gaining and ownership.map is decision
 
+    def _exchange(self: ShareGroupService) -> CopyExchange:
+        """The exchange's requests to the other proxies: the questions for one peer, group and map
+        epoch made together go out as one request (kshare.share.copy_exchange)."""
+        exchange = getattr(self, "copy_exchange", None)
+        if exchange is None:
+            assert self.peers is not None
+            exchange = self.copy_exchange = CopyExchange(self.peers.request)
+        return exchange
+
     async def _ask_copy(self: ShareGroupService, peer: Instance, key: SharePartitionKey, epoch: int
                         ) -> tuple[int, tuple[int, ShareSnapshot] | None]:
         """(error code, (state epoch, state) of the copy ``peer`` holds, or None)."""
-        assert self.peers is not None
-        req = messages.message_class("ReadShareGroupStateRequest")
-        body = req(group_id=key.group_id, topics=[req.ReadStateData(
-            topic_id=key.topic_id, partitions=[req.PartitionData(partition=key.partition, leader_epoch=epoch)])])
-        resp = await self.peers.request(peer, ApiKey.READ_SHARE_GROUP_STATE, body)
-        part = resp.results[0].partitions[0]
-        if part.error_code:
-            return part.error_code, None
-        if part.state_epoch < 0:
-            return ErrorCode.NONE, None
-        return ErrorCode.NONE, (part.state_epoch, ShareSnapshot(part.start_offset, tuple(
-            StateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in part.state_batches)))
+        return await self._exchange().ask(peer, key, epoch)
 
     async def _drop_copies_at(self: ShareGroupService, peers: list[Instance], key: SharePartitionKey, epoch: int,
                               state_epoch: int) -> None:
-        assert self.peers is not None
-        req = messages.message_class("WriteShareGroupStateRequest")
-        body = req(group_id=key.group_id, topics=[req.WriteStateData(topic_id=key.topic_id, partitions=[
-            req.PartitionData(partition=key.partition, state_epoch=state_epoch, leader_epoch=epoch,
-                              start_offset=-1, state_batches=[])])])
-        for peer in peers:
-            try:
-                await self.peers.request(peer, ApiKey.WRITE_SHARE_GROUP_STATE, body)
-            except Exception as exc:  # noqa: BLE001 - the copy is older: the next confirmation drops it
+        answers = await asyncio.gather(*(self._exchange().drop(peer, key, epoch, state_epoch) for peer in peers),
+                                       return_exceptions=True)
+        for peer, answer in zip(peers, answers, strict=True):
+            if isinstance(answer, Exception):  # the copy is older: the next confirmation drops it
                 log.debug("instance group: telling %s:%d to drop its copy of %s failed: %r", peer.host, peer.port,
-                          key, exc)
+                          key, answer)
 
     async def _at_epoch(self: ShareGroupService, epoch: int) -> int:
         """Wait (bounded) until this proxy has applied map ``epoch``: NONE at it, else why not."""
@@ -534,56 +528,69 @@ class InstanceGroupMember:
         topics_refused = {} if refused else await topic_refusals(self, conn, Operation.DESCRIBE,
                                                                  [t.topic_id for t in req.topics])
         code = refused or await self._at_epoch(epoch)
-        if not code:
-            # what this proxy is handing over is answered once its members' acknowledgements are in
-            # (bounded: the asker's request must not time out; its client asks again)
-            keys = [SharePartitionKey(req.group_id, t.topic_id, p.partition) for t in req.topics for p in t.partitions]
-            if not await self._handed_over(keys, HANDOVER_ANSWER_WAIT_S):
-                code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        keys = [SharePartitionKey(req.group_id, t.topic_id, p.partition) for t in req.topics for p in t.partitions]
+        busy: set[SharePartitionKey] = set()
+        # what this proxy is handing over is answered once its members' acknowledgements are in
+        # (bounded: the asker's request must not time out; its client asks again), each
+        # share-partition of the request for itself
+        if not code and not await self._handed_over(keys, HANDOVER_ANSWER_WAIT_S):
+            busy = {k for k in keys if k in self._handovers()}
         results = []
         async with self._ownership_lock:  # the map's claims applied
             ownership = self.ownership
             if not code and ownership.epoch != epoch:
                 code = ErrorCode.REBALANCE_IN_PROGRESS
+            copies = await self._copies_of(R, [] if code else [
+                k for k in keys if k not in busy and not topics_refused.get(k.topic_id, 0)])
             for t in req.topics:
                 parts = []
                 for p in t.partitions:
-                    err = code or topics_refused.get(t.topic_id, 0)
-                    if err:
-                        parts.append(R.PartitionResult(partition=p.partition, error_code=err, state_epoch=-1,
-                                                       start_offset=-1))
-                        continue
-                    key = SharePartitionKey(req.group_id, t.topic_id, p.partition)
-                    parts.append(await self._copy_of(R, key))
+                    copy = copies.get(SharePartitionKey(req.group_id, t.topic_id, p.partition))
+                    err = code or topics_refused.get(t.topic_id, 0) or ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+                    parts.append(copy if copy is not None else R.PartitionResult(
+                        partition=p.partition, error_code=err, state_epoch=-1, start_offset=-1))
                 results.append(R.ReadStateResult(topic_id=t.topic_id, partitions=parts))
         return R(results=results)
 
-    async def _copy_of(self: ShareGroupService, R: Any, key: SharePartitionKey) -> Any:
+    async def _copies_of(self: ShareGroupService, R: Any, keys: list[SharePartitionKey]) -> dict[SharePartitionKey, Any]:
         ownership = self.ownership
         assert isinstance(ownership, GroupOwnership)
-        none = R.PartitionResult(partition=key.partition, state_epoch=-1, start_offset=-1)
-        if ownership.leads(key.topic_id, key.partition):
-            return none  # the asker and this proxy cannot both lead it at one epoch
-        # From now on nothing more of it is written here (a request that passed the ownership check
-        # before this map may still be acknowledging: it fails), and what was written is settled
-        # before the copy is read: whatever this proxy acknowledged is in the copy it hands over.
-        getattr(self.store, "frozen", set()).add(key)
-        sp = self.partitions.pop(key, None)
-        if sp is not None:  # served here before this map: its writes settle first
-            if sp.pending_done is not None and not sp.pending_done.done():
-                await asyncio.wait([sp.pending_done], timeout=10)
+        out, held, settling = {}, [], []
+        for key in dict.fromkeys(keys):
+            if ownership.leads(key.topic_id, key.partition):
+                # the asker and this proxy cannot both lead it at one epoch
+                out[key] = R.PartitionResult(partition=key.partition, state_epoch=-1, start_offset=-1)
+                continue
+            # From now on nothing more of it is written here (a request that passed the ownership check
+            # before this map may still be acknowledging: it fails), and what was written is settled
+            # before the copy is read: whatever this proxy acknowledged is in the copy it hands over.
+            getattr(self.store, "frozen", set()).add(key)
+            held.append(key)
+            sp = self.partitions.pop(key, None)
+            if sp is not None:  # served here before this map: its writes settle first
+                settling.append(sp)
+        # all at once: a request of many share-partitions settles them within one bound, and one
+        # flush covers them (each in turn took one produce round each under the asker's timeout)
+        pending = [sp.pending_done for sp in settling if sp.pending_done is not None and not sp.pending_done.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+        for sp in settling:
             sp.engine = None
             sp.wake()
-        await self.store.flush()
-        snapshot = self.store.share_partition(key)
-        if snapshot is None or self.store.partition_of(key) not in ownership.claimed:
-            return none
-        state_epoch = self.store.state_epoch(key) or 0
-        return R.PartitionResult(partition=key.partition, state_epoch=state_epoch, start_offset=snapshot.start_offset,
-                                 state_batches=[R.StateBatch(first_offset=b.first_offset, last_offset=b.last_offset,
-                                                             delivery_state=b.delivery_state,
-                                                             delivery_count=b.delivery_count)
-                                                for b in snapshot.state_batches])
+        if held:
+            await self.store.flush()
+        for key in held:
+            snapshot = self.store.share_partition(key)
+            if snapshot is None or self.store.partition_of(key) not in ownership.claimed:
+                out[key] = R.PartitionResult(partition=key.partition, state_epoch=-1, start_offset=-1)
+                continue
+            out[key] = R.PartitionResult(
+                partition=key.partition, state_epoch=self.store.state_epoch(key) or 0,
+                start_offset=snapshot.start_offset,
+                state_batches=[R.StateBatch(first_offset=b.first_offset, last_offset=b.last_offset,
+                                            delivery_state=b.delivery_state, delivery_count=b.delivery_count)
+                               for b in snapshot.state_batches])
+        return out
 
     async def drop_copies(self: ShareGroupService, conn: ClientConnection, req: Any) -> Any:
         """WriteShareGroupState with a leader epoch and no start offset, from the leader of a map
