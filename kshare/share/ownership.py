@@ -394,11 +394,7 @@ class GroupOwnership:
         mine = decision.instance(self.me) if decision is not None else None
         if decision is None or mine is None:
             return None
-        peers = {i.slot: Peer(i.slot, i.host, dict(i.broker_ports), i.broker_port_base) for i in decision.instances}
-
-        def slot_of(owner: Instance | None) -> int | None:
-            return owner.slot if owner is not None else None
-
+        peers = _peers(decision.instances)
         releasing = self._releasing_tps
 
         def partition_owner(topic_id: bytes, partition: int) -> int | None:
@@ -406,12 +402,12 @@ class GroupOwnership:
             # members' acknowledgements of what they hold come here until it is done
             if releasing and (topic_id, partition) in releasing:
                 return mine.slot
-            return slot_of(decision.owner_of_topic_partition(topic_id, partition))
+            return _slot_of(decision.owner_of_topic_partition(topic_id, partition))
 
         return ClusterView(
             me=mine.slot, peers=peers, epoch=decision.epoch,
             partition_owner=partition_owner,
-            group_owner=lambda group_id: slot_of(decision.owner_of_group(group_id)))
+            group_owner=lambda group_id: _slot_of(decision.owner_of_group(group_id)))
 
 
 def _leaving_view(before: OwnershipMap, successors: OwnershipMap, me: str) -> ClusterView | None:
@@ -420,13 +416,20 @@ def _leaving_view(before: OwnershipMap, successors: OwnershipMap, me: str) -> Cl
     mine = before.instance(me)
     if mine is None:
         return None
-    peers = {i.slot: Peer(i.slot, i.host, dict(i.broker_ports), i.broker_port_base) for i in successors.instances}
-    peers.setdefault(mine.slot, Peer(mine.slot, mine.host, dict(mine.broker_ports), mine.broker_port_base))
-
-    def slot_of(owner: Instance | None) -> int | None:
-        return owner.slot if owner is not None else None
-
+    peers = _peers([*successors.instances, mine])
     return ClusterView(
         me=mine.slot, peers=peers, epoch=successors.epoch,
-        partition_owner=lambda topic_id, partition: slot_of(successors.owner_of_topic_partition(topic_id, partition)),
-        group_owner=lambda group_id: slot_of(successors.owner_of_group(group_id)))
+        partition_owner=lambda topic_id, partition: _slot_of(successors.owner_of_topic_partition(topic_id, partition)),
+        group_owner=lambda group_id: _slot_of(successors.owner_of_group(group_id)))
+
+
+def _peers(instances: Iterable[Instance]) -> dict[int, Peer]:
+    """Every proxy's listeners by slot (the first instance of a slot wins)."""
+    out: dict[int, Peer] = {}
+    for i in instances:
+        out.setdefault(i.slot, Peer(i.slot, i.host, dict(i.broker_ports), i.broker_port_base))
+    return out
+
+
+def _slot_of(owner: Instance | None) -> int | None:
+    return owner.slot if owner is not None else None
