@@ -110,6 +110,18 @@ class ShareCollector(Collector):
                                     if service.ownership.map is not None else 0)
             yield GaugeMetricFamily("kshare_instance_epoch", "Epoch of the instance group's last ownership map",
                                     value=service.ownership.epoch)
+            exchange = getattr(service, "copy_exchange", None)  # kshare.share.copy_exchange, once used
+            for name, help_text, attr in (
+                ("kshare_instance_state_exchange_requests", "Requests sent to other proxies of the instance "
+                 "group to read (read) or drop (drop) their copies of share-partitions' state", "requests"),
+                ("kshare_instance_state_exchange_partitions", "Share-partitions those requests carried",
+                 "partitions"),
+            ):
+                family = CounterMetricFamily(name, help_text, labels=["request"])
+                counts = getattr(exchange, attr, None) or {}
+                for kind in ("read", "drop"):
+                    family.add_metric([kind], counts.get(kind, 0))
+                yield family
         checks = service.upstream.checks
         deviation = GaugeMetricFamily("kshare_upstream_deviation", "1 where the fronted cluster deviates from Kafka "
                                       "in what kshare relies on (logged once at WARNING; docs/reference/proxy.md)",
