@@ -9,7 +9,9 @@ Asked one share-partition at a time, a group starting on 480 partitions after a 
 the questions for one peer, group and map epoch made within a short linger (the confirmations a
 ShareFetch starts together, those of several members' fetches) go out as one request, of at
 most ``MAX_PARTITIONS`` share-partitions (more make several), and each caller gets its own
-partition's answer back.
+partition's answer back. A peer still handing a share-partition over waits for that before it
+answers (bounded), but not when others came with it in the request: it answers "not yet" for
+that one at once, and it is asked again with only what is being handed over.
 
 :class:`Coalescer` is the batching core (no I/O of its own: it calls the send function it is
 given); :class:`CopyExchange` builds and reads the two requests over it.
@@ -38,6 +40,8 @@ MAX_PARTITIONS = 200
 # confirmations one ShareFetch starts arrive within a loop turn, those of other members' fetches
 # within a few milliseconds; a peer round trip costs more than this.
 LINGER_S = 0.002
+# the batch of share-partitions asked again because the peer is still handing them over
+HANDING_OVER = "handing over"
 
 T = TypeVar("T")  # whom a batch goes to
 K = TypeVar("K", bound=Hashable)  # an item of a batch (a topic-partition)
@@ -166,6 +170,8 @@ class Coalescer(Generic[T, K, V, R]):
 TopicPartition = tuple[bytes, int]
 # (error code, (state epoch, state) of the copy a peer holds, or None)
 CopyAnswer = tuple[int, tuple[int, ShareSnapshot] | None]
+# the same, and whether to ask it again with only what is being handed over
+ReadAnswer = tuple[int, tuple[int, ShareSnapshot] | None, bool]
 Request = Callable[[Instance, int, Any], Awaitable[Any]]  # kshare.share.peers.PeerClient.request
 
 
@@ -179,7 +185,7 @@ class CopyExchange:
         self, request: Request, *, max_partitions: int = MAX_PARTITIONS, linger_s: float = LINGER_S
     ) -> None:
         self._request = request
-        self._reads: Coalescer[Instance, TopicPartition, None, CopyAnswer] = Coalescer(
+        self._reads: Coalescer[Instance, TopicPartition, None, ReadAnswer] = Coalescer(
             self._send_read, max_items=max_partitions, linger_s=linger_s
         )
         # a copy older than either state epoch goes: the higher one says as much as both
@@ -196,9 +202,13 @@ class CopyExchange:
     async def ask(self, peer: Instance, key: SharePartitionKey, epoch: int) -> CopyAnswer:
         """(error code, (state epoch, state) of the copy ``peer`` holds of ``key``, or None), asked
         at map ``epoch``. Raises what the request raised."""
-        return await self._reads.call(
-            self._key(peer, key.group_id, epoch), peer, (key.topic_id, key.partition), None
-        )
+        batch, tp = self._key(peer, key.group_id, epoch), (key.topic_id, key.partition)
+        code, copy, again = await self._reads.call(batch, peer, tp, None)
+        if again:
+            # The peer is still handing it over and answered at once, not to hold back the others of
+            # the request: asked again (once) with only what is being handed over, which it waits for
+            code, copy, _ = await self._reads.call((*batch, HANDING_OVER), peer, tp, None)
+        return code, copy
 
     async def drop(self, peer: Instance, key: SharePartitionKey, epoch: int, state_epoch: int) -> int:
         """Tell ``peer`` that the leader at map ``epoch`` holds ``key`` at ``state_epoch``: a copy
@@ -213,8 +223,8 @@ class CopyExchange:
 
     async def _send_read(
         self, peer: Instance, batch_key: Hashable, items: dict[TopicPartition, None]
-    ) -> dict[TopicPartition, CopyAnswer]:
-        _, group_id, epoch = batch_key  # type: ignore[misc]
+    ) -> dict[TopicPartition, ReadAnswer]:
+        _, group_id, epoch = batch_key[:3]  # type: ignore[index]
         req = messages.message_class("ReadShareGroupStateRequest")
         body = req(
             group_id=group_id,
@@ -253,12 +263,17 @@ class CopyExchange:
                             ),
                         ),
                     )
-        return out
+        # Answered "not yet" (COORDINATOR_LOAD_IN_PROGRESS) beside answers: the peer did not wait
+        # for its hand-over, so as not to hold the others back (InstanceGroupMember.answer_copies).
+        # Answered so all alike, the peer waited for every one, or it is behind on the map epoch.
+        loading = {tp for tp, (code, _) in out.items() if code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
+        again = bool(loading) and len(loading) < len(out) and len(batch_key) == 3  # type: ignore[arg-type]
+        return {tp: (code, copy, again and tp in loading) for tp, (code, copy) in out.items()}
 
     async def _send_drop(
         self, peer: Instance, batch_key: Hashable, items: dict[TopicPartition, int]
     ) -> dict[TopicPartition, int]:
-        _, group_id, epoch = batch_key  # type: ignore[misc]
+        _, group_id, epoch = batch_key[:3]  # type: ignore[index]
         req = messages.message_class("WriteShareGroupStateRequest")
         body = req(
             group_id=group_id,

@@ -529,12 +529,15 @@ class InstanceGroupMember:
                                                                  [t.topic_id for t in req.topics])
         code = refused or await self._at_epoch(epoch)
         keys = [SharePartitionKey(req.group_id, t.topic_id, p.partition) for t in req.topics for p in t.partitions]
-        busy: set[SharePartitionKey] = set()
-        # what this proxy is handing over is answered once its members' acknowledgements are in
-        # (bounded: the asker's request must not time out; its client asks again), each
-        # share-partition of the request for itself
-        if not code and not await self._handed_over(keys, HANDOVER_ANSWER_WAIT_S):
-            busy = {k for k in keys if k in self._handovers()}
+        handovers = self._handovers()
+        busy = set() if code else {k for k in keys if k in handovers}
+        # What this proxy is handing over is answered once its members' acknowledgements are in
+        # (bounded: the asker's request must not time out; its client asks again). Asked with
+        # others, it is answered "not yet" at once, not to hold them back: the asker asks it again
+        # with only what is being handed over (kshare.share.copy_exchange).
+        if busy and busy == set(keys):
+            await self._handed_over(keys, HANDOVER_ANSWER_WAIT_S)
+            busy = {k for k in keys if k in handovers}
         results = []
         async with self._ownership_lock:  # the map's claims applied
             ownership = self.ownership
@@ -569,8 +572,8 @@ class InstanceGroupMember:
             sp = self.partitions.pop(key, None)
             if sp is not None:  # served here before this map: its writes settle first
                 settling.append(sp)
-        # all at once: a request of many share-partitions settles them within one bound, and one
-        # flush covers them (each in turn took one produce round each under the asker's timeout)
+        # all at once: a request of many share-partitions settles them within one bound and one
+        # flush (one at a time, their waits and produce rounds added up against the asker's timeout)
         pending = [sp.pending_done for sp in settling if sp.pending_done is not None and not sp.pending_done.done()]
         if pending:
             await asyncio.wait(pending, timeout=10)

@@ -344,17 +344,29 @@ def test_many_share_partitions_asked_together_each_get_their_own_copy(
         answers = await asyncio.gather(*(exchange.ask(targets[n], k, 5) for n, k in asked))
         for (n, k), got in zip(asked, answers, strict=True):
             assert got == expected.get((n, k), (0, None)), (n, k)
-        # ceil(n / 200) requests per peer and group; all at epoch 5, one group each, none over 200
+        # ceil(n / 200) requests per peer and group, and one more asking again what was being
+        # handed over (answered "not yet" at once beside the others); all at epoch 5, one group
+        # each, none over 200
         reads = [(p, r) for p, a, r in sent if a == ApiKey.READ_SHARE_GROUP_STATE]
         for n in "bc":
             for g in groups:
                 n_keys = len({k for (q, k) in asked if q == n and k.group_id == g})
-                assert sum(1 for p, r in reads if p == n and r.group_id == g) == math.ceil(n_keys / 200)
+                again = [r for p, r in reads if p == n and r.group_id == g][math.ceil(n_keys / 200) :]
+                handing = {k for (q, k) in stuck if q == n and k.group_id == g}
+                assert 1 <= len(again) <= math.ceil(n_keys / 200) and handing  # one per answer at most
+                assert {
+                    SharePartitionKey(g, t.topic_id, q.partition)
+                    for r in again
+                    for t in r.topics
+                    for q in t.partitions
+                } == handing
         for _p, r in reads:
             parts = [(t.topic_id, q.partition) for t in r.topics for q in t.partitions]
             assert len(parts) == len(set(parts)) <= 200
             assert {q.leader_epoch for t in r.topics for q in t.partitions} == {5}
-        assert exchange.requests["read"] == len(reads) and exchange.partitions["read"] == len(asked)
+        assert exchange.requests["read"] == len(reads) and exchange.partitions["read"] == len(asked) + len(
+            stuck
+        )
         for n in "bc":
             proxy = peers[n]
             assert proxy.store.flushes <= sum(1 for p, _ in reads if p == n)
@@ -393,6 +405,51 @@ def test_many_share_partitions_asked_together_each_get_their_own_copy(
             assert asked_epochs == top
             gone = {k for k, (held, _) in before[n].items() if k in top and held < top[k]}
             assert set(peers[n].store.deleted) == gone
+
+    asyncio.run(run())
+
+
+def test_what_a_peer_is_handing_over_does_not_hold_back_the_others_of_its_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """b hands x and z over (its members' acknowledgements take 1 s) while a asks it for x, y and
+    z together: y's answer comes at once; x and z, answered "not yet" beside it, are asked again
+    with only what is being handed over, and that answer waits for the hand-over and carries their
+    copies. w, whose hand-over outlasts HANDOVER_ANSWER_WAIT_S, is answered
+    COORDINATOR_LOAD_IN_PROGRESS then."""
+    monkeypatch.setattr(instance_service, "HANDOVER_ANSWER_WAIT_S", 2.0)
+    tid = b"\x04" * 16
+    m = msgspec.structs.replace(assign({k: _cand(k, {tid: 30}) for k in "ab"}, 4, by_topic=True), epoch=3)
+    mine = [p for p in range(30) if m.owner_of_topic_partition(tid, p).id == "a"]
+    x, y, z, w = (SharePartitionKey("g", tid, p) for p in mine[:4])
+    snap = ShareSnapshot(7, (StateBatch(7, 9, 0, 1),))
+    claimed = m.partitions_of("b")[0]
+    b = _Proxy("b", m, _Store({k: (2, snap) for k in (x, y, z, w)}, dict.fromkeys((x, y, z, w), claimed)))
+    sent: list[set[int]] = []
+
+    async def request(peer: Instance, api_key: int, body: Any) -> Any:
+        req = _wire(api_key, body)
+        sent.append({q.partition for t in req.topics for q in t.partitions})
+        return _wire(api_key, await b.answer_copies(None, req), response=True)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        quick, slow = loop.create_task(asyncio.sleep(1.0)), loop.create_task(asyncio.sleep(30))
+        b._handover_tasks.update({x: quick, z: quick, w: slow})  # one hand-over task per map change
+        quick.add_done_callback(lambda _t: [b._handover_tasks.pop(k, None) for k in (x, z)])
+        exchange = CopyExchange(request)
+        peer = m.instance("b")
+        started = loop.time()
+        tasks = {k: loop.create_task(exchange.ask(peer, k, 3)) for k in (x, y, z)}
+        assert await tasks[y] == (0, (2, snap))
+        assert loop.time() - started < 0.8  # not held back by x and z
+        assert await tasks[x] == await tasks[z] == (0, (2, snap))
+        assert 0.95 < loop.time() - started < 1.9
+        assert sent == [{x.partition, y.partition, z.partition}, {x.partition, z.partition}]
+        started = loop.time()
+        assert await exchange.ask(peer, w, 3) == (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, None)
+        assert 2.0 <= loop.time() - started < 3.5 and sent[2:] == [{w.partition}]
+        slow.cancel()
 
     asyncio.run(run())
 
