@@ -151,21 +151,6 @@ class Coalescer(Generic[T, K, V, R]):
                 else:
                     fut.set_exception(MissingAnswer(f"no answer for {item!r}"))
 
-    async def close(self) -> None:
-        """Stop: batches not sent yet and those under way fail their callers (cancelled)."""
-        for batch in list(self._open.values()):
-            if batch.timer is not None:
-                batch.timer.cancel()
-            for futs in batch.waiters.values():
-                for fut in futs:
-                    fut.cancel()
-        self._open.clear()
-        tasks = list(self._sending)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-
 
 TopicPartition = tuple[bytes, int]
 # (error code, (state epoch, state) of the copy a peer holds, or None)
@@ -216,10 +201,6 @@ class CopyExchange:
         return await self._drops.call(
             self._key(peer, key.group_id, epoch), peer, (key.topic_id, key.partition), state_epoch
         )
-
-    async def close(self) -> None:
-        await self._reads.close()
-        await self._drops.close()
 
     async def _send_read(
         self, peer: Instance, batch_key: Hashable, items: dict[TopicPartition, None]
