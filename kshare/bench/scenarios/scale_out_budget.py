@@ -142,7 +142,9 @@ class BudgetRun:
     broker_cpu: float
     consumer_cpu: float
     idle_cores: float  # the machine's idle time over the window, cores
-    proxy_requests: list[dict[str, int]]  # per proxy, client requests by API over the window
+    proxy_requests: list[
+        dict[str, float]
+    ]  # per proxy, client requests by API over the window ("<API> s": their time)
     proxy_state_writes: list[int]  # per proxy, durable state writes over the window
     proxy_deliveries: list[int]  # per proxy, records it handed to the consumers over the window
     rebalanced: bool  # the instance group's ownership epoch moved during the window
@@ -181,6 +183,15 @@ class BudgetRun:
             ]
             out.append(min(1.0, (busy[-1] if busy else 0) * SAMPLE_S / self.seconds))
         return out
+
+    def in_flight(self) -> list[float]:
+        """Per proxy, the ShareFetch and ShareAcknowledge requests it held at a time on average (their summed
+        time over the run's; Little's law): below the consumers' count, the consumers kept it waiting."""
+        return [
+            (q.get("ShareFetch s", 0.0) + q.get("ShareAcknowledge s", 0.0)) / self.seconds
+            for q in self.proxy_requests
+            if "ShareFetch s" in q
+        ]
 
     def throttled_share(self) -> list[float]:
         return [
@@ -233,15 +244,19 @@ def _epochs(proxies: list[ProxyProc]) -> list[Any]:
     return [(p.ready() or {}).get("ownership_epoch") for p in proxies]
 
 
-def _counters(p: ProxyProc) -> dict[str, int]:
-    """The proxy's client requests by API (``kshare_requests_total``) and its durable state writes, from
-    /metrics (scraped outside the timed window's CPU readings)."""
+def _counters(p: ProxyProc) -> dict[str, float]:
+    """The proxy's client requests by API (``kshare_requests_total``), the time they took (``<API> s``: the
+    sum of ``kshare_request_seconds``; over a run's length, how many were in the proxy at a time), its durable
+    state writes and its deliveries, from /metrics (scraped outside the timed window's CPU readings)."""
     got = http_get(p.metrics_port, "/metrics", timeout=10)
-    out: dict[str, int] = {}
+    out: dict[str, float] = {}
     for line in got[1].splitlines() if got else []:
         if line.startswith("kshare_requests_total{"):
             api = line.split('api="', 1)[1].split('"', 1)[0]
             out[api] = int(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("kshare_request_seconds_sum{"):
+            api = line.split('api="', 1)[1].split('"', 1)[0]
+            out[f"{api} s"] = float(line.rsplit(" ", 1)[1])
         elif line.startswith("kshare_state_write_seconds_count"):
             out[STATE_WRITES] = int(float(line.rsplit(" ", 1)[1]))
         elif line.startswith("kshare_share_deliveries_total{"):
@@ -367,7 +382,7 @@ def budget_run(
             (i1[0] - i0[0]) / tick / (i1[1] - i0[1]),
             [
                 {
-                    k: v - a.get(k, 0)
+                    k: round(v - a.get(k, 0), 4)
                     for k, v in b.items()
                     if k not in (STATE_WRITES, DELIVERIES) and v > a.get(k, 0)
                 }
@@ -619,19 +634,19 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
         "Every run, in order:",
         "",
         "| round | configuration | records/s | first -> last record | proxy CPU s / M | CPU ns / loop turn "
-        "| quota used | busy until | throttled "
+        "| quota used | busy until | requests in the proxy | throttled "
         "| ShareFetches | broker CPU s / M | consumers (cores) | machine idle (cores) | rebalance | load before |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for d in runs:
         if "error" in d:
-            out.append(f"| {d['round']} | {d['config']} | failed: {d['error']} | | | | | | | | | | | | |")
+            out.append(f"| {d['round']} | {d['config']} | failed: {d['error']} | | | | | | | | | | | | | |")
             continue
         r = BudgetRun(**d)
         out.append(
             f"| {r.round} | {r.config} | {r.rate:,.0f} | {r.data_rate:,.0f} | {sum(r.proxy_cpu) / r.records * 1e6:.2f} "
             f"| {_f(r.ns_per_op, '.0f')} | {' / '.join(f'{q:.2f}' for q in r.quota_used())} | {' / '.join(f'{b:.2f}' for b in r.busy_until())} "
-            f"| {' / '.join(f'{t:.0%}' for t in r.throttled_share())} "
+            f"| {' / '.join(f'{x:.1f}' for x in r.in_flight())} | {' / '.join(f'{t:.0%}' for t in r.throttled_share())} "
             f"| {_sharefetches(r):,} | {r.broker_cpu / r.records * 1e6:.2f} | {r.consumer_cpu / r.seconds:.2f} "
             f"| {r.idle_cores:.2f} | {'yes' if r.rebalanced else ''} | {r.load_before} |"
         )
