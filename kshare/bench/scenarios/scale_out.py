@@ -38,7 +38,7 @@ from ..format import fmt_num
 from ..procs import cpu_seconds, load
 from ..state_writes import StateRun, state_part, state_table
 from .common import UPSTREAM, results, scenario
-from .instance_group import Upstream, bootstrap_of, leaders, log, start_service, upstream_of
+from .instance_group import ProxyProc, Upstream, bootstrap_of, leaders, log, start_service, upstream_of
 from .scale_out_budget import budget_part, budget_section, budget_targets
 from .scale_out_handover import handover_part, handover_section
 
@@ -115,6 +115,35 @@ class ThroughputRun:
         return sum(self.proxy_cpu) / self.records * 1e6
 
 
+def stop_consumers(stop: Any, results: Any, procs: list[Any]) -> tuple[set[int], int, list[float], list[float]]:
+    """Stop the ``_consume_worker`` processes and gather what they read: (distinct record indexes,
+    deliveries, each one's first and last delivery time)."""
+    stop.set()
+    got = [results.get(timeout=120) for _ in procs]
+    for pr in procs:
+        pr.join(30)
+    keys: set[int] = set()
+    delivered = 0
+    for _, _, _, raw in got:
+        a = array.array("q")
+        a.frombytes(raw)
+        delivered += len(a)
+        keys.update(a)
+    return keys, delivered, [g[1] for g in got if g[1] is not None], [g[2] for g in got if g[2] is not None]
+
+
+def tear_down(procs: list[Any], proxies: list[ProxyProc]) -> None:
+    """Kill the consumer processes still running, stop the proxies, log what their logs hold worth a look."""
+    for pr in procs:
+        if pr.is_alive():
+            pr.kill()
+    for p in proxies:
+        p.stop()
+    notes = [f"{p.name}: {line}" for p in proxies for line in p.notes()]
+    if notes:
+        log.info("  proxy log lines worth a look:\n  " + "  ".join(notes[-15:]))
+
+
 def _proc_cpu(pid: int) -> float:
     try:
         return cpu_seconds(pid)
@@ -160,32 +189,13 @@ def throughput_run(k3: Upstream, n: int, rnd: int, topic: str, records: int, con
         cpu1 = [p.cpu() for p in proxies]
         b1 = _proc_cpu(k3.pid) if k3.pid else float("nan")
         c1 = sum(_proc_cpu(pr.pid) for pr in procs)
-        stop.set()
-        got = [results.get(timeout=120) for _ in procs]
-        for pr in procs:
-            pr.join(30)
-        keys: set[int] = set()
-        delivered = 0
-        for _, _, _, raw in got:
-            a = array.array("q")
-            a.frombytes(raw)
-            delivered += len(a)
-            keys.update(a)
-        firsts = [g[1] for g in got if g[1] is not None]
-        lasts = [g[2] for g in got if g[2] is not None]
+        keys, delivered, firsts, lasts = stop_consumers(stop, results, procs)
         # the clock stops when the count reached ``records`` (t1): the last record is at most t1
         last = min(t1, max(lasts)) if lasts else t1
         run = ThroughputRun(n, rnd, last - t0, last - min(firsts), records, len(keys), delivered,
                             [b - a for a, b in zip(cpu0, cpu1, strict=True)], b1 - b0, c1 - c0, split, idle, before, load())
     finally:
-        for pr in procs:
-            if pr.is_alive():
-                pr.kill()
-        for p in proxies:
-            p.stop()
-        notes = [f"{p.name}: {line}" for p in proxies for line in p.notes()]
-        if notes:
-            log.info("  proxy log lines worth a look:\n  " + "  ".join(notes[-15:]))
+        tear_down(procs, proxies)
     return run
 
 

@@ -29,7 +29,6 @@ does; ``--help``); in ``kshare bench --only scale_out`` it runs after the throug
 
 from __future__ import annotations
 
-import array
 import contextlib
 import dataclasses
 import multiprocessing as mp
@@ -276,7 +275,7 @@ def budget_run(
     period_us: int,
     timeout: float,
 ) -> BudgetRun:
-    from .scale_out import _consume_worker  # scale_out imports this module
+    from .scale_out import _consume_worker, stop_consumers, tear_down  # scale_out imports this module
 
     n = 1 if config.startswith("1") else 2
     budgeted = "unbudgeted" not in config
@@ -345,19 +344,7 @@ def budget_run(
         b1, c1, i1 = _proc_cpu(k3.pid), sum(_proc_cpu(pr.pid) for pr in procs), _idle_ticks()
         m1 = [_counters(p) for p in proxies]
         epochs1 = _epochs(proxies)
-        stop.set()
-        got = [results.get(timeout=120) for _ in procs]
-        for pr in procs:
-            pr.join(30)
-        keys: set[int] = set()
-        delivered = 0
-        for _, _, _, raw in got:
-            a = array.array("q")
-            a.frombytes(raw)
-            delivered += len(a)
-            keys.update(a)
-        firsts = [g[1] for g in got if g[1] is not None]
-        lasts = [g[2] for g in got if g[2] is not None]
+        keys, delivered, firsts, lasts = stop_consumers(stop, results, procs)
         last = min(t1, max(lasts)) if lasts else t1  # the count reached ``records`` at t1
         tick = os.sysconf("SC_CLK_TCK")
         run = BudgetRun(
@@ -398,16 +385,11 @@ def budget_run(
             (speed0 + speed1) / 2,
         )
     finally:
-        for pr in procs:
-            if pr.is_alive():
-                pr.kill()
-        for p in proxies:
-            p.stop()
-        for b in budgets:
-            b.remove()
-        notes = [f"{p.name}: {line}" for p in proxies for line in p.notes()]
-        if notes:
-            log.info("  proxy log lines worth a look:\n  " + "  ".join(notes[-15:]))
+        try:
+            tear_down(procs, proxies)
+        finally:
+            for b in budgets:
+                b.remove()
     return run
 
 
