@@ -140,6 +140,21 @@ def kshare39(kafka39: KafkaBroker) -> Iterator[ShareProxyThread]:
         assert proxy.service.broken is None, f"kshare39: {proxy.service.broken}"
 
 
+def members(proxy: ShareProxyThread, group_id: str) -> dict[str, dict]:
+    """member id -> assignment {topic id: partitions} of a share group, read on the proxy's loop."""
+
+    def read() -> dict[str, dict]:
+        g = proxy.service.coordinator.group(group_id)
+        return {} if g is None else {m.member_id: dict(m.assignment) for m in g.members.values()}
+
+    return proxy.call(read)
+
+
+def wait_members(proxy: ShareProxyThread, group_id: str, n: int, timeout: float = 30.0) -> None:
+    wait_until(lambda: len(m := members(proxy, group_id)) == n and all(m.values()), timeout,
+               f"{n} assigned members in {group_id}")
+
+
 # ------------------------------------------------------------------------------------------------
 # admin through the proxy
 

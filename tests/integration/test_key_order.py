@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -36,6 +37,7 @@ from tests.harness.share import (
     share_group,
     stop_all,
     subscribed,
+    wait_members,
     wait_until,
 )
 
@@ -81,13 +83,22 @@ def _keyed_records(n: int, keys: int, seed: int = 7) -> tuple[list[bytes], list[
 
 
 def _run(bootstrap: str, group: str, topic: str, consumers: int, expected: int,
-         timeout: float = 90) -> tuple[list[Processed], float]:
+         timeout: float = 90, *, proxy: ShareProxyThread | None = None,
+         produce_records: Callable[[], None] | None = None) -> tuple[list[Processed], float]:
+    """Run ``consumers`` Workers until ``expected`` records are processed. With ``proxy`` and
+    ``produce_records``: the records are produced only once every member is assigned the topic (on
+    a loaded machine 8 librdkafka consumers join over seconds, and the first one alone would take
+    the records the others were to share)."""
     log: list[Processed] = []
     lock = threading.Lock()
     workers = [Worker(f"c{i}", bootstrap, group, topic, log, lock, seed=i) for i in range(consumers)]
     for w in workers:
         w.loop.start()
     try:
+        if produce_records is not None:
+            assert proxy is not None
+            wait_members(proxy, group, consumers, timeout=60)
+            produce_records()
         wait_until(lambda: len({p.offset for p in log}) >= expected, timeout, f"{expected} records processed")
     finally:
         stop_all(w.loop for w in workers)
@@ -128,17 +139,17 @@ def test_eight_consumers_keep_every_key_in_order_and_go_faster_than_one(kshare39
     order; every record processed once; 8 consumers finish well before 1 consumer does. Then an
     unordered group on the same records, for the ordered/unordered throughput ratio (it usually
     breaks key order, but need not: ``test_the_key_order_check_can_fail`` shows the check can)."""
-    topic = f"keyorder-{uuid.uuid4().hex[:10]}"
-    kafka39.create_topic(topic, partitions=1)
     vals, keys = _keyed_records(RECORDS, KEYS)
-    produce(kafka39.bootstrap, topic, vals, keys=keys, per_batch=25)
-
     times = {}
     broken = ""
     for label, consumers, ordering in (("one", 1, "key"), ("eight", 8, "key"), ("eight-unordered", 8, "none")):
+        # each run its own topic with the same records, produced once its consumers are all in
+        topic = f"keyorder-{label}-{uuid.uuid4().hex[:10]}"
+        kafka39.create_topic(topic, partitions=1)
         group = f"keyorder-{label}-{uuid.uuid4().hex[:8]}"
         share_group(kshare39.bootstrap, group, **{"kshare.share.ordering": ordering})
-        log, took = _run(kshare39.bootstrap, group, topic, consumers, RECORDS)
+        log, took = _run(kshare39.bootstrap, group, topic, consumers, RECORDS, proxy=kshare39,
+                         produce_records=lambda t=topic: produce(kafka39.bootstrap, t, vals, keys=keys, per_batch=25))
         times[label] = took
         assert sorted(p.offset for p in log) == list(range(RECORDS)), "each record processed exactly once"
         if ordering == "key":

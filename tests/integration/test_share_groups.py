@@ -52,6 +52,7 @@ from tests.harness.share import (
     ShareProxyThread,
     acknowledger,
     assert_each_once,
+    members,
     newcomer_gets,
     partitions,
     poll_until,
@@ -63,6 +64,7 @@ from tests.harness.share import (
     subscribed,
     topic_id,
     values,
+    wait_members,
     wait_received,
     wait_until,
 )
@@ -76,21 +78,6 @@ from tests.harness.share import (
 @pytest.fixture
 def group() -> str:
     return f"share-{uuid.uuid4().hex[:12]}"
-
-
-def members(proxy: ShareProxyThread, group_id: str) -> dict[str, dict]:
-    """member id -> assignment {topic id: partitions} of a share group, read on the proxy's loop."""
-
-    def read() -> dict[str, dict]:
-        g = proxy.service.coordinator.group(group_id)
-        return {} if g is None else {m.member_id: dict(m.assignment) for m in g.members.values()}
-
-    return proxy.call(read)
-
-
-def wait_members(proxy: ShareProxyThread, group_id: str, n: int, timeout: float = 30.0) -> None:
-    wait_until(lambda: len(m := members(proxy, group_id)) == n and all(m.values()), timeout,
-               f"{n} assigned members in {group_id}")
 
 
 # ------------------------------------------------------------------------------------------------
