@@ -28,6 +28,11 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  *     [--idle-ms MS]                    stop once nothing came for this long after the first record (0: never)
  *     [--poll-ms MS]                    poll timeout (default 500)
  *     [--config KEY=VALUE]...           more consumer configs (e.g. max.poll.records=5)
+ *     [--summary true]                  one line per poll instead of one per record (for benchmarks):
+ *                                       {"event": "poll", "n": N, "ranges": [[partition, first, last], ...]}
+ *                                       (the offsets received, as runs of consecutive offsets)
+ *     [--control stdin]                 print {"event": "subscribed"}, wait for a line "go" on stdin
+ *                                       before the first poll, and stop at a line "stop" (or end of input)
  * </pre>
  *
  * Prints one JSON object per line on stdout: one per record received
@@ -46,6 +51,7 @@ public final class ShareConsumerDriver {
     public static void main(String[] args) throws Exception {
         String bootstrap = null, group = null, topic = null, mode = "implicit", ack = "*=accept";
         long maxRecords = 0, timeoutMs = 30_000, idleMs = 0, pollMs = 500;
+        boolean summary = false, control = false;
         Properties props = new Properties();
         for (int i = 0; i < args.length; i++) {
             String a = args[i];
@@ -64,6 +70,13 @@ public final class ShareConsumerDriver {
                 case "--timeout-ms" -> timeoutMs = Long.parseLong(v);
                 case "--idle-ms" -> idleMs = Long.parseLong(v);
                 case "--poll-ms" -> pollMs = Long.parseLong(v);
+                case "--summary" -> summary = Boolean.parseBoolean(v);
+                case "--control" -> {
+                    if (!v.equals("stdin")) {
+                        usage("--control takes stdin");
+                    }
+                    control = true;
+                }
                 case "--config" -> {
                     int eq = v.indexOf('=');
                     if (eq <= 0) {
@@ -94,9 +107,39 @@ public final class ShareConsumerDriver {
         boolean holding = false;
         KafkaShareConsumer<byte[], byte[]> consumer =
                 new KafkaShareConsumer<>(props, new ByteArrayDeserializer(), new ByteArrayDeserializer());
+        java.util.concurrent.atomic.AtomicBoolean stopped = new java.util.concurrent.atomic.AtomicBoolean();
         try {
             consumer.subscribe(List.of(topic));
-            while (elapsedMs(start) < timeoutMs && (maxRecords <= 0 || received < maxRecords)) {
+            if (control) {
+                System.out.println("{\"event\": \"subscribed\"}");
+                System.out.flush();
+                java.io.BufferedReader in = new java.io.BufferedReader(new java.io.InputStreamReader(System.in));
+                String line;
+                while ((line = in.readLine()) != null && !line.trim().equals("go")) {
+                    if (line.trim().equals("stop")) {
+                        stopped.set(true);
+                        break;
+                    }
+                }
+                if (line == null) {
+                    stopped.set(true);
+                }
+                Thread watcher = new Thread(() -> {
+                    try {
+                        String l;
+                        while ((l = in.readLine()) != null && !l.trim().equals("stop")) {
+                            // only "stop" means anything after "go"
+                        }
+                    } catch (java.io.IOException e) {
+                        // input gone: stop as on "stop"
+                    }
+                    stopped.set(true);
+                }, "control");
+                watcher.setDaemon(true);
+                watcher.start();
+                start = System.nanoTime();
+            }
+            while (!stopped.get() && elapsedMs(start) < timeoutMs && (maxRecords <= 0 || received < maxRecords)) {
                 if (holding) {
                     Thread.sleep(Math.min(200, Math.max(1, timeoutMs - elapsedMs(start))));
                     continue;
@@ -105,6 +148,16 @@ public final class ShareConsumerDriver {
                     break;
                 }
                 ConsumerRecords<byte[], byte[]> records = consumer.poll(Duration.ofMillis(pollMs));
+                if (summary) {
+                    if (!records.isEmpty()) {
+                        received += records.count();
+                        lastRecord = System.nanoTime();
+                        System.out.println("{\"event\": \"poll\", \"n\": " + records.count() + ", \"ranges\": "
+                                + ranges(records) + "}");
+                        System.out.flush();
+                    }
+                    continue;
+                }
                 for (ConsumerRecord<byte[], byte[]> r : records) {
                     received++;
                     lastRecord = System.nanoTime();
@@ -144,6 +197,30 @@ public final class ShareConsumerDriver {
             System.out.println("{\"event\": \"closed\", \"received\": " + received + "}");
             System.out.flush();
         }
+    }
+
+    /** The records' offsets as [partition, first, last] runs of consecutive offsets, in poll order. */
+    private static String ranges(ConsumerRecords<byte[], byte[]> records) {
+        StringBuilder sb = new StringBuilder("[");
+        int partition = -1;
+        long first = -1, last = -2;
+        for (ConsumerRecord<byte[], byte[]> r : records) {
+            if (r.partition() == partition && r.offset() == last + 1) {
+                last = r.offset();
+                continue;
+            }
+            if (partition >= 0) {
+                sb.append(sb.length() > 1 ? ", " : "").append('[').append(partition).append(", ").append(first)
+                        .append(", ").append(last).append(']');
+            }
+            partition = r.partition();
+            first = last = r.offset();
+        }
+        if (partition >= 0) {
+            sb.append(sb.length() > 1 ? ", " : "").append('[').append(partition).append(", ").append(first)
+                    .append(", ").append(last).append(']');
+        }
+        return sb.append(']').toString();
     }
 
     private static void report(Map<TopicIdPartition, Optional<KafkaException>> result) {
@@ -221,7 +298,8 @@ public final class ShareConsumerDriver {
     private static void usage(String problem) {
         System.err.println("ShareConsumerDriver: " + problem);
         System.err.println("usage: --bootstrap H:P --group G --topic T [--mode implicit|explicit] [--ack RULES]"
-                + " [--max-records N] [--timeout-ms MS] [--idle-ms MS] [--poll-ms MS] [--config K=V]...");
+                + " [--max-records N] [--timeout-ms MS] [--idle-ms MS] [--poll-ms MS] [--config K=V]..."
+                + " [--summary true] [--control stdin]");
         System.exit(2);
     }
 }

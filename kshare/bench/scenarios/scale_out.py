@@ -52,11 +52,12 @@ SIZES = (
      "state_partitions": 10, "state_writers": 16, "state_seconds": 8.0, "ho_records": 40_000, "ho_rate": 1000.0,
      "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "ho_work_ms": 2.0, "split_topics": 5,
      "bu_records": 1_500_000, "bu_partitions": 4, "bu_consumers": 4, "bu_rounds": 4, "bu_cores": 0.07,
-     "bu_period_ms": 20.0},
+     "bu_period_ms": 20.0, "bu_clients": ["java", "confluent"]},
     {"records": 200_000, "value_size": 100, "partitions": 12, "consumers": 3, "proxies": [0, 1],
      "state_partitions": 10, "state_writers": 16, "state_seconds": 4.0, "ho_records": 0, "ho_rate": 1000.0,
      "ho_partitions": 12, "ho_consumers": 4, "ho_session_ms": 6000, "ho_work_ms": 2.0, "split_topics": 5,
-     "bu_records": 0, "bu_partitions": 4, "bu_consumers": 4, "bu_rounds": 1, "bu_cores": 0.07, "bu_period_ms": 20.0},
+     "bu_records": 0, "bu_partitions": 4, "bu_consumers": 4, "bu_rounds": 1, "bu_cores": 0.07, "bu_period_ms": 20.0,
+     "bu_clients": ["java", "confluent"]},
 )
 
 
@@ -87,6 +88,102 @@ def _consume_worker(bootstrap: str, group: str, topic: str, ready, start, stop, 
         with contextlib.suppress(Exception):
             c.close()
         results.put((os.getpid(), first, last, keys.tobytes()))
+
+
+def _consume_worker_aio(bootstrap: str, group: str, topic: str, ready, start, stop, done, results) -> None:
+    """``_consume_worker`` with kshare's own ``AIOShareConsumer`` (implicit acknowledgement) instead of
+    confluent-kafka's ShareConsumer. It keeps a ShareFetch in every leader at once, where librdkafka
+    fetches from one broker at a time (``rd_kafka_share_fetch_fanout_op``): the budget part compares
+    the two."""
+    import asyncio
+
+    import uvloop
+
+    from ...clients.share_consumer import AIOShareConsumer
+
+    async def run() -> tuple[float | None, float | None, array.array]:
+        keys = array.array("q")
+        first = last = None
+        consumer = AIOShareConsumer(topic, bootstrap_servers=bootstrap, group_id=group, max_poll_records=5000)
+        await consumer.start()
+        try:
+            ready.release()
+            while not start.is_set():
+                await asyncio.sleep(0.005)
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=200)
+                got = 0
+                for tp, records in batches.items():
+                    high = tp.partition << 40
+                    keys.extend(high | r.offset for r in records)
+                    got += len(records)
+                if got:
+                    now = time.monotonic()
+                    first = first if first is not None else now
+                    last = now
+                    with done.get_lock():
+                        done.value += got
+        finally:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+        return first, last, keys
+
+    first = last = None
+    keys = array.array("q")
+    try:
+        first, last, keys = uvloop.run(run())
+    finally:
+        results.put((os.getpid(), first, last, keys.tobytes()))
+
+
+def _consume_worker_java(bootstrap: str, group: str, topic: str, ready, start, stop, done, results) -> None:
+    """``_consume_worker`` with Apache Kafka's own Java ``KafkaShareConsumer`` (implicit acknowledgement;
+    :mod:`kshare.bench.java_driver`, one line per poll). It keeps a ShareFetch in every leader
+    (``ShareConsumeRequestManager``: one request per node without one pending), where librdkafka fetches
+    from one broker at a time."""
+    import json
+    import subprocess
+    import threading
+
+    from ..java_driver import java_share_driver
+
+    keys = array.array("q")
+    first = last = None
+    proc = subprocess.Popen(
+        [*java_share_driver(), "--bootstrap", bootstrap, "--group", group, "--topic", topic, "--summary", "true",
+         "--control", "stdin", "--timeout-ms", "3600000", "--poll-ms", "200"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        line = proc.stdout.readline()
+        if '"subscribed"' not in line:
+            raise RuntimeError(f"the Java share consumer did not start: {line!r}")
+        ready.release()
+        start.wait()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        threading.Thread(target=lambda: (stop.wait(), proc.stdin.write("stop\n"), proc.stdin.flush()),
+                         daemon=True).start()
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event.get("event") != "poll":
+                continue
+            now = time.monotonic()
+            first = first if first is not None else now
+            last = now
+            for p, lo, hi in event["ranges"]:
+                keys.extend(range((p << 40) | lo, ((p << 40) | hi) + 1))
+            with done.get_lock():
+                done.value += event["n"]
+    finally:
+        with contextlib.suppress(Exception):
+            proc.wait(60)
+        if proc.poll() is None:
+            proc.kill()
+        results.put((os.getpid(), first, last, keys.tobytes()))
+
+
+CONSUMER_WORKERS = {"confluent": _consume_worker, "aio": _consume_worker_aio, "java": _consume_worker_java}
 
 
 @dataclass
@@ -277,7 +374,7 @@ def run(env: Env, progress: Progress, *, records: int, value_size: int, partitio
         repeats: int, ho_records: int = 0, ho_rate: float = 1000.0, ho_partitions: int = 12, ho_consumers: int = 4,
         ho_session_ms: int = 6000, ho_work_ms: float = 2.0, split_topics: int = 5, bu_records: int = 0,
         bu_partitions: int = 4, bu_consumers: int = 4, bu_rounds: int = 4, bu_cores: float = 0.07,
-        bu_period_ms: float = 20.0) -> dict[str, Any]:
+        bu_period_ms: float = 20.0, bu_clients: list[str] | None = None) -> dict[str, Any]:
     k3 = upstream_of(env)
     progress.begin("scale_out", 2 + bool(ho_records) + bool(bu_records))
     tput = throughput_part(k3, records, value_size, partitions, consumers, repeats, state_partitions, proxies)
@@ -286,7 +383,8 @@ def run(env: Env, progress: Progress, *, records: int, value_size: int, partitio
     if bu_records:  # two proxies against one, each held to a CPU budget: scaling measured
         budget = budget_part(k3, records=bu_records, value_size=value_size, partitions=bu_partitions,
                              consumers=bu_consumers, rounds=bu_rounds, cores=bu_cores, period_ms=bu_period_ms,
-                             ceiling=True, state_partitions=state_partitions)
+                             ceiling=True, state_partitions=state_partitions,
+                             consumer_clients=tuple(bu_clients or ("java", "confluent")))
         progress.step(budget.get("skipped") or f"{len(budget['runs'])} budget runs")
     handover = None
     if ho_records:  # leadership splits and hand-overs, by topic and by state partition side by side

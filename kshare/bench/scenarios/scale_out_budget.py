@@ -15,8 +15,15 @@ after each run, also when it fails, and leftovers of an earlier run that died ar
 
 **Runs.** ``records`` values of ``value_size`` bytes over ``partitions`` (4) partitions, produced beforehand; for
 each configuration a fresh instance group (leadership by topic, the default: 4 partitions split 2/2 between two
-proxies) on a fresh state topic and a fresh share group, read by ``consumers`` (4) confluent-kafka
-``ShareConsumer`` processes (implicit acknowledgement, as the throughput part) bootstrapped from all proxies.
+proxies) on a fresh state topic and a fresh share group, read by ``consumers`` (4) share consumer processes
+(implicit acknowledgement, as the throughput part) bootstrapped from all proxies, of each client of ``clients``:
+Apache Kafka's Java ``KafkaShareConsumer`` (``java``; :mod:`kshare.bench.java_driver`, skipped in one line
+without Java and Maven), confluent-kafka's ``ShareConsumer`` (``confluent``) or kshare's ``AIOShareConsumer``
+(``aio``). The client matters: Java keeps a ShareFetch in every leader at once (``ShareConsumeRequestManager``
+sends one to each node without one pending), librdkafka fetches from one broker at a time
+(``rd_kafka_share_fetch_fanout_op`` selects one fetch broker; the others get acknowledgements only, as
+ShareAcknowledge requests of their own), and ``AIOShareConsumer`` fetches from every leader but waits for all
+their answers before the next round.
 Configurations: one budgeted proxy, two budgeted proxies and, with ``ceiling``, two proxies without a budget
 (what the broker and the consumers carry when the proxies are not held: it must stay above the budgeted rates for
 the comparison to be about the proxies); alternated over ``rounds`` rounds (forwards, backwards, ...), medians and
@@ -49,6 +56,11 @@ CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 PREFIX = "kshare-bench-budget-"
 TARGET = 1.7  # issue 42: two budgeted proxies >= 1.7x one
 CONFIGS = ("1 budgeted", "2 budgeted", "2 unbudgeted")
+CLIENTS = {
+    "java": "Java KafkaShareConsumer",
+    "confluent": "confluent-kafka ShareConsumer",
+    "aio": "kshare AIOShareConsumer",
+}
 
 
 class CpuBudget:
@@ -155,6 +167,7 @@ class BudgetRun:
     # CPU ns a fixed loop of Python took just before and after the run (thread time, so not the time other
     # processes ran): how much work a CPU second of this VM bought then, which the host's own load moves
     ns_per_op: float | None = None
+    client: str = "confluent"  # the consumers' client (CLIENTS)
 
     @property
     def rate(self) -> float:
@@ -274,8 +287,9 @@ def budget_run(
     cores: float,
     period_us: int,
     timeout: float,
+    client: str = "confluent",
 ) -> BudgetRun:
-    from .scale_out import _consume_worker, stop_consumers, tear_down  # scale_out imports this module
+    from .scale_out import CONSUMER_WORKERS, stop_consumers, tear_down  # scale_out imports this module
 
     n = 1 if config.startswith("1") else 2
     budgeted = "unbudgeted" not in config
@@ -295,7 +309,7 @@ def budget_run(
         done, results = ctx.Value("q", 0), ctx.Queue()
         procs = [
             ctx.Process(
-                target=_consume_worker,
+                target=CONSUMER_WORKERS[client],
                 args=(boot, group, topic, ready, start, stop, done, results),
                 daemon=True,
             )
@@ -383,6 +397,7 @@ def budget_run(
             load(),
             [[round(x - tr[0], 4) for x in tr] for tr in trace],
             (speed0 + speed1) / 2,
+            client,
         )
     finally:
         try:
@@ -405,8 +420,10 @@ def budget_part(
     period_ms: float,
     ceiling: bool,
     state_partitions: int,
+    consumer_clients: tuple[str, ...] = ("java", "confluent"),
 ) -> dict[str, Any]:
-    """The runs of every configuration, alternated over ``rounds``; ``{"skipped": why}`` without cgroups."""
+    """The runs of every configuration, alternated over ``rounds``, for each client of ``consumer_clients`` in turn;
+    ``{"skipped": why}`` without cgroups, a client's ``{"skipped": {client: why}}`` without it."""
     cfg = {
         "records": records,
         "value_size": value_size,
@@ -417,12 +434,16 @@ def budget_part(
         "period_ms": period_ms,
         "ceiling": ceiling,
         "state_partitions": state_partitions,
+        "clients": list(consumer_clients),
         "cpus": os.cpu_count(),
     }
     problem = budget_problem()
     if problem:
         log.warning(f"scale_out budget part skipped: {problem}")
         return {"config": cfg, "skipped": problem, "runs": []}
+    skipped = {c: why for c in consumer_clients if (why := client_problem(c))}
+    for c, why in skipped.items():
+        log.warning(f"scale_out budget part: no {CLIENTS.get(c, c)} runs: {why}")
     sweep()
     configs = list(CONFIGS if ceiling else CONFIGS[:2])
     topic = f"bench-sob-{uuid.uuid4().hex[:8]}"
@@ -434,7 +455,7 @@ def budget_part(
     )
     runs: list[dict[str, Any]] = []
     try:
-        for r in range(rounds):
+        for client, r in ((c, r) for c in consumer_clients if c not in skipped for r in range(rounds)):
             for config in configs if r % 2 == 0 else list(reversed(configs)):
                 try:
                     run = budget_run(
@@ -448,14 +469,15 @@ def budget_part(
                         cores,
                         round(period_ms * 1000),
                         timeout=600,
+                        client=client,
                     )
                 except Exception as exc:  # noqa: BLE001 - reported; the other runs still go
-                    log.warning(f"  round {r} {config}: failed: {exc!r}")
-                    runs.append({"config": config, "round": r, "error": repr(exc)})
+                    log.warning(f"  {client} round {r} {config}: failed: {exc!r}")
+                    runs.append({"config": config, "round": r, "client": client, "error": repr(exc)})
                     continue
                 runs.append(asdict(run))
                 log.info(
-                    f"  round {r} {config}: {run.rate:>9,.0f} rec/s ({run.seconds:.2f} s; first->last record "
+                    f"  {client} round {r} {config}: {run.rate:>9,.0f} rec/s ({run.seconds:.2f} s; first->last record "
                     f"{run.data_rate:,.0f}) | proxy CPU [{' '.join(f'{c:.2f}' for c in run.proxy_cpu)}] s, "
                     f"quota used [{' '.join(f'{q:.2f}' for q in run.quota_used())}], throttled "
                     f"[{' '.join(f'{t:.0%}' for t in run.throttled_share())}] of periods, busy until "
@@ -470,21 +492,40 @@ def budget_part(
     finally:
         sweep()
         clients.delete_topic(k3.bootstrap, topic)
-    return {"config": cfg, "runs": runs, "medians": budget_medians(runs)}
+    return {"config": cfg, "runs": runs, "skipped_clients": skipped,
+            "medians": {c: budget_medians(runs, c) for c in consumer_clients if c not in skipped}}
 
 
-def _ok(runs: list[dict[str, Any]], config: str) -> list[BudgetRun]:
-    return [BudgetRun(**r) for r in runs if r.get("config") == config and "error" not in r]
+def client_problem(client: str) -> str | None:
+    """Why ``client``'s consumers cannot run here (None: they can)."""
+    if client not in CLIENTS:
+        return f"unknown client {client!r} (one of {', '.join(CLIENTS)})"
+    if client == "java":
+        from ..java_driver import java_share_driver
+
+        try:
+            java_share_driver()
+        except Exception as exc:  # noqa: BLE001 - reported in one line, the other clients still run
+            return f"the Java driver could not be built: {str(exc).splitlines()[0] if str(exc) else repr(exc)}"
+    return None
+
+
+def _ok(runs: list[dict[str, Any]], config: str, client: str = "confluent") -> list[BudgetRun]:
+    return [
+        BudgetRun(**r)
+        for r in runs
+        if r.get("config") == config and r.get("client", "confluent") == client and "error" not in r
+    ]
 
 
 def _sharefetches(r: BudgetRun) -> int:
     return sum(q.get("ShareFetch", 0) for q in r.proxy_requests)
 
 
-def budget_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def budget_medians(runs: list[dict[str, Any]], client: str = "confluent") -> dict[str, Any]:
     med: dict[str, Any] = {}
     for config in CONFIGS:
-        rs = _ok(runs, config)
+        rs = _ok(runs, config, client)
         if not rs:
             continue
         med[config] = {
@@ -520,7 +561,7 @@ def budget_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 {"/".join(str(v) for v in sorted(r.leaders.values(), reverse=True)) for r in rs}
             ),
         }
-    one, two = _ok(runs, CONFIGS[0]), _ok(runs, CONFIGS[1])
+    one, two = _ok(runs, CONFIGS[0], client), _ok(runs, CONFIGS[1], client)
     by_round = [(a, b) for a in one for b in two if a.round == b.round]
     med["per_round"] = [
         {"round": a.round, "ratio": b.rate / a.rate, "data_ratio": b.data_rate / a.data_rate}
@@ -537,17 +578,26 @@ def budget_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return med
 
 
+def _medians_by_client(part: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per client, the medians (results from before the clients were a dimension: confluent's only)."""
+    med = part.get("medians") or {}
+    if "per_round" in med:  # one client's medians at the top: an older result
+        return {"confluent": med}
+    return med
+
+
 def budget_targets(part: dict[str, Any] | None) -> list[dict[str, Any]]:
     if not part or part.get("skipped") or not part.get("medians"):
         return []
     return [
         target(
-            "two budgeted proxies vs one (records/s, ratio of medians)",
-            part["medians"]["ratio_of_medians"],
+            f"two budgeted proxies vs one, {CLIENTS.get(client, client)} (records/s, ratio of medians)",
+            med["ratio_of_medians"],
             TARGET,
             ">=",
             "x",
         )
+        for client, med in _medians_by_client(part).items()
     ]
 
 
@@ -558,15 +608,24 @@ def _f(x: float | None, spec: str) -> str:
 def budget_section(part: dict[str, Any] | None) -> list[str]:
     if not part:
         return []
-    cfg = part.get("config", {})
     if part.get("skipped"):
         return [f"Two budgeted proxies against one: skipped ({part['skipped']}).", ""]
-    med = part.get("medians") or budget_medians(part.get("runs", []))
+    out = [f"Two budgeted proxies against one: no {CLIENTS.get(c, c)} runs ({why})." for c, why in
+           (part.get("skipped_clients") or {}).items()]
+    for client, med in _medians_by_client(part).items():
+        out += _client_section(part, client, med)
+    return out
+
+
+def _client_section(part: dict[str, Any], client: str, med: dict[str, Any]) -> list[str]:
+    cfg = part.get("config", {})
     out = [
+        f"**{CLIENTS.get(client, client)}.**",
+        "",
         f"Two proxies against one, each proxy held to {cfg.get('budget_cores'):g} of a core (its own cgroup, CFS "
         f"quota per {cfg.get('period_ms'):g} ms period; {cfg.get('cpus')} CPUs, too few for a core per proxy "
         f"beside the broker and the consumers): {cfg.get('records'):,} records x {cfg.get('value_size')} B over "
-        f"{cfg.get('partitions')} partitions (produced beforehand), {cfg.get('consumers')} ShareConsumer "
+        f"{cfg.get('partitions')} partitions (produced beforehand), {cfg.get('consumers')} {CLIENTS.get(client, client)} "
         "processes (implicit acknowledgement) bootstrapped from all proxies, leadership by topic, a fresh "
         f"service and group per run; alternated over {cfg.get('rounds')} rounds, medians. Quota used: a "
         "proxy's CPU over the run / (run time x budget); throttled: the share of CFS periods in which it "
@@ -604,8 +663,9 @@ def budget_section(part: dict[str, Any] | None) -> list[str]:
         f"Target >= {TARGET}x: {'met' if ratio >= TARGET else 'not met'}.",
         "",
     ]
-    out += _runs_table(part.get("runs", []))
-    errors = [r for r in part.get("runs", []) if "error" in r]
+    runs = [r for r in part.get("runs", []) if r.get("client", "confluent") == client]
+    out += _runs_table(runs)
+    errors = [r for r in runs if "error" in r]
     out += [f"Failed: round {r['round']} {r['config']}: {r['error']}" for r in errors]
     return [*out, ""] if errors else out
 
@@ -648,6 +708,7 @@ DEFAULTS = {
     "period_ms": 20.0,
     "ceiling": True,
     "state_partitions": 10,
+    "clients": "java,confluent",
 }
 
 
@@ -709,8 +770,9 @@ def main(argv: list[str] | None = None) -> None:
     part: dict[str, Any] | None = None
     try:
         k3 = upstream_of(env)
-        sizes = {k: getattr(args, k) for k in DEFAULTS}
-        part = budget_part(k3, **sizes)
+        sizes = {k: getattr(args, k) for k in DEFAULTS if k != "clients"}
+        names = tuple(c.strip() for c in args.clients.split(",") if c.strip())
+        part = budget_part(k3, **sizes, consumer_clients=names)
     finally:
         env.close()
         meta["load_after"], meta["elapsed_s"] = load(), round(time.monotonic() - t0, 1)
