@@ -221,6 +221,17 @@ def _proc_cpu(pid: int | None) -> float:
         return 0.0
 
 
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and of its children, recursively (the Java consumers run as children of their
+    worker processes; a child's CPU reaches its parent's counters only once it is waited for)."""
+    total = _proc_cpu(pid)
+    try:
+        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return total
+    return total + sum(_tree_cpu(k) for k in kids)
+
+
 def _idle_ticks() -> tuple[int, float]:
     """(idle + iowait ticks of all CPUs, monotonic time) from /proc/stat."""
     with open("/proc/stat") as f:
@@ -331,7 +342,7 @@ def budget_run(
         m0 = [_counters(p) for p in proxies]
         cpu0 = [p.cpu() for p in proxies]
         st0 = [b.stat() for b in budgets]
-        b0, c0, i0 = _proc_cpu(k3.pid), sum(_proc_cpu(pr.pid) for pr in procs), _idle_ticks()
+        b0, c0, i0 = _proc_cpu(k3.pid), sum(_tree_cpu(pr.pid) for pr in procs), _idle_ticks()
         t0 = time.monotonic()
         start.set()
         deadline = t0 + timeout
@@ -355,7 +366,7 @@ def budget_run(
         speed1 = _cpu_speed()
         cpu1 = [p.cpu() for p in proxies]
         st1 = [b.stat() for b in budgets]
-        b1, c1, i1 = _proc_cpu(k3.pid), sum(_proc_cpu(pr.pid) for pr in procs), _idle_ticks()
+        b1, c1, i1 = _proc_cpu(k3.pid), sum(_tree_cpu(pr.pid) for pr in procs), _idle_ticks()
         m1 = [_counters(p) for p in proxies]
         epochs1 = _epochs(proxies)
         keys, delivered, firsts, lasts = stop_consumers(stop, results, procs)
