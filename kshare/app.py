@@ -15,17 +15,18 @@ log = logging.getLogger("kshare")
 
 def peer_security(config: ProxyConfig):
     """How one proxy of an instance group reaches another: through its client listener (TLS if the
-    listeners have it, trusting ``--tls-client-ca`` or the system CAs, presenting this proxy's own
-    certificate where client certificates are required) and, through it, authenticated to the
-    cluster with kshare's own SASL credentials."""
+    listeners have it, trusting ``--tls-client-ca`` or the system CAs and the certificates of this
+    proxy's own chain, presenting this proxy's own certificate where client certificates are
+    required: ``kshare.proxy.tls.peer_context``) and, through it, authenticated to the cluster with
+    kshare's own SASL credentials."""
     import dataclasses
 
-    from .proxy.tls import upstream_context
+    from .proxy.tls import peer_context
 
     up = config.upstream_security
     tls = None
     if config.tls is not None:
-        tls = upstream_context(config.tls.client_ca, config.tls.cert, config.tls.key)
+        tls = peer_context(config.tls.cert, config.tls.key, config.tls.client_ca)
     return dataclasses.replace(up, ssl=tls)
 
 

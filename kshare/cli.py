@@ -35,6 +35,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc)
 
 
+class RetriedCoordinatorLookup(logging.Filter):
+    """aiokafka logs a group coordinator lookup that failed with a retriable error at ERROR ("Group
+    Coordinator Request failed: [Error 15] GroupCoordinatorNotAvailableError": a cluster creating
+    its __consumer_offsets, a coordinator moving) and then retries it. For kshare's instance group
+    that is a wait, which kshare reports itself when it lasts ("joining instance group ...; retrying"):
+    shown at INFO, so not at all unless aiokafka's INFO lines are."""
+
+    RETRIED = ("GroupCoordinatorNotAvailableError", "NotCoordinatorForGroupError", "GroupLoadInProgressError",
+               "CoordinatorNotAvailableError", "NotCoordinatorError", "CoordinatorLoadInProgressError")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not str(record.msg).startswith("Group Coordinator Request failed"):
+            return True
+        if not any(name in record.getMessage() for name in self.RETRIED):
+            return True
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+
+
 def setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
@@ -46,8 +65,10 @@ def setup_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
     # the clients kshare runs (state topic, instance group) report every join and coordinator
     # lookup at INFO: an operator needs their warnings only, unless debugging
-    if level.upper() != "DEBUG":
-        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    logging.getLogger("aiokafka").setLevel(logging.WARNING if level.upper() != "DEBUG" else logging.NOTSET)
+    coordinator = logging.getLogger("aiokafka.consumer.group_coordinator")
+    if not any(isinstance(f, RetriedCoordinatorLookup) for f in coordinator.filters):
+        coordinator.addFilter(RetriedCoordinatorLookup())
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -112,3 +112,17 @@ def upstream_context(ca: str | None = None, cert: str | None = None, key: str | 
     if cert:
         ctx.load_cert_chain(cert, key)
     return ctx
+
+
+def peer_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """A client context for one proxy of an instance group reaching another's TLS listener: it
+    presents this proxy's certificate (where client certificates are required) and trusts
+    ``client_ca`` (``--tls-client-ca``) or else the system CAs, and in any case the certificates
+    of this proxy's own chain (``cert``): the proxies of one group serve certificates of one issuer
+    (often one certificate), so each trusts what vouches for its own, however private the CA. Any
+    certificate of the chain is an anchor (partial chains), the host name is still checked."""
+    ctx = upstream_context(client_ca, cert, key)
+    ctx.load_verify_locations(cafile=cert)
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return ctx
+

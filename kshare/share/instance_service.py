@@ -438,7 +438,8 @@ class InstanceGroupMember:
             # this share-partition may be in one of them, not replayed yet. Initialising it now
             # (no copy anywhere) would start it over from its start offset: what was
             # acknowledged would be delivered again.
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the client asks again
+            self._put_off(key, epoch, "this proxy's claims of its state partitions are not settled")
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the fetch tries again
         others = [i for i in decision.instances if i.id != ownership.me]
         answers = await asyncio.gather(*(self._ask_copy(peer, key, epoch) for peer in others),
                                        return_exceptions=True)
@@ -447,7 +448,8 @@ class InstanceGroupMember:
             if isinstance(answer, BaseException) or answer[0]:
                 log.debug("instance group: %s:%d did not answer for %s at epoch %d (%r); asked again at the "
                           "next fetch", peer.host, peer.port, key, epoch, answer)
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the client asks again
+                self._put_off(key, epoch, f"{peer.host}:{peer.port} did not answer for its copy ({answer!r})")
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the fetch tries again
             if answer[1] is not None:
                 copies.append((*answer[1], peer))
         if ownership.map is not decision or not ownership.owns(key):
@@ -486,6 +488,20 @@ class InstanceGroupMember:
             assert self.peers is not None
             exchange = self.copy_exchange = CopyExchange(self.peers.request)
         return exchange
+
+    def _put_off(self: ShareGroupService, key: SharePartitionKey, epoch: int, why: str) -> None:
+        """Say once per share-partition and ownership epoch that it is not served yet, and why: its
+        fetches leave it out meanwhile, without a partition error (clients know none for a wait)."""
+        said = self.unconfirmed_said
+        if (key, epoch) in said:
+            return
+        if len(said) > 10_000:
+            said.clear()
+        said.add((key, epoch))
+        info = self.upstream.by_id.get(key.topic_id)
+        log.info("instance group: share-partition %s %s-%d not served yet at ownership epoch %d: %s; its fetches "
+                 "try again", key.group_id, info.name if info is not None else key.topic_id.hex(), key.partition,
+                 epoch, why)
 
     async def _ask_copy(self: ShareGroupService, peer: Instance, key: SharePartitionKey, epoch: int
                         ) -> tuple[int, tuple[int, ShareSnapshot] | None]:

@@ -96,6 +96,8 @@ class ShareGroupService(InstanceGroupMember):
         self._asking_configs: dict[str, asyncio.Task] = {}  # group id -> the question in flight
         self.draining = False  # stopping: nothing is handed out any more (drain)
         self.leaving: Leaving | None = None  # leaving the instance group on SIGTERM (kshare.share.leaving)
+        # (share-partition, ownership epoch) whose confirmation was put off and said so (instance_service)
+        self.unconfirmed_said: set[tuple[SharePartitionKey, int]] = set()
         self._topic_watch = TopicWatch()  # topics seen changed, looked up before the next refresh
         self._topics_wakeup = asyncio.Event()
         self._started_topics: set[tuple[str, str]] = set()  # (group, topic) whose first initialisation was logged

@@ -390,6 +390,85 @@ def test_refused_principals_get_no_record(request: pytest.FixtureRequest, _answe
     assert _answers_of(request, _answers, system)["records_handed_out"] == 0
 
 
+def test_an_instance_group_on_the_secured_cluster_hands_over_on_sigterm(secure: Secure):
+    """Two proxies as one instance group in front of the SASL_SSL listener, as user kshare with only
+    the ACLs production.md lists for an instance group (its group ``kshare-instances.NAME``, its
+    TransactionalId prefix, its state topic, the share groups for the proxies' questions to each
+    other), and alice's share consumer reading a 4-partition topic through both. One proxy gets
+    SIGTERM while she reads: it reads the other's new map (DescribeGroups, as kshare) and shows
+    it before it closes. What alice held from the leaving proxy may come again; nothing is lost."""
+    broker = secure.broker
+    name = _name("ig")
+    state_topic = f"__kshare_state_{name}"
+    topic = _name("t")
+    group = _name("g")
+    broker.create_topic(topic, partitions=4)
+    vals = values(topic, 400)
+    produce(broker.bootstrap, topic, vals, partitions=4, per_batch=10)
+    granted = broker.grant("kshare", "topic", state_topic, *KSHARE_STATE_TOPIC_OPS)
+    granted += broker.grant("kshare", "group", f"kshare-instances.{name}", "READ", "DESCRIBE")
+    granted += broker.grant("kshare", "transactional_id", f"kshare-state.{name}.", "WRITE", "DESCRIBE",
+                            pattern="PREFIXED")
+    granted += broker.grant("kshare", "group", group, "DESCRIBE", "READ", "DELETE", "DESCRIBE_CONFIGS")
+    granted += broker.grant("alice", "topic", topic, "READ") + broker.grant("alice", "group", group, "READ")
+    args = [*kshare_args(broker, secure.tls, cert=secure.cert, key=secure.key, password_file=secure.password_file,
+                         state_topic=state_topic),
+            "--state-topic-partitions", "2", "--instance-group", name, "--instance-session-timeout-ms", "6000"]
+    proxies: list[ProxyProcess] = []
+    got: list[bytes] = []
+    stop = False
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        from confluent_kafka import ShareConsumer
+
+        consumer = ShareConsumer({**secure.conf("alice", **{"bootstrap.servers": ",".join(p.bootstrap for p in proxies)}),
+                                  "group.id": group})
+        consumer.subscribe([topic])
+        try:
+            while not stop:
+                for m in consumer.poll(0.3):
+                    if m.error() is None:
+                        got.append(m.value())
+                        time.sleep(0.005)  # work on each record: the SIGTERM falls while she reads
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            consumer.close()
+
+    try:
+        for _ in range(2):
+            proxies.append(start_kshare(args))
+            secure.procs.append(proxies[-1])
+        wait_until(lambda: any("over 2 proxies" in line for p in proxies for line in p.output), 60,
+                   "both proxies in the instance group")
+        set_earliest(secure.conf("admin", **{"bootstrap.servers": proxies[0].bootstrap}), group)
+        import threading
+
+        reader = threading.Thread(target=read, name="alice", daemon=True)
+        reader.start()
+        wait_until(lambda: len(got) >= 50 or errors, 60, "alice reading through the instance group")
+        leaving = proxies[1]
+        leaving.process.send_signal(signal.SIGTERM)
+        assert leaving.process.wait(60) == 0, "".join(leaving.output[-40:])
+        wait_until(lambda: set(got) >= set(vals) or errors, 90, "every record after the hand-over")
+        stop = True
+        reader.join(30)
+        assert errors == []
+        assert set(got) == set(vals), f"lost: {len(set(vals) - set(got))}"
+        took_over = [line for line in leaving.output if "the others took over at ownership epoch" in line]
+        not_read = [line for line in leaving.output if "new map not read" in line or "no map of the others" in line]
+        assert took_over and not not_read, "".join(leaving.output[-40:])
+    finally:
+        stop = True
+        for p in proxies:
+            p.stop()
+        if os.environ.get("KSHARE_DUMP"):
+            for i, p in enumerate(proxies):
+                Path(os.environ["KSHARE_DUMP"], f"proxy{i}.log").write_text("".join(p.output))
+        broker.revoke(granted)
+
+
 def test_bob_share_consumer_is_refused_through_kshare(secure: Secure):
     """librdkafka's ShareConsumer as bob through kshare: refused with the group, then the topic error,
     and never a record, though the topic has records and the group starts at the earliest."""

@@ -57,6 +57,15 @@ VERSIONS = (1, 2)
 
 Response = messages.message_class("ShareFetchResponse")
 log = logging.getLogger("kshare.share")
+
+# A share-partition this proxy leads but cannot serve yet (its state being claimed or confirmed in an
+# instance group, its group's configs not known yet): the fetch leaves it out, as for an upstream
+# broker restarting (TRANSIENT), and tries it again. Not a partition error: Apache Kafka's Java
+# client throws IllegalStateException("Unexpected error code") for a ShareFetch partition error it
+# does not know (ShareFetchCollector), and librdkafka hands it to the application as a consumer
+# error (rd_kafka_share_fetch_reply_handle_partition_error), where it is only a wait.
+NOT_READY_HERE = frozenset({ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                            ErrorCode.NOT_COORDINATOR, ErrorCode.REBALANCE_IN_PROGRESS})
 _REFUSED_TO_KSHARE: set[str] = set()  # topics kshare's own principal may not read (warned once each)
 DEFAULT_MAX_RECORDS = 500
 
@@ -162,7 +171,9 @@ async def _handle(service: ShareGroupService, conn: ClientConnection, header: An
             try:
                 await fut
             except Exception:  # noqa: BLE001 - WriteFailed: the records are not handed out
-                out.drop_records(topic_id, partition, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+                # (logged by the store; they stay Available) with no partition error: clients know none
+                # that says "ask again" here (NOT_READY_HERE)
+                out.drop_records(topic_id, partition, ErrorCode.NONE)
                 dropped = True
         if conn.closed and out.record_count:
             # the connection closed while this fetch waited: nobody will get these records
@@ -295,8 +306,8 @@ async def _acquire_all(service: ShareGroupService, resolved: Resolved, group: Sh
         elif out.record_count and loading is not None and (topic_id, partition) in loading:
             continue  # ready by now, but not when this pass began waiting for another
         err, engine = await sp.load()
-        if err in TRANSIENT:
-            continue  # its initialisation met a broker restarting: the next fetch tries again
+        if err in TRANSIENT or err in NOT_READY_HERE:
+            continue  # a broker restarting, or its state not ready here yet: the next pass or fetch tries again
         if err or engine is None:
             out.partition(topic_id, partition).error_code = err or ErrorCode.COORDINATOR_NOT_AVAILABLE
             continue
