@@ -319,10 +319,19 @@ def test_many_share_partitions_asked_together_each_get_their_own_copy(
     peers["b"].store.copies[b_leads] = (3, ShareSnapshot(5, ()))
 
     sent: list[tuple[str, int, Any]] = []
+    # A "handed" hand-over ends when its peer is asked again (a request of share-partitions all asked
+    # before): so it is under way at every first answer however slow the machine, and over at the re-ask
+    asked_at: dict[str, set[tuple[str, bytes, int]]] = {n: set() for n in "bc"}
+    reasked: dict[str, asyncio.Event] = {}
 
     async def request(peer: Instance, api_key: int, body: Any) -> Any:
         req = _wire(api_key, body)
         sent.append((peer.id, api_key, req))
+        if api_key == ApiKey.READ_SHARE_GROUP_STATE:
+            parts = {(req.group_id, t.topic_id, q.partition) for t in req.topics for q in t.partitions}
+            if parts and parts <= asked_at[peer.id]:
+                reasked[peer.id].set()
+            asked_at[peer.id] |= parts
         proxy = peers[peer.id]
         answer = proxy.answer_copies if api_key == ApiKey.READ_SHARE_GROUP_STATE else proxy.drop_copies
         return _wire(api_key, await answer(None, req), response=True)
@@ -332,8 +341,9 @@ def test_many_share_partitions_asked_together_each_get_their_own_copy(
         for sp in served.values():
             sp.pending_done = loop.create_future()
             loop.call_later(0.05, sp.pending_done.set_result, None)
+        reasked.update({n: asyncio.Event() for n in "bc"})
         for (name, key), forever in stuck.items():  # a hand-over under way at the peer
-            task = loop.create_task(asyncio.sleep(30 if forever else 0.05))
+            task = loop.create_task(asyncio.sleep(30) if forever else reasked[name].wait())
             handovers = peers[name]._handover_tasks
             handovers[key] = task
             if not forever:
