@@ -434,7 +434,8 @@ def budget_part(
     consumer_clients: tuple[str, ...] = ("java", "confluent"),
 ) -> dict[str, Any]:
     """The runs of every configuration, alternated over ``rounds``, for each client of ``consumer_clients`` in turn;
-    ``{"skipped": why}`` without cgroups, a client's ``{"skipped": {client: why}}`` without it."""
+    ``{"skipped": why}`` without cgroups; a client that cannot run here (no Java or Maven for ``java``) is
+    left out, named with why in ``skipped_clients``."""
     cfg = {
         "records": records,
         "value_size": value_size,
