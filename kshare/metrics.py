@@ -122,6 +122,12 @@ class ShareCollector(Collector):
                 for kind in ("read", "drop"):
                     family.add_metric([kind], counts.get(kind, 0))
                 yield family
+            put_off = CounterMetricFamily("kshare_instance_confirmations_put_off", "Times a share-partition this "
+                                          "proxy leads was not served yet because its state could not be confirmed "
+                                          "(its fetches leave it out and try again)", labels=["reason"])
+            for reason, n in service.confirmations_put_off.items():
+                put_off.add_metric([reason], n)
+            yield put_off
         checks = service.upstream.checks
         deviation = GaugeMetricFamily("kshare_upstream_deviation", "1 where the fronted cluster deviates from Kafka "
                                       "in what kshare relies on (logged once at WARNING; docs/reference/proxy.md)",

@@ -125,4 +125,3 @@ def peer_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCo
     ctx.load_verify_locations(cafile=cert)
     ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     return ctx
-

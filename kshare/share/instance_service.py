@@ -438,7 +438,7 @@ class InstanceGroupMember:
             # this share-partition may be in one of them, not replayed yet. Initialising it now
             # (no copy anywhere) would start it over from its start offset: what was
             # acknowledged would be delivered again.
-            self._put_off(key, epoch, "this proxy's claims of its state partitions are not settled")
+            self._put_off(key, epoch, "claims", "this proxy's claims of its state partitions are not settled")
             return ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the fetch tries again
         others = [i for i in decision.instances if i.id != ownership.me]
         answers = await asyncio.gather(*(self._ask_copy(peer, key, epoch) for peer in others),
@@ -448,7 +448,7 @@ class InstanceGroupMember:
             if isinstance(answer, BaseException) or answer[0]:
                 log.debug("instance group: %s:%d did not answer for %s at epoch %d (%r); asked again at the "
                           "next fetch", peer.host, peer.port, key, epoch, answer)
-                self._put_off(key, epoch, f"{peer.host}:{peer.port} did not answer for its copy ({answer!r})")
+                self._put_off(key, epoch, "peer", f"{peer.host}:{peer.port} did not answer for its copy ({answer!r})")
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the fetch tries again
             if answer[1] is not None:
                 copies.append((*answer[1], peer))
@@ -489,9 +489,11 @@ class InstanceGroupMember:
             exchange = self.copy_exchange = CopyExchange(self.peers.request)
         return exchange
 
-    def _put_off(self: ShareGroupService, key: SharePartitionKey, epoch: int, why: str) -> None:
-        """Say once per share-partition and ownership epoch that it is not served yet, and why: its
-        fetches leave it out meanwhile, without a partition error (clients know none for a wait)."""
+    def _put_off(self: ShareGroupService, key: SharePartitionKey, epoch: int, reason: str, why: str) -> None:
+        """Count a confirmation put off (``reason``: claims, peer) and say once per share-partition and
+        ownership epoch that it is not served yet, and why: its fetches leave it out meanwhile, without
+        a partition error (clients know none for a wait)."""
+        self.confirmations_put_off[reason] += 1
         said = self.unconfirmed_said
         if (key, epoch) in said:
             return

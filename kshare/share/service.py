@@ -98,6 +98,8 @@ class ShareGroupService(InstanceGroupMember):
         self.leaving: Leaving | None = None  # leaving the instance group on SIGTERM (kshare.share.leaving)
         # (share-partition, ownership epoch) whose confirmation was put off and said so (instance_service)
         self.unconfirmed_said: set[tuple[SharePartitionKey, int]] = set()
+        # confirmations put off, by why: "claims" (this proxy's own not settled), "peer" (one did not answer)
+        self.confirmations_put_off: dict[str, int] = {"claims": 0, "peer": 0}
         self._topic_watch = TopicWatch()  # topics seen changed, looked up before the next refresh
         self._topics_wakeup = asyncio.Event()
         self._started_topics: set[tuple[str, str]] = set()  # (group, topic) whose first initialisation was logged
