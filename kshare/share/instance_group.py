@@ -47,9 +47,8 @@ def heartbeat_ms(session_timeout_ms: int) -> int:
 
 
 ChangeCallback = Callable[[OwnershipMap, list[int], list[int]], Awaitable[None] | None]
-# what this proxy reports at join: (topic id hex -> partitions whose state it holds,
-# topic id hex -> partition count of the topics share groups read)
-Report = Callable[[], tuple[dict[str, list[int]], dict[str, int]]]
+# what this proxy reports at join: Candidate's ``held``, ``topics``, ``led`` and ``handing``, by name
+Report = Callable[[], Mapping[str, Any]]
 
 
 class InstanceGroup:
@@ -95,13 +94,13 @@ class InstanceGroup:
             @classmethod
             def metadata(cls, topics: Iterable[str]) -> Any:
                 prev = group.map
-                held, counts = {}, {}
+                report: Mapping[str, Any] = {}
                 if group.report is not None:
                     try:
-                        held, counts = group.report()
+                        report = group.report()
                     except Exception:  # noqa: BLE001 - join without it: leadership is then less sticky
                         log.exception("instance group %s: cannot report the state held here", group.group_id)
-                cand = Candidate(group.me, list(group.owned), prev.epoch if prev else 0, held, counts)
+                cand = Candidate(group.me, list(group.owned), prev.epoch if prev else 0, **report)
                 return ConsumerProtocolMemberMetadata(cls.version, list(topics), cand.encode())
 
             @classmethod

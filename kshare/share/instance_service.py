@@ -34,6 +34,7 @@ from ..protocol.codes import ApiKey
 from .copy_exchange import CopyExchange
 from .drain import until_released
 from .errors import ErrorCode
+from .handovers_elsewhere import HandoverWatch
 from .ownership import GroupOwnership, Instance, OwnershipMap, plan_claims
 from .state.errors import StateNotOwned
 from .states import ShareSnapshot
@@ -118,7 +119,8 @@ class InstanceGroupMember:
                         "since another proxy may have written them meanwhile", ownership.epoch + 1,
                         decision.epoch - 1, ",".join(map(str, plan.again)))
             await self._give_up(plan.again)
-        ownership.map = decision
+        if ownership.install(decision, self.handover_timeout_s()):
+            self._handover_watch().kick()
         # Before anything is awaited: while these are claimed (replayed), a share-partition led here
         # may have its state in one of them, so none is initialised meanwhile (confirm_state waits)
         ownership.gaining = frozenset(plan.gained)
@@ -394,9 +396,10 @@ class InstanceGroupMember:
 
     # -- leading by topic: the state follows its leader ------------------------------------------
 
-    def report_held(self: ShareGroupService) -> tuple[dict[str, list[int]], dict[str, int]]:
-        """What this proxy tells the instance group at join: the topic-partitions whose state its
-        claimed state partitions hold, and the partition counts of the topics share groups read."""
+    def report_held(self: ShareGroupService) -> dict[str, Any]:
+        """What this proxy tells the instance group at join (``Candidate``'s fields): the
+        topic-partitions whose state its claimed state partitions hold, the partition counts of the
+        topics share groups read, and the partitions it names itself the leader of (led, handing)."""
         claimed = set(getattr(self.store, "claimed", list)())
         held: dict[bytes, set[int]] = {}
         for key in self.store.share_partitions():
@@ -410,7 +413,9 @@ class InstanceGroupMember:
             info = self.upstream.by_id.get(tid)
             if info is not None:
                 counts[tid.hex()] = info.partitions
-        return {tid.hex(): sorted(ps) for tid, ps in held.items()}, counts
+        led, handing = self.ownership.naming() if isinstance(self.ownership, GroupOwnership) else ({}, {})
+        return {"held": {tid.hex(): sorted(ps) for tid, ps in held.items()}, "topics": counts,
+                "led": led, "handing": handing}
 
     async def _initialise_confirmed(self: ShareGroupService, sp: SharePartitionState
                                     ) -> tuple[int, SharePartition | None]:
@@ -488,6 +493,22 @@ class InstanceGroupMember:
             assert self.peers is not None
             exchange = self.copy_exchange = CopyExchange(self.peers.request)
         return exchange
+
+    def _handover_watch(self: ShareGroupService) -> HandoverWatch:
+        """Asks the proxies named for what they hand over whether they are done
+        (kshare.share.handovers_elsewhere)."""
+        watch = getattr(self, "handover_watch", None)
+        if watch is None:
+            ownership = self.ownership
+            assert isinstance(ownership, GroupOwnership) and self.peers is not None
+            upstream = self.upstream
+
+            def topic_name(topic_id: bytes) -> str | None:
+                info = upstream.by_id.get(topic_id)  # (replaced on every refresh)
+                return info.name if info is not None else None
+
+            watch = self.handover_watch = HandoverWatch(ownership.elsewhere, self.peers.request, topic_name)
+        return watch
 
     def _put_off(self: ShareGroupService, key: SharePartitionKey, epoch: int, reason: str, why: str) -> None:
         """Count a confirmation put off (``reason``: claims, peer) and say once per share-partition and

@@ -30,6 +30,7 @@ from typing import Protocol
 import msgspec
 
 from ..proxy.virtual import MAX_SLOTS, ClusterView, Peer
+from .handovers_elsewhere import HandoversElsewhere
 from .leadership import assign_leaders, fallback_leader
 from .state.codec import partition_for_group, state_partition_of
 from .store import SharePartitionKey
@@ -101,6 +102,10 @@ class OwnershipMap(msgspec.Struct, frozen=True):
     owners: list[int]  # state partition -> index into instances, -1 if nobody
     by_topic: bool = False
     leaders: dict[str, list[int]] = {}  # topic id (hex) -> index into instances per partition
+    # topic id (hex) -> per partition, the index of the proxy that named itself its leader when the
+    # map was decided and now hands it over to another (-1: it did not move), listed only for the
+    # topics with a move: every proxy names that one until it is done (kshare.share.handovers_elsewhere)
+    moved_from: dict[str, list[int]] = {}
 
     def leader_index(self, topic_id: bytes, partition: int) -> int:
         """Index into ``instances`` of the topic-partition's leader, -1 if nobody (by topic only)."""
@@ -157,6 +162,10 @@ class Candidate(msgspec.Struct, frozen=True):
     epoch: int = 0  # that map's epoch
     held: dict[str, list[int]] = {}  # topic id (hex) -> partitions whose share state it holds
     topics: dict[str, int] = {}  # topic id (hex) -> partition count, of the topics share groups read
+    # topic id (hex) -> partitions it names itself the leader of: those its map makes it lead
+    # (``led``) and those it is still handing over to another proxy (``handing``)
+    led: dict[str, list[int]] = {}
+    handing: dict[str, list[int]] = {}
 
     def encode(self) -> bytes:
         return msgspec.json.encode(self)
@@ -222,7 +231,8 @@ def assign(candidates: dict[str, Candidate], partitions: int, *, by_topic: bool 
     instances = [msgspec.structs.replace(candidates[m].instance, slot=slots[m]) for m in members]
     if not by_topic:
         return OwnershipMap(epoch, instances, owners)
-    return OwnershipMap(epoch, instances, owners, True, topic_leaders(candidates, members, owners))
+    leaders = topic_leaders(candidates, members, owners)
+    return OwnershipMap(epoch, instances, owners, True, leaders, moved_from(candidates, members, leaders))
 
 
 def topic_leaders(candidates: dict[str, Candidate], members: list[str], owners: list[int]) -> dict[str, list[int]]:
@@ -245,6 +255,35 @@ def topic_leaders(candidates: dict[str, Candidate], members: list[str], owners: 
     index = {m: i for i, m in enumerate(members)}
     decided = assign_leaders(topics, eligible, previous)
     return {tid.hex(): [index[m] for m in row] for tid, row in decided.items()}
+
+
+def moved_from(candidates: dict[str, Candidate], members: list[str],
+               leaders: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Per topic with a move, the member each partition is handed over from (index into
+    ``members``; -1: none): the one still handing it over, if another is to lead it now, else the
+    one that led it, if another leads it now (the newest map's claim winning a clash). A client told
+    another leader than the one it acquired records from drops its acknowledgements of them, so
+    every proxy names that one until it is done."""
+    index = {m: i for i, m in enumerate(members)}
+    handing: dict[tuple[str, int], int] = {}
+    led: dict[tuple[str, int], int] = {}
+    for m in sorted(members, key=lambda m: (candidates[m].epoch, m)):  # the newest claim last: it wins
+        c = candidates[m]
+        for named, into in ((c.led, led), (c.handing, handing)):
+            for hex_id, parts in named.items():
+                for p in parts:
+                    into[(hex_id, p)] = index[m]
+    out: dict[str, list[int]] = {}
+    for hex_id, row in leaders.items():
+        moves = [-1] * len(row)
+        for p, leader in enumerate(row):
+            for was in (handing.get((hex_id, p), -1), led.get((hex_id, p), -1)):
+                if was >= 0:
+                    moves[p] = was if was != leader else -1
+                    break
+        if any(i >= 0 for i in moves):
+            out[hex_id] = moves
+    return out
 
 
 @dataclass(frozen=True)
@@ -295,6 +334,30 @@ class GroupOwnership:
         # leaving on SIGTERM (kshare.share.leaving): nothing is served here any more, and clients are
         # routed by the map the others split ownership by without this proxy, once it is known
         self.successors: OwnershipMap | None = None
+        # by topic: topic-partitions another proxy is still handing over, named there meanwhile
+        self.elsewhere = HandoversElsewhere()
+
+    def install(self, decision: OwnershipMap, timeout_s: float) -> int:
+        """Route by ``decision`` from now on (with what it moves named at the proxies it moves
+        from until they are done, ``timeout_s`` at most): how many are named so."""
+        self.map = decision
+        return self.elsewhere.apply(decision, self.me, timeout_s)
+
+    def naming(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """By topic: (the partitions the map makes this proxy lead, those it is still handing over),
+        by topic id (hex), as it reports them at join (``Candidate.led``, ``Candidate.handing``)."""
+        led: dict[str, list[int]] = {}
+        handing: dict[str, list[int]] = {}
+        m, me = self.map, self.my_index()
+        if m is None or not m.by_topic or me < 0:
+            return led, handing
+        for hex_id, row in m.leaders.items():
+            mine = [p for p, i in enumerate(row) if i == me]
+            if mine:
+                led[hex_id] = mine
+        for topic_id, partition in sorted(self._releasing_tps):
+            handing.setdefault(topic_id.hex(), []).append(partition)
+        return led, handing
 
     def leave(self) -> None:
         """Serve nothing from now on (every share request is refused with the error that sends its
@@ -396,12 +459,18 @@ class GroupOwnership:
             return None
         peers = _peers(decision.instances)
         releasing = self._releasing_tps
+        elsewhere = self.elsewhere
 
         def partition_owner(topic_id: bytes, partition: int) -> int | None:
             # what this proxy is handing over it still leads, as far as its own Metadata says: the
-            # members' acknowledgements of what they hold come here until it is done
+            # members' acknowledgements of what they hold come here until it is done; what another
+            # proxy hands over, that one leads until it is done (kshare.share.handovers_elsewhere)
             if releasing and (topic_id, partition) in releasing:
                 return mine.slot
+            if elsewhere:
+                slot = elsewhere.slot(topic_id, partition)
+                if slot is not None and slot in peers:
+                    return slot
             return _slot_of(decision.owner_of_topic_partition(topic_id, partition))
 
         return ClusterView(

@@ -251,6 +251,9 @@ class ShareGroupService(InstanceGroupMember):
         if self.instances is not None:
             # the in-flight writes are done: leave the group now, so the others take over at once
             await self.instances.stop()
+        watch = getattr(self, "handover_watch", None)
+        if watch is not None:
+            await watch.close()
         if self.peers is not None:
             await self.peers.close()
         await self.store.close()

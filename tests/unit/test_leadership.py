@@ -292,7 +292,7 @@ def test_the_instance_group_offers_v2_first_when_by_topic() -> None:
         me,
         lambda *a: None,
         by_topic=True,
-        report=lambda: ({tid.hex(): [1, 2]}, {tid.hex(): 3}),
+        report=lambda: {"held": {tid.hex(): [1, 2]}, "topics": {tid.hex(): 3}},
     )
     v2, v1 = group._assignor(True), group._assignor()
     assert (v2.name, v1.name) == (PROTOCOL_BY_TOPIC, PROTOCOL)
