@@ -31,7 +31,7 @@ note: that path is not built yet, and until it is the proxies lead by state part
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 
 from .state.codec import murmur2
 
@@ -62,13 +62,15 @@ def assign_topic(
     *,
     start: int = 0,
     totals: Mapping[str, int] | None = None,
+    keep_first: Mapping[str, Set[int]] | None = None,
 ) -> list[str]:
     """The leader of each of a topic's ``partitions``, among ``members`` (sorted member ids).
 
     ``previous``: partition -> the member that led it (entries naming a non-member or a partition
     beyond ``partitions`` are ignored). ``start``: the topic's :func:`topic_start`. ``totals``:
     what each member leads of the topics decided before this one (ties for the larger quotas go
-    to the members leading least)."""
+    to the members leading least). ``keep_first``: member -> partitions it keeps before the others
+    it led when it must give some up (as many move either way)."""
     n = len(members)
     if n == 0:
         raise ValueError("no members")
@@ -86,8 +88,11 @@ def assign_topic(
     quota = {m: base + (1 if i < extra else 0) for i, m in enumerate(order)}
     leaders: list[str | None] = [None] * partitions
     count = dict.fromkeys(members, 0)
+    first = keep_first or {}
     for m in members:
-        for p in held[m][: quota[m]]:  # what it led, up to its quota (the lowest partitions first)
+        preferred = first.get(m, ())
+        # what it led, up to its quota: those it should keep first, then the lowest partitions
+        for p in sorted(held[m], key=lambda p: (p not in preferred, p))[: quota[m]]:
             leaders[p] = m
             count[m] += 1
     # the rest: to the fallback's choice when it has room (a topic nobody led is dealt exactly
@@ -111,11 +116,13 @@ def assign_topic(
 
 
 def assign_leaders(
-    topics: Mapping[bytes, int], members: Iterable[str], previous: Mapping[bytes, Mapping[int, str]]
+    topics: Mapping[bytes, int], members: Iterable[str], previous: Mapping[bytes, Mapping[int, str]],
+    keep_first: Mapping[bytes, Mapping[str, Set[int]]] | None = None,
 ) -> dict[bytes, list[str]]:
     """The leader of every partition of every topic in ``topics`` (topic id -> partition count).
 
     ``previous``: topic id -> partition -> the member that led it (as the members report it).
+    ``keep_first``: topic id -> member -> partitions it keeps first (:func:`assign_topic`).
     Topics are decided in topic-id order, each balanced and sticky (:func:`assign_topic`)."""
     ordered = sorted(set(members))
     if not ordered:
@@ -124,7 +131,8 @@ def assign_leaders(
     out: dict[bytes, list[str]] = {}
     for topic_id in sorted(topics):
         leaders = assign_topic(
-            topics[topic_id], ordered, previous.get(topic_id, {}), start=topic_start(topic_id), totals=totals
+            topics[topic_id], ordered, previous.get(topic_id, {}), start=topic_start(topic_id), totals=totals,
+            keep_first=(keep_first or {}).get(topic_id),
         )
         for m in leaders:
             totals[m] += 1

@@ -253,8 +253,27 @@ def topic_leaders(candidates: dict[str, Candidate], members: list[str], owners: 
             for p in parts:
                 row[p] = m
     index = {m: i for i, m in enumerate(members)}
-    decided = assign_leaders(topics, eligible, previous)
+    decided = assign_leaders(topics, eligible, previous, keep_first(candidates, members, owners, previous))
     return {tid.hex(): [index[m] for m in row] for tid, row in decided.items()}
+
+
+def keep_first(candidates: dict[str, Candidate], members: list[str], owners: list[int],
+               previous: dict[bytes, dict[int, str]]) -> dict[bytes, dict[str, set[int]]]:
+    """topic id -> member -> the partitions it led whose state is in a state partition it gives up
+    now: those it keeps leading first when it must give some leadership up. Then one share-partition
+    loses either its state partition (re-homed) or its leader (handed over), not both, which
+    neither can do without delivering again what members hold (docs/design/scale-out.md)."""
+    index = {m: i for i, m in enumerate(members)}
+    out: dict[bytes, dict[str, set[int]]] = {}
+    for topic_id, row in previous.items():
+        for p, m in row.items():
+            mine = sorted(candidates[m].owned)
+            if not mine:
+                continue
+            home = mine[state_partition_of(topic_id, p, len(mine))]  # as OwnershipMap.home, in its last map
+            if not 0 <= home < len(owners) or owners[home] != index[m]:
+                out.setdefault(topic_id, {}).setdefault(m, set()).add(p)
+    return out
 
 
 def moved_from(candidates: dict[str, Candidate], members: list[str],

@@ -168,3 +168,38 @@ def test_the_metadata_of_every_proxy_names_the_one_handing_over_until_it_is_done
         assert not own.elsewhere.to_ask()
     # what b reports at the next join: what it leads, nothing handed over any more
     assert b.naming() == ({HEX: [2]}, {})
+
+
+def test_a_join_moves_leadership_or_state_but_not_both_where_it_can() -> None:
+    """A share-partition whose leader and state partition both move cannot be handed over or
+    re-homed: what members hold of it is delivered again. Of the partitions a proxy must give up,
+    it gives up first those whose state partition it keeps: over many topics, one moves both only
+    where its old leader had no other left to give."""
+    import os
+
+    from kshare.share.state.codec import state_partition_of
+
+    both = avoidable = 0
+    for _ in range(60):
+        tid = os.urandom(16)
+        first = assign({k: _cand(k) for k in "abc"}, 10, by_topic=True)  # who owns which state partition
+        lead = [_ids(first)[i] for i in first.leaders[HEX]]  # a balanced leadership of the topic
+        cands = {k: Candidate(Instance(k, f"{k}.example", 9192, {1: 9193}), first.partitions_of(k), first.epoch,
+                              {tid.hex(): [p for p, m in enumerate(lead) if m == k]}, {tid.hex(): 12},
+                              {tid.hex(): [p for p, m in enumerate(lead) if m == k]}) for k in "abc"}
+        cands["d"] = Candidate(Instance("d", "d.example", 9192, {1: 9193}), [], 0)  # joining
+        joined = assign(cands, 10, by_topic=True)
+        jids = _ids(joined)
+        now = [jids[i] for i in joined.leaders[tid.hex()]]
+        for k in "abc":
+            mine = first.partitions_of(k)
+            kept_state = set(joined.partitions_of(k))
+            led = [p for p, m in enumerate(lead) if m == k]
+            homes = {p: mine[state_partition_of(tid, p, len(mine))] for p in led}
+            given_up = [p for p in led if now[p] != k]
+            moved_both = [p for p in given_up if homes[p] not in kept_state]
+            could_keep_state = [p for p in led if homes[p] in kept_state]
+            both += len(moved_both)
+            # it gave up one whose state moves only when it had fewer whose state stays than it gave up
+            avoidable += max(0, len(moved_both) - max(0, len(given_up) - len(could_keep_state)))
+    assert avoidable == 0, (both, avoidable)
