@@ -413,7 +413,7 @@ class InstanceGroupMember:
             info = self.upstream.by_id.get(tid)
             if info is not None:
                 counts[tid.hex()] = info.partitions
-        led, handing = self.ownership.naming() if isinstance(self.ownership, GroupOwnership) else ({}, {})
+        led, handing = self.ownership.naming(counts) if isinstance(self.ownership, GroupOwnership) else ({}, {})
         return {"held": {tid.hex(): sorted(ps) for tid, ps in held.items()}, "topics": counts,
                 "led": led, "handing": handing}
 

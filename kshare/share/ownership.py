@@ -23,7 +23,7 @@ partitions still carry the fencing, the group records and the groups' coordinati
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -362,16 +362,22 @@ class GroupOwnership:
         self.map = decision
         return self.elsewhere.apply(decision, self.me, timeout_s)
 
-    def naming(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-        """By topic: (the partitions the map makes this proxy lead, those it is still handing over),
-        by topic id (hex), as it reports them at join (``Candidate.led``, ``Candidate.handing``)."""
+    def naming(self, topics: Mapping[str, int]) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """By topic: (the partitions the map makes this proxy lead, of the topics it lists and of
+        ``topics``, topic id (hex) -> partition count, which it may lead by the fallback; those it
+        is still handing over), by topic id (hex), as it reports them at join (``Candidate.led``,
+        ``Candidate.handing``)."""
         led: dict[str, list[int]] = {}
         handing: dict[str, list[int]] = {}
         m, me = self.map, self.my_index()
         if m is None or not m.by_topic or me < 0:
             return led, handing
-        for hex_id, row in m.leaders.items():
-            mine = [p for p, i in enumerate(row) if i == me]
+        counts = {hex_id: len(row) for hex_id, row in m.leaders.items()}
+        for hex_id, n in topics.items():
+            counts.setdefault(hex_id, n)
+        for hex_id, n in counts.items():
+            topic_id = bytes.fromhex(hex_id)
+            mine = [p for p in range(n) if m.leader_index(topic_id, p) == me]
             if mine:
                 led[hex_id] = mine
         for topic_id, partition in sorted(self._releasing_tps):

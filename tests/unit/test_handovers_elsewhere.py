@@ -167,7 +167,10 @@ def test_the_metadata_of_every_proxy_names_the_one_handing_over_until_it_is_done
         assert own.elsewhere.answered("b", [(TID, 0)], []) and view.partition_owner(TID, 0) == slot["d"]
         assert not own.elsewhere.to_ask()
     # what b reports at the next join: what it leads, nothing handed over any more
-    assert b.naming() == ({HEX: [2]}, {})
+    assert b.naming({}) == ({HEX: [2]}, {})
+    # and of a topic the map does not list, what the fallback makes it lead
+    other = b"\x22" * 16
+    assert b.naming({other.hex(): 8})[0][other.hex()] == [p for p in range(8) if moved.leader_index(other, p) == 1]
 
 
 def test_a_join_moves_leadership_or_state_but_not_both_where_it_can() -> None:
