@@ -128,6 +128,16 @@ class ShareCollector(Collector):
             for reason, n in service.confirmations_put_off.items():
                 put_off.add_metric([reason], n)
             yield put_off
+            elsewhere = getattr(service.ownership, "elsewhere", None)  # kshare.share.handovers_elsewhere
+            if elsewhere is not None:
+                yield GaugeMetricFamily("kshare_instance_handovers_named_elsewhere", "Topic-partitions this proxy "
+                                        "names at the proxy still handing them over, not at their new leader",
+                                        value=len(elsewhere))
+                ended = CounterMetricFamily("kshare_instance_handovers_named", "Topic-partitions named at the proxy "
+                                            "handing them over, by how that ended", labels=["ended"])
+                for how, n in elsewhere.ended.items():
+                    ended.add_metric([how], n)
+                yield ended
         checks = service.upstream.checks
         deviation = GaugeMetricFamily("kshare_upstream_deviation", "1 where the fronted cluster deviates from Kafka "
                                       "in what kshare relies on (logged once at WARNING; docs/reference/proxy.md)",

@@ -213,10 +213,13 @@ def assign(candidates: dict[str, Candidate], partitions: int, *, by_topic: bool 
     quotas = {m: _Quota(m, base + (1 if i < extra else 0)) for i, m in enumerate(order)}
     owners = [-1] * partitions
     index = {m: i for i, m in enumerate(members)}
-    # keep: newest epoch's claims first, so a stale claim loses to a fresh one
+    # keep: newest epoch's claims first, so a stale claim loses to a fresh one; by topic, a proxy
+    # over its quota keeps first the state partitions holding the most of what it leads (each one
+    # it gives up takes that state's leadership or home with it, :func:`keep_first`)
     for m in sorted(members, key=lambda m: (-candidates[m].epoch, m)):
         q = quotas[m]
-        for p in prior[m]:
+        load = _led_state(candidates[m]) if by_topic else {}
+        for p in sorted(prior[m], key=lambda p: (-load.get(p, 0), p)):
             if owners[p] == -1 and len(q.have) < q.want:
                 owners[p] = index[m]
                 q.have.append(p)
@@ -255,6 +258,20 @@ def topic_leaders(candidates: dict[str, Candidate], members: list[str], owners: 
     index = {m: i for i, m in enumerate(members)}
     decided = assign_leaders(topics, eligible, previous, keep_first(candidates, members, owners, previous))
     return {tid.hex(): [index[m] for m in row] for tid, row in decided.items()}
+
+
+def _led_state(candidate: Candidate) -> dict[int, int]:
+    """State partition -> how many of the topic-partitions the candidate led have their state
+    there (their home in its last map, as :meth:`OwnershipMap.home`)."""
+    mine = sorted(candidate.owned)
+    out: dict[int, int] = {}
+    if mine:
+        for hex_id, parts in candidate.led.items():
+            topic_id = bytes.fromhex(hex_id)
+            for p in parts:
+                home = mine[state_partition_of(topic_id, p, len(mine))]
+                out[home] = out.get(home, 0) + 1
+    return out
 
 
 def keep_first(candidates: dict[str, Candidate], members: list[str], owners: list[int],

@@ -54,15 +54,19 @@ def leaders(svc: Service, via: Member, topic: str, partitions: int) -> dict[int,
 
 
 def agreed_leaders(svc: Service, members: list[Member], topic: str, partitions: int,
-                   timeout: float = 30.0) -> dict[int, int]:
-    """The leaders every one of ``members`` names alike (waits for them to agree)."""
+                   timeout: float = 30.0, split_as: list[int] | None = None) -> dict[int, int]:
+    """The leaders every one of ``members`` names alike (waits for them to agree, and with
+    ``split_as`` for them to split the partitions so: while a partition is handed over, they agree
+    on its old leader)."""
     seen: dict[int, dict[int, int]] = {}
 
     def agree() -> bool:
         seen.clear()
         seen.update({p.index: leaders(svc, p, topic, partitions) for p in members})
+        named = next(iter(seen.values()))
         return len({tuple(sorted(v.items())) for v in seen.values()}) == 1 and \
-            set(next(iter(seen.values())).values()) <= {p.index for p in members}
+            set(named.values()) <= {p.index for p in members} and \
+            (split_as is None or split(named, members) == split_as)
 
     svc.wait(agree, timeout, f"the proxies to name the same leaders of {topic}", lambda: seen)
     return next(iter(seen.values()))
@@ -345,7 +349,7 @@ def test_a_proxy_joining_under_load_takes_leadership_over_without_redelivery(
         svc.proxies.append(newcomer)
         newcomer.start(120)
         svc.wait_balanced(svc.proxies, 60)
-        after = agreed_leaders(svc, svc.proxies, topic, JOIN_PARTITIONS, timeout=60)
+        after = agreed_leaders(svc, svc.proxies, topic, JOIN_PARTITIONS, timeout=60, split_as=[3, 3, 3, 3])
         owned_after = {p.index: p.owned() for p in svc.proxies}
         time.sleep(6.0)  # under load with the four
         load.stop()
@@ -459,7 +463,7 @@ def test_every_proxy_names_the_proxy_handing_a_partition_over_until_it_is_done(
             for record in held:
                 consumer.acknowledge(record)
             outcomes = await consumer.commit()
-            after = await asyncio.to_thread(agreed_leaders, svc, svc.proxies, topic, JOIN_PARTITIONS, 45)
+            after = await asyncio.to_thread(agreed_leaders, svc, svc.proxies, topic, JOIN_PARTITIONS, 45, [3, 3, 3, 3])
             again = [r for records in (await consumer.getmany(timeout_ms=2000)).values() for r in records]
             moved = sorted(p for p in before if after[p] != before[p])
             handed = [p for p in moved if homes_before[p] not in moved_state]

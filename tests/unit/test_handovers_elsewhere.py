@@ -5,14 +5,17 @@
 from __future__ import annotations
 
 import collections
+import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kshare.share.handovers_elsewhere import MARGIN_S, HandoversElsewhere
 from kshare.share.ownership import Candidate, GroupOwnership, Instance, OwnershipMap, assign
+from kshare.share.state.codec import state_partition_of
 from kshare.share.store import SharePartitionKey
 
+NAMES = "abcdefgh"
 TID = b"\x21" * 16
 HEX = TID.hex()
 
@@ -173,36 +176,51 @@ def test_the_metadata_of_every_proxy_names_the_one_handing_over_until_it_is_done
     assert b.naming({other.hex(): 8})[0][other.hex()] == [p for p in range(8) if moved.leader_index(other, p) == 1]
 
 
+def _join_moves(rng: random.Random, state_partitions: int, proxies: int, sizes: list[int]) -> list[tuple[str, int, bool, bool]]:
+    """One more proxy joining ``proxies`` that lead topics of ``sizes`` partitions: for every
+    partition an old proxy gives up, (old leader, partition, whether its home state partition moves
+    too, whether that old leader had a partition left whose home stays with it to give instead)."""
+    topics = {rng.randbytes(16).hex(): n for n in sizes}
+    first = assign({k: _cand(k) for k in NAMES[:proxies]}, state_partitions, by_topic=True)
+    lead = {t: [first.instances[i].id for i in assign_leaders_row(first, t, n)] for t, n in topics.items()}
+    cands = {k: Candidate(Instance(k, f"{k}.example", 9192, {1: 9193}), first.partitions_of(k), first.epoch,
+                          {t: [p for p, m in enumerate(row) if m == k] for t, row in lead.items()}, topics,
+                          {t: [p for p, m in enumerate(row) if m == k] for t, row in lead.items()})
+             for k in NAMES[:proxies]}
+    cands[NAMES[proxies]] = Candidate(Instance(NAMES[proxies], "n.example", 9192, {1: 9193}), [], 0)
+    joined = assign(cands, state_partitions, by_topic=True)
+    out = []
+    for t, row in lead.items():
+        tid = bytes.fromhex(t)
+        now = [joined.instances[i].id for i in joined.leaders[t]]
+        for k in NAMES[:proxies]:
+            mine, kept = first.partitions_of(k), set(joined.partitions_of(k))
+            homes = {p: mine[state_partition_of(tid, p, len(mine))] for p, m in enumerate(row) if m == k}
+            stays = [p for p in homes if homes[p] in kept and now[p] == k]
+            for p in homes:
+                if now[p] != k:
+                    out.append((k, p, homes[p] not in kept, bool(stays)))
+    return out
+
+
+def assign_leaders_row(m: OwnershipMap, topic: str, partitions: int) -> list[int]:
+    """A balanced leadership of a topic over the map's proxies (as a first map would deal it)."""
+    return [m.leader_index(bytes.fromhex(topic), p) for p in range(partitions)]
+
+
 def test_a_join_moves_leadership_or_state_but_not_both_where_it_can() -> None:
     """A share-partition whose leader and state partition both move cannot be handed over or
-    re-homed: what members hold of it is delivered again. Of the partitions a proxy must give up,
-    it gives up first those whose state partition it keeps: over many topics, one moves both only
-    where its old leader had no other left to give."""
-    import os
-
-    from kshare.share.state.codec import state_partition_of
-
-    both = avoidable = 0
-    for _ in range(60):
-        tid = os.urandom(16)
-        first = assign({k: _cand(k) for k in "abc"}, 10, by_topic=True)  # who owns which state partition
-        lead = [_ids(first)[i] for i in first.leaders[HEX]]  # a balanced leadership of the topic
-        cands = {k: Candidate(Instance(k, f"{k}.example", 9192, {1: 9193}), first.partitions_of(k), first.epoch,
-                              {tid.hex(): [p for p, m in enumerate(lead) if m == k]}, {tid.hex(): 12},
-                              {tid.hex(): [p for p, m in enumerate(lead) if m == k]}) for k in "abc"}
-        cands["d"] = Candidate(Instance("d", "d.example", 9192, {1: 9193}), [], 0)  # joining
-        joined = assign(cands, 10, by_topic=True)
-        jids = _ids(joined)
-        now = [jids[i] for i in joined.leaders[tid.hex()]]
-        for k in "abc":
-            mine = first.partitions_of(k)
-            kept_state = set(joined.partitions_of(k))
-            led = [p for p, m in enumerate(lead) if m == k]
-            homes = {p: mine[state_partition_of(tid, p, len(mine))] for p in led}
-            given_up = [p for p in led if now[p] != k]
-            moved_both = [p for p in given_up if homes[p] not in kept_state]
-            could_keep_state = [p for p in led if homes[p] in kept_state]
-            both += len(moved_both)
-            # it gave up one whose state moves only when it had fewer whose state stays than it gave up
-            avoidable += max(0, len(moved_both) - max(0, len(given_up) - len(could_keep_state)))
-    assert avoidable == 0, (both, avoidable)
+    re-homed: what members hold of it is delivered again. A proxy that must give up state
+    partitions keeps those holding most of what it leads, and of the partitions it must give up it
+    gives up first those whose state partition it keeps: so one moves both only where its old
+    leader kept no partition whose state stays with it. Over seeded joins of many topics, at most
+    1 % of the partitions moved move both (about 20 % did before)."""
+    rng = random.Random(42)
+    moved = both = 0
+    for state_partitions, proxies in ((10, 3), (6, 3), (10, 2)):
+        for _ in range(30):
+            for _k, _p, moves_both, had_other in _join_moves(rng, state_partitions, proxies, [4, 12, 8, 3, 16]):
+                moved += 1
+                both += moves_both
+                assert not (moves_both and had_other), (state_partitions, proxies)  # avoidable: not done
+    assert moved > 500 and both <= moved // 100, (both, moved)
