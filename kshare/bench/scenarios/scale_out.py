@@ -61,33 +61,48 @@ SIZES = (
 )
 
 
+class _Received:
+    """What one consumer worker received: its keys (``partition << 40 | offset``) and the times of
+    its first and last deliveries, added to the shared count ``done`` as they come; reported once."""
+
+    def __init__(self, done) -> None:
+        self.keys = array.array("q")
+        self.first: float | None = None
+        self.last: float | None = None
+        self._done = done
+
+    def took(self, n: int) -> None:
+        if n:
+            now = time.monotonic()
+            self.first = self.first if self.first is not None else now
+            self.last = now
+            with self._done.get_lock():
+                self._done.value += n
+
+    def report(self, results) -> None:
+        results.put((os.getpid(), self.first, self.last, self.keys.tobytes()))
+
+
 def _consume_worker(bootstrap: str, group: str, topic: str, ready, start, stop, done, results) -> None:
     from confluent_kafka import ShareConsumer
 
     c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "error_cb": clients._quiet, "log_level": 3})
     c.subscribe([topic])
-    keys = array.array("q")
-    first = last = None
+    received = _Received(done)
     ready.release()
     start.wait()
     try:
         while not stop.is_set():
-            msgs = c.poll(0.2)
             got = 0
-            for m in msgs:
+            for m in c.poll(0.2):
                 if m.error() is None:
-                    keys.append((m.partition() << 40) | m.offset())
+                    received.keys.append((m.partition() << 40) | m.offset())
                     got += 1
-            if got:
-                now = time.monotonic()
-                first = first if first is not None else now
-                last = now
-                with done.get_lock():
-                    done.value += got
+            received.took(got)
     finally:
         with contextlib.suppress(Exception):
             c.close()
-        results.put((os.getpid(), first, last, keys.tobytes()))
+        received.report(results)
 
 
 def _consume_worker_aio(bootstrap: str, group: str, topic: str, ready, start, stop, done, results) -> None:
@@ -101,9 +116,9 @@ def _consume_worker_aio(bootstrap: str, group: str, topic: str, ready, start, st
 
     from ...clients.share_consumer import AIOShareConsumer
 
-    async def run() -> tuple[float | None, float | None, array.array]:
-        keys = array.array("q")
-        first = last = None
+    received = _Received(done)
+
+    async def run() -> None:
         consumer = AIOShareConsumer(topic, bootstrap_servers=bootstrap, group_id=group, max_poll_records=5000)
         await consumer.start()
         try:
@@ -111,29 +126,20 @@ def _consume_worker_aio(bootstrap: str, group: str, topic: str, ready, start, st
             while not start.is_set():
                 await asyncio.sleep(0.005)
             while not stop.is_set():
-                batches = await consumer.getmany(timeout_ms=200)
                 got = 0
-                for tp, records in batches.items():
+                for tp, records in (await consumer.getmany(timeout_ms=200)).items():
                     high = tp.partition << 40
-                    keys.extend(high | r.offset for r in records)
+                    received.keys.extend(high | r.offset for r in records)
                     got += len(records)
-                if got:
-                    now = time.monotonic()
-                    first = first if first is not None else now
-                    last = now
-                    with done.get_lock():
-                        done.value += got
+                received.took(got)
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
-        return first, last, keys
 
-    first = last = None
-    keys = array.array("q")
     try:
-        first, last, keys = uvloop.run(run())
+        uvloop.run(run())
     finally:
-        results.put((os.getpid(), first, last, keys.tobytes()))
+        received.report(results)
 
 
 def _consume_worker_java(bootstrap: str, group: str, topic: str, ready, start, stop, done, results) -> None:
@@ -147,8 +153,7 @@ def _consume_worker_java(bootstrap: str, group: str, topic: str, ready, start, s
 
     from ..java_driver import java_share_driver
 
-    keys = array.array("q")
-    first = last = None
+    received = _Received(done)
     proc = subprocess.Popen(
         [*java_share_driver(), "--bootstrap", bootstrap, "--group", group, "--topic", topic, "--summary", "true",
          "--control", "stdin", "--timeout-ms", "3600000", "--poll-ms", "200"],
@@ -168,19 +173,15 @@ def _consume_worker_java(bootstrap: str, group: str, topic: str, ready, start, s
             event = json.loads(line)
             if event.get("event") != "poll":
                 continue
-            now = time.monotonic()
-            first = first if first is not None else now
-            last = now
             for p, lo, hi in event["ranges"]:
-                keys.extend(range((p << 40) | lo, ((p << 40) | hi) + 1))
-            with done.get_lock():
-                done.value += event["n"]
+                received.keys.extend(range((p << 40) | lo, ((p << 40) | hi) + 1))
+            received.took(event["n"])
     finally:
         with contextlib.suppress(Exception):
             proc.wait(60)
         if proc.poll() is None:
             proc.kill()
-        results.put((os.getpid(), first, last, keys.tobytes()))
+        received.report(results)
 
 
 CONSUMER_WORKERS = {"confluent": _consume_worker, "aio": _consume_worker_aio, "java": _consume_worker_java}
