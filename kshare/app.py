@@ -86,7 +86,13 @@ class KShare:
                     heartbeat_interval_ms=heartbeat_ms(config.instance_session_timeout_ms),
                     client_config=config.upstream_security.aiokafka_kwargs(),
                     by_topic=config.instance_leadership == "topic")
-                self.service.peers = PeerClient(security=peer_security(config))
+                security = peer_security(config)
+                self.service.peers = PeerClient(security=security)
+                if self.proxy.tls is not None and security.ssl is not None and config.tls is not None:
+                    from .proxy.tls import refresh_peer_context
+
+                    files, peer_ssl = config.tls, security.ssl
+                    self.proxy.tls.reloaded.append(lambda: refresh_peer_context(peer_ssl, files.cert, files.key))
                 store.on_fenced = self.service.fenced
             self.service.register(self.proxy)
         self.metrics = Metrics(self.proxy, self.service)

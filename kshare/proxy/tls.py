@@ -5,7 +5,8 @@ Client side: one server context for every listener (bootstrap and per-broker), f
 when given (mutual TLS). :meth:`ListenerTLS.reload` loads the files again into the same context,
 so new connections get the new certificate while open ones keep theirs; the proxy calls it on
 SIGHUP and when the files change (checked every ``WATCH_INTERVAL_S``). A certificate that fails
-to load is logged and the previous one stays.
+to load is logged and the previous one stays. An instance group's connections to the other
+proxies (:func:`peer_context`) follow the reload (:func:`refresh_peer_context`).
 
 Upstream side: a client context for the proxy's connections to the brokers (``--upstream-tls``,
 ``--upstream-tls-ca``, and a certificate of kshare's own for brokers that require one).
@@ -17,6 +18,7 @@ import asyncio
 import logging
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .loop_reports import demote_reports
@@ -41,6 +43,9 @@ class ListenerTLS:
         self._load()  # a bad file at start-up is an error the caller reports
         self._stamp = self._mtimes()
         self._watch: asyncio.Task | None = None
+        # called after every reload that loaded (e.g. the instance group's peer context, which
+        # trusts this certificate's chain: ``refresh_peer_context``)
+        self.reloaded: list[Callable[[], None]] = []
 
     def _load(self) -> None:
         self.context.load_cert_chain(self.files.cert, self.files.key)
@@ -67,6 +72,11 @@ class ListenerTLS:
             return False
         self._stamp = self._mtimes()
         log.info("TLS: certificate %s reloaded (%s); new connections use it", self.files.cert, why)
+        for hook in self.reloaded:
+            try:
+                hook()
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                log.error("TLS: after reloading %s (%s): %s", self.files.cert, why, exc)
         return True
 
     def watch(self) -> None:
@@ -125,3 +135,12 @@ def peer_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCo
     ctx.load_verify_locations(cafile=cert)
     ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     return ctx
+
+
+def refresh_peer_context(ctx: ssl.SSLContext, cert: str, key: str) -> None:
+    """The listeners' certificate was reloaded (SIGHUP, or its files changed): new connections to
+    the other proxies present the new one and trust its chain too. What was trusted stays trusted
+    (peers not reloaded yet still serve certificates of the old chain during a rotation)."""
+    ctx.load_cert_chain(cert, key)
+    ctx.load_verify_locations(cafile=cert)
+    log.info("TLS: connections to the instance group's other proxies present %s and trust its chain", cert)

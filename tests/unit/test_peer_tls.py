@@ -70,3 +70,29 @@ def test_a_certificate_of_another_ca_or_for_another_host_is_refused(
                              ("elsewhere.example",))
     with pytest.raises(ssl.SSLCertVerificationError, match="IP address mismatch"):
         handshake(ctx, *elsewhere)
+
+
+def test_a_reloaded_certificate_of_another_issuer_is_trusted_by_new_peer_connections(
+        tls_material: TlsMaterial, tmp_path: Path) -> None:
+    """The listeners' certificate is rotated to another CA's (SIGHUP, or its files changed): the
+    proxy's connections to the other proxies of its instance group, made after the reload, present
+    the new certificate and trust its chain, as the other proxies, rotated too, serve it; the old
+    chain stays trusted for those not rotated yet. Through the proxy as it is built (``KShare``)."""
+    import shutil
+
+    from kshare.app import KShare
+    from kshare.proxy.config import ProxyConfig
+    from kshare.proxy.tls import TLSFiles
+
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(tls_material.server_chain, cert)
+    shutil.copy(tls_material.server_key, key)
+    app = KShare(ProxyConfig(upstream=[("127.0.0.1", 9)], instance_group="rotation", tls=TLSFiles(str(cert), str(key))))
+    peers = app.service.peers.security.ssl
+    with pytest.raises(ssl.SSLCertVerificationError):
+        handshake(peers, tls_material.untrusted_cert, tls_material.untrusted_key)  # another CA: refused
+    shutil.copy(tls_material.untrusted_cert, cert)
+    shutil.copy(tls_material.untrusted_key, key)
+    assert app.proxy.tls.reload("test")
+    handshake(peers, tls_material.untrusted_cert, tls_material.untrusted_key)
+    handshake(peers, tls_material.server_cert, tls_material.server_key)  # not rotated yet: still trusted
