@@ -246,16 +246,19 @@ def handover_run(k3: Upstream, kind: str, mode: str, drain_s: float, *, records:
     return run
 
 
+# (fault, leadership, drain timeout s) of every hand-over run
+CONFIGS = (("sigterm-rolling-restart", "topic", 10.0), ("sigterm-rolling-restart", "state-partition", 10.0),
+           ("sigterm-rolling-restart", "topic", 0.0), ("sigkill", "topic", 10.0), ("sigkill", "state-partition", 10.0))
+
+
 def handover_part(k3: Upstream, *, records: int, rate: float, partitions: int, consumers: int, session_ms: int,
-                  state_partitions: int, split_topics: int, work_ms: float) -> dict[str, Any]:
-    splits = splits_part(k3, state_partitions, split_topics)
+                  state_partitions: int, split_topics: int, work_ms: float,
+                  configs: tuple[tuple[str, str, float], ...] = CONFIGS, repeats: int = 1) -> dict[str, Any]:
+    splits = splits_part(k3, state_partitions, split_topics) if split_topics else []
     common = {"records": records, "rate": rate, "partitions": partitions, "consumers": consumers,
               "session_ms": session_ms, "state_partitions": state_partitions, "work_ms": work_ms}
-    configs = [("sigterm-rolling-restart", "topic", 10.0), ("sigterm-rolling-restart", "state-partition", 10.0),
-               ("sigterm-rolling-restart", "topic", 0.0), ("sigkill", "topic", 10.0),
-               ("sigkill", "state-partition", 10.0)]
     runs = []
-    for kind, mode, drain_s in configs:
+    for kind, mode, drain_s in [c for c in configs for _ in range(repeats)]:
         try:
             runs.append(asdict(handover_run(k3, kind, mode, drain_s, **common)))
         except Exception as exc:  # noqa: BLE001 - reported; the other configurations still run
@@ -294,3 +297,72 @@ def handover_section(part: dict[str, Any] | None) -> list[str]:
                    f"{r['longest_partition_gap_s']} | {r['longest_total_gap_s']} | {held} | "
                    f"{r['load_before']} -> {r['load_after']} |")
     return [*out, ""]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The part alone, against Apache Kafka 3.9 started as ``kshare bench`` does: results.json and results.md in
+    ``--out``. ``--configs sigterm-rolling-restart:topic:10,sigkill:topic:10`` picks runs (default: all five)."""
+    import argparse
+    import json
+    import logging
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from .. import report, runner
+    from ..procs import machine_info
+    from .instance_group import upstream_of
+
+    ap = argparse.ArgumentParser(prog="python -m kshare.bench.scenarios.scale_out_handover", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--upstream", help="front this cluster of one broker instead of starting Kafka 3.9")
+    ap.add_argument("--proxy-arg", action="append", default=[])
+    ap.add_argument("--records", type=int, default=40_000)
+    ap.add_argument("--rate", type=float, default=1000.0)
+    ap.add_argument("--partitions", type=int, default=12)
+    ap.add_argument("--consumers", type=int, default=4)
+    ap.add_argument("--session-ms", type=int, default=6000)
+    ap.add_argument("--state-partitions", type=int, default=10)
+    ap.add_argument("--split-topics", type=int, default=5, help="0: no splits")
+    ap.add_argument("--work-ms", type=float, default=2.0)
+    ap.add_argument("--configs", default=",".join(f"{k}:{m}:{d:g}" for k, m, d in CONFIGS),
+                    help="fault:leadership:drain-timeout, comma-separated")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each configuration")
+    args = ap.parse_args(argv)
+    configs = []
+    for item in args.configs.split(","):
+        kind, mode, drain = item.split(":")
+        if kind not in ("sigterm-rolling-restart", "sigkill") or mode not in MODES:
+            ap.error(f"unknown configuration {item!r}")
+        configs.append((kind, mode, float(drain)))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    options = runner.Options(out=args.out, only=["scale_out"], upstream=args.upstream, proxy_args=args.proxy_arg,
+                             plots=False)
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = runner.Env(options, runner.Progress())
+    meta = {"command": shlex.join(["python", "-m", "kshare.bench.scenarios.scale_out_handover",
+                                   *(argv if argv is not None else sys.argv[1:])]),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "repeats": {"scale_out": args.repeats},
+            "machine": machine_info(), "load_before": load(), "proxy_args": args.proxy_arg,
+            "upstream": args.upstream or "Apache Kafka 3.9 (started here)", "reference": "none"}
+    t0 = time.monotonic()
+    part: dict[str, Any] | None = None
+    try:
+        part = handover_part(upstream_of(env), records=args.records, rate=args.rate, partitions=args.partitions,
+                             consumers=args.consumers, session_ms=args.session_ms,
+                             state_partitions=args.state_partitions, split_topics=args.split_topics,
+                             work_ms=args.work_ms, configs=tuple(configs), repeats=args.repeats)
+    finally:
+        env.close()
+        meta["load_after"], meta["elapsed_s"] = load(), round(time.monotonic() - t0, 1)
+        (args.out / "results.json").write_text(json.dumps(runner._jsonable({"meta": meta, "handover": part}),
+                                                          indent=1) + "\n")
+        head = report.markdown({"meta": meta, "scenarios": {}}).rstrip("\n").split("\n")
+        (args.out / "results.md").write_text("\n".join(
+            [*head, "", "## Scale-out: hand-overs (`scale_out`, its hand-over part)", "",
+             *handover_section(part)]) + "\n")
+
+
+if __name__ == "__main__":
+    main()
