@@ -270,6 +270,28 @@ def _homes(svc: Service, tid: bytes, lead: dict[int, int]) -> dict[int, int]:
     return {part: owned[i][state_partition_of(tid, part, len(owned[i]))] for part, i in lead.items()}
 
 
+def _topic(kafka39: KafkaBroker, tag: str, records: int) -> tuple[str, str, bytes]:
+    """A fresh JOIN_PARTITIONS-partition topic with ``records`` records, its share group's id and its topic id."""
+    uid = uuid.uuid4().hex[:8]
+    topic, group = f"{tag}-{uid}", f"share-{tag}-{uid}"
+    kafka39.create_topic(topic, partitions=JOIN_PARTITIONS)
+    produce_fast(kafka39.bootstrap, topic, records, JOIN_PARTITIONS)
+    return topic, group, topic_id_of(kafka39, topic)
+
+
+def _moves(before: dict[int, int], after: dict[int, int], homes_before: dict[int, int],
+           owned_before: dict[int, frozenset[int] | None], owned_after: dict[int, frozenset[int] | None],
+           ) -> tuple[list[int], list[int], list[int], set[int]]:
+    """(partitions whose leader changed, those of them handed over (their state partition stayed with
+    the old leader), those whose state partition moved while their leader stayed (re-homed), the
+    state partitions that changed owner)."""
+    moved_state = {s for i, o in owned_before.items() for s in (o or ()) if s not in (owned_after[i] or ())}
+    moved = sorted(p for p in before if after[p] != before[p])
+    handed = [p for p in moved if homes_before[p] not in moved_state]
+    rehomed = [p for p in before if p not in moved and homes_before[p] in moved_state]
+    return moved, handed, rehomed, moved_state
+
+
 class _DroppedAcks(logging.Handler):
     """The partitions of ``topic`` whose acknowledgements a librdkafka consumer dropped itself because
     their leader changed since it acquired the records (its debug line, with ``debug=cgrp``)."""
@@ -322,12 +344,8 @@ def test_a_proxy_joining_under_load_takes_leadership_over_without_redelivery(
     handed over or re-homed."""
     drain_s = handover.rsplit("-", 1)[1].rstrip("s")
     monkeypatch.setenv("KSHARE_DRAIN_TIMEOUT", drain_s)  # the proxies inherit it
-    uid = uuid.uuid4().hex[:8]
-    topic, group = f"join-{uid}", f"share-join-{uid}"
     backlog = 600
-    kafka39.create_topic(topic, partitions=JOIN_PARTITIONS)
-    produce_fast(kafka39.bootstrap, topic, backlog, JOIN_PARTITIONS)
-    tid = topic_id_of(kafka39, topic)
+    topic, group, tid = _topic(kafka39, "join", backlog)
     svc = Service(kafka39, "join")
     dropped = _DroppedAcks(topic)
     loops: list[ConsumerLoop] = []
@@ -367,11 +385,7 @@ def test_a_proxy_joining_under_load_takes_leadership_over_without_redelivery(
     for lp in loops:
         assert not lp.errors, (lp.name, lp.errors)
     assert split(after, svc.proxies) == [3, 3, 3, 3], after
-    # the state partitions that changed owner, and the share-partitions whose leader changed
-    moved_state = {s for i, o in owned_before.items() for s in (o or ()) if s not in (owned_after[i] or ())}
-    moved = sorted(p for p in before if after[p] != before[p])
-    handed = [p for p in moved if homes_before[p] not in moved_state]
-    rehomed = [p for p in before if p not in moved and homes_before[p] in moved_state]
+    moved, handed, rehomed, moved_state = _moves(before, after, homes_before, owned_before, owned_after)
     counts = collections.Counter((g.partition, g.offset) for lp in loops for g in lp.received)
     again = collections.Counter(p for (p, _), n in counts.items() for _ in range(n - 1))
     report = {"moved": moved, "handed_over": handed, "rehomed": rehomed, "state_partitions_moved": sorted(moved_state),
@@ -426,13 +440,10 @@ def test_every_proxy_names_the_proxy_handing_a_partition_over_until_it_is_done(
     over; the leadership decision avoids that, and such a one is left out here.)"""
     from kshare.clients.share_consumer import AIOShareConsumer
 
-    monkeypatch.setenv("KSHARE_DRAIN_TIMEOUT", "30")  # the proxies inherit it: the hold outlasts nothing
-    uid = uuid.uuid4().hex[:8]
-    topic, group = f"named-{uid}", f"share-named-{uid}"
+    # the proxies inherit it: longer than the member holds the records, so the hand-overs wait for it
+    monkeypatch.setenv("KSHARE_DRAIN_TIMEOUT", "30")
     total = 120
-    kafka39.create_topic(topic, partitions=JOIN_PARTITIONS)
-    produce_fast(kafka39.bootstrap, topic, total, JOIN_PARTITIONS)
-    tid = topic_id_of(kafka39, topic)
+    topic, group, tid = _topic(kafka39, "named", total)
     svc = Service(kafka39, "named")
     report: dict[str, object] = {}
 
@@ -453,7 +464,6 @@ def test_every_proxy_names_the_proxy_handing_a_partition_over_until_it_is_done(
             await asyncio.to_thread(newcomer.start, 120)
             await asyncio.to_thread(svc.wait_balanced, svc.proxies, 60)
             owned_after = {p.index: p.owned() for p in svc.proxies}
-            moved_state = {s for i, o in owned_before.items() for s in (o or ()) if s not in (owned_after[i] or ())}
             # for a few seconds, every proxy's answers: the partitions handed over stay with their old leaders
             views: list[dict[int, dict[int, int]]] = []
             until = time.monotonic() + 3.0
@@ -465,8 +475,7 @@ def test_every_proxy_names_the_proxy_handing_a_partition_over_until_it_is_done(
             outcomes = await consumer.commit()
             after = await asyncio.to_thread(agreed_leaders, svc, svc.proxies, topic, JOIN_PARTITIONS, 45, [3, 3, 3, 3])
             again = [r for records in (await consumer.getmany(timeout_ms=2000)).values() for r in records]
-            moved = sorted(p for p in before if after[p] != before[p])
-            handed = [p for p in moved if homes_before[p] not in moved_state]
+            moved, handed, _, _ = _moves(before, after, homes_before, owned_before, owned_after)
             report.update(before=before, after=after, moved=moved, handed_over=handed, views=len(views),
                           outcomes={str(k): v for k, v in outcomes.items() if v is not None}, again=len(again))
             print("named:", report)

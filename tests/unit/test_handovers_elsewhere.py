@@ -182,11 +182,14 @@ def _join_moves(rng: random.Random, state_partitions: int, proxies: int, sizes: 
     too, whether that old leader had a partition left whose home stays with it to give instead)."""
     topics = {rng.randbytes(16).hex(): n for n in sizes}
     first = assign({k: _cand(k) for k in NAMES[:proxies]}, state_partitions, by_topic=True)
-    lead = {t: [first.instances[i].id for i in assign_leaders_row(first, t, n)] for t, n in topics.items()}
-    cands = {k: Candidate(Instance(k, f"{k}.example", 9192, {1: 9193}), first.partitions_of(k), first.epoch,
-                          {t: [p for p, m in enumerate(row) if m == k] for t, row in lead.items()}, topics,
-                          {t: [p for p, m in enumerate(row) if m == k] for t, row in lead.items()})
-             for k in NAMES[:proxies]}
+    # a balanced leadership of each topic, as a first map deals it
+    lead = {t: [first.instances[first.leader_index(bytes.fromhex(t), p)].id for p in range(n)]
+            for t, n in topics.items()}
+    cands = {}
+    for k in NAMES[:proxies]:
+        led = {t: [p for p, m in enumerate(row) if m == k] for t, row in lead.items()}
+        cands[k] = Candidate(Instance(k, f"{k}.example", 9192, {1: 9193}), first.partitions_of(k), first.epoch,
+                             led, topics, led)
     cands[NAMES[proxies]] = Candidate(Instance(NAMES[proxies], "n.example", 9192, {1: 9193}), [], 0)
     joined = assign(cands, state_partitions, by_topic=True)
     out = []
@@ -201,11 +204,6 @@ def _join_moves(rng: random.Random, state_partitions: int, proxies: int, sizes: 
                 if now[p] != k:
                     out.append((k, p, homes[p] not in kept, bool(stays)))
     return out
-
-
-def assign_leaders_row(m: OwnershipMap, topic: str, partitions: int) -> list[int]:
-    """A balanced leadership of a topic over the map's proxies (as a first map would deal it)."""
-    return [m.leader_index(bytes.fromhex(topic), p) for p in range(partitions)]
 
 
 def test_a_join_moves_leadership_or_state_but_not_both_where_it_can() -> None:
